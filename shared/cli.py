@@ -1,0 +1,58 @@
+"""`devpilot` console script: migrate, serve, sweep."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from shared.embedded import resolve
+from shared.settings import SettingsError, load_settings
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from shared.migrate import migrate
+
+    settings = load_settings()
+    db = resolve(settings.database_url)
+    applied = migrate(db.url)
+    if applied:
+        print(f"applied {len(applied)} migration(s) to {db.describe()}: {', '.join(applied)}")
+    else:
+        print(f"schema up to date on {db.describe()}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from functions.server import serve
+
+    return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="devpilot", description="devpilot-dispatch service")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="apply the schema to DATABASE_URL (idempotent)")
+    p.set_defaults(func=_cmd_migrate)
+
+    p = sub.add_parser("serve", help="migrate, then serve every route on one port")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--sweep-every", type=float, default=30.0, help="seconds between in-process sweeps; 0 = off")
+    p.set_defaults(func=_cmd_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except SettingsError as exc:
+        print(f"devpilot: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

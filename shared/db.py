@@ -1,0 +1,142 @@
+"""Connections and the transaction handle that the queue's write paths require.
+
+`Tx` can only be made by `transaction()`, and only while its block is open. Functions that must
+run inside the caller's transaction (`enqueue_dispatch`, `create_session`) take a `Tx` as their
+first argument: a `psycopg.Connection`, a pool or `None` is a mypy error, and at run time
+`require_tx` refuses them (and an ended `Tx`) with TypeError before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
+
+from shared.settings import Settings
+
+Conn = psycopg.Connection[DictRow]
+Pool = ConnectionPool[Conn]
+
+
+class Tx:
+    """An open transaction on one connection. Made only by `transaction()`; dead once it ends."""
+
+    __slots__ = ("_active", "_conn")
+
+    def __init__(self, conn: Conn, _token: object) -> None:
+        if _token is not _MINT:
+            raise TypeError("Tx is made by shared.db.transaction(), not constructed directly")
+        self._conn = conn
+        self._active = True
+
+    @property
+    def active(self) -> bool:
+        return self._active and self._conn.info.transaction_status == TransactionStatus.INTRANS
+
+    @property
+    def conn(self) -> Conn:
+        if not self._active:
+            raise TypeError("this transaction has ended; open a new one with shared.db.transaction()")
+        return self._conn
+
+    def execute(
+        self, query: LiteralString | sql.Composable, params: dict[str, Any] | None = None
+    ) -> psycopg.Cursor[DictRow]:
+        return self.conn.execute(query, params)
+
+    def one(self, query: LiteralString, params: dict[str, Any] | None = None) -> DictRow | None:
+        return self.execute(query, params).fetchone()
+
+    def all(self, query: LiteralString, params: dict[str, Any] | None = None) -> list[DictRow]:
+        return self.execute(query, params).fetchall()
+
+
+_MINT = object()
+
+
+def require_tx(tx: object, caller: str) -> Tx:
+    """Run-time half of the type guarantee: an open `Tx` or TypeError, before any write."""
+    if not isinstance(tx, Tx):
+        raise TypeError(
+            f"{caller}() needs an open transaction from shared.db.transaction() as its first "
+            f"argument, not {type(tx).__name__}: the session row and the queue row must commit together"
+        )
+    if not tx.active:
+        raise TypeError(f"{caller}() was given a transaction whose block has already ended")
+    return tx
+
+
+@contextmanager
+def transaction(source: Pool | Conn, *, pooled_settings: Settings | None = None) -> Iterator[Tx]:
+    """Open a transaction: commits when the block ends normally, rolls back on an exception.
+
+    Behind a transaction-mode pooler session settings do not stick, so the statement timeout is
+    then set per transaction (pass the settings to enable that).
+    """
+    if isinstance(source, ConnectionPool):
+        with source.connection() as conn, _open(conn, pooled_settings) as tx:
+            yield tx
+    else:
+        with _open(source, pooled_settings) as tx:
+            yield tx
+
+
+@contextmanager
+def _open(conn: Conn, settings: Settings | None) -> Iterator[Tx]:
+    with conn.transaction():
+        tx = Tx(conn, _MINT)
+        try:
+            if settings is not None and settings.database_transaction_pooler:
+                conn.execute(
+                    sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(settings.statement_timeout_ms))
+                )
+            yield tx
+        finally:
+            tx._active = False
+
+
+def connect(url: str, *, autocommit: bool = True, pooler: bool = False) -> Conn:
+    """One direct connection (migrations, LISTEN, tests)."""
+    return psycopg.connect(
+        url, autocommit=autocommit, row_factory=dict_row, prepare_threshold=None if pooler else 5
+    )
+
+
+def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int | None = None) -> Pool:
+    """The pool every handler shares, opened explicitly (and waited on, so a bad URL fails here).
+
+    Connections are autocommit so every transaction is an explicit `transaction()` block; a broken
+    connection is detected on checkout and replaced, so the pool recovers from a restart or a
+    pg_terminate_backend by itself.
+    """
+    kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+    if settings.database_transaction_pooler:
+        kwargs["prepare_threshold"] = None  # PgBouncer/Supavisor transaction mode: no prepared statements
+
+    def configure(conn: Conn) -> None:
+        if not settings.database_transaction_pooler:
+            conn.execute(
+                sql.SQL("SET statement_timeout = {}").format(sql.Literal(settings.statement_timeout_ms))
+            )
+            conn.execute("SET idle_in_transaction_session_timeout = 30000")
+
+    pool: Pool = ConnectionPool(
+        url,
+        connection_class=psycopg.Connection[DictRow],
+        kwargs=kwargs,
+        min_size=min_size,
+        max_size=max_size or settings.database_pool_max,
+        configure=configure,
+        check=ConnectionPool.check_connection,
+        timeout=10.0,
+        open=False,
+        name="devpilot",
+    )
+    pool.open(wait=True, timeout=15.0)
+    return pool

@@ -1,0 +1,53 @@
+"""Where the database is: DATABASE_URL, or an embedded Postgres (pgserver) under ./.devpilot/.
+
+pgserver ships real Postgres binaries in a wheel and starts a private server on a Unix socket in
+about a second, so `devpilot serve` and the tests work on a machine with nothing installed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Database:
+    url: str
+    embedded: bool
+    handle: Any = None  # the pgserver.PostgresServer keeping the embedded server alive
+
+    def describe(self) -> str:
+        if self.embedded:
+            return f"embedded Postgres at {self.url}"
+        return redact(self.url)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        parts = conninfo_to_dict(url)
+    except Exception:
+        return "<unparseable DATABASE_URL>"
+    if "password" in parts:
+        parts["password"] = "***"  # noqa: S105 - a mask, not a secret
+    return make_conninfo(**{k: v for k, v in parts.items() if v is not None})
+
+
+def start_embedded(data_dir: Path | None = None) -> Database:
+    """Start (or join) the embedded Postgres whose data lives in `data_dir` (default ./.devpilot/pgdata)."""
+    import pgserver
+
+    folder = data_dir or Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "pgdata"
+    folder.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
+    return Database(url=server.get_uri(), embedded=True, handle=server)
+
+
+def resolve(database_url: str | None) -> Database:
+    if database_url:
+        return Database(url=database_url, embedded=False)
+    return start_embedded()

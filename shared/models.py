@@ -1,0 +1,50 @@
+"""The messages the contract fixes, as pydantic models (camelCase on the wire)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class IssueRef(Wire):
+    id: str
+    identifier: str | None = None
+    title: str | None = None
+    url: str | None = None
+    description: str | None = None
+
+
+class DispatchPayload(Wire):
+    """What enqueue stores with the row: everything in a message that is not per-claim."""
+
+    issue: IssueRef
+    agent_session_id: str | None = None
+
+
+class TaskDispatchMessage(Wire):
+    message_id: UUID
+    queue_id: UUID
+    session_id: UUID
+    org_id: str
+    orchestrator_id: UUID
+    attempt: int
+    claim_token: UUID
+    lease_expires_at: datetime
+    created_at: datetime
+    issue: IssueRef
+    agent_session_id: str | None = None
+
+    def wire(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+
+class Enqueued(Wire):
+    queue_id: UUID
+    message_id: UUID

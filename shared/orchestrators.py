@@ -1,0 +1,97 @@
+"""Orchestrator registry: the machines that take work, and their bearer tokens.
+
+A token is 32 random bytes (URL-safe), shown once at registration and stored only as its SHA-256.
+Looking a token up by its hash means the comparison never touches the token itself, so it is not a
+timing oracle; a revoked orchestrator's token stops working on its next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from shared.db import Pool, transaction
+
+TOKEN_PREFIX = "dpo_"
+
+INSERT = """
+INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)
+VALUES (%(org_id)s, %(linear_user_id)s, %(name)s, %(token_hash)s)
+RETURNING id"""
+# Active orchestrators only: a revoked token authenticates nothing.
+BY_TOKEN = """
+SELECT id, org_id, linear_user_id, name FROM orchestrators
+WHERE token_hash = %(token_hash)s AND revoked_at IS NULL"""
+LIST = """
+SELECT id, org_id, linear_user_id, name, created_at, last_seen_at, revoked_at
+FROM orchestrators ORDER BY created_at, id"""
+# Idempotent: revoking twice keeps the first revocation time.
+REVOKE = """
+UPDATE orchestrators SET revoked_at = coalesce(revoked_at, now())
+WHERE id = %(id)s RETURNING id, revoked_at"""
+
+
+@dataclass(frozen=True)
+class Orchestrator:
+    id: UUID
+    org_id: str
+    linear_user_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Registered:
+    id: UUID
+    token: str
+
+
+def hash_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def register(pool: Pool, *, org_id: str, linear_user_id: str, name: str) -> Registered:
+    token = new_token()
+    with transaction(pool) as tx:
+        row = tx.one(
+            INSERT,
+            {"org_id": org_id, "linear_user_id": linear_user_id, "name": name, "token_hash": hash_token(token)},
+        )
+    assert row is not None
+    return Registered(row["id"], token)
+
+
+def authenticate(pool: Pool, token: str) -> Orchestrator | None:
+    with pool.connection() as conn:
+        row = conn.execute(BY_TOKEN, {"token_hash": hash_token(token)}).fetchone()
+    if row is None:
+        return None
+    return Orchestrator(row["id"], row["org_id"], row["linear_user_id"], row["name"])
+
+
+@dataclass(frozen=True)
+class Listed:
+    id: UUID
+    org_id: str
+    linear_user_id: str
+    name: str
+    created_at: datetime
+    last_seen_at: datetime | None
+    revoked_at: datetime | None
+
+
+def list_all(pool: Pool) -> list[Listed]:
+    with pool.connection() as conn:
+        return [Listed(**r) for r in conn.execute(LIST).fetchall()]
+
+
+def revoke(pool: Pool, orchestrator_id: UUID) -> bool:
+    with transaction(pool) as tx:
+        return tx.one(REVOKE, {"id": orchestrator_id}) is not None
+

@@ -1,0 +1,171 @@
+-- Every query of the dispatch core, one named block each (`-- name: <name>`), in the style of
+-- Procrastinate's queries.sql. The line under each name says what the statement guarantees.
+-- Parameters are psycopg named placeholders. `now` is NULL in production (the database clock) and
+-- a fixed instant in tests that drive the clock.
+
+-- name: insert_session
+-- Creates the session in state `queued`; the deferred invariant trigger requires its queue row to
+-- be inserted in the same transaction (enqueue_dispatch) before commit.
+INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
+                               issue_identifier, agent_session_id)
+VALUES (%(id)s, %(org_id)s, %(orchestrator_id)s, 'queued', %(linear_user_id)s, %(issue_id)s,
+        %(issue_identifier)s, %(agent_session_id)s)
+RETURNING id;
+
+-- name: enqueue
+-- Inserts the queue row and copies its ids onto the session, in the caller's transaction; the
+-- NOTIFY is delivered by Postgres only if that transaction commits, so rolled-back work wakes no one.
+WITH q AS (
+    INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, available_at)
+    VALUES (%(session_id)s, %(orchestrator_id)s, %(org_id)s, %(payload)s,
+            coalesce(%(now)s::timestamptz, now()))
+    RETURNING id, message_id, session_id, orchestrator_id
+), s AS (
+    UPDATE dispatch_sessions ds SET queue_id = q.id, message_id = q.message_id
+    FROM q WHERE ds.id = q.session_id AND ds.org_id = %(org_id)s AND ds.status = 'queued'
+    RETURNING ds.id
+)
+SELECT q.id AS queue_id, q.message_id, (SELECT count(*) FROM s) AS sessions,
+       pg_notify('devpilot_dispatch', q.orchestrator_id::text) AS notified
+FROM q;
+
+-- name: claim
+-- Exactly-once: locks up to `max` due, unclaimed rows of one orchestrator (skipping rows another
+-- claimer holds), in due order, and gives each a fresh claim token and lease in the same statement.
+-- The CTE pins the LIMIT so the UPDATE touches no more rows than were selected.
+WITH due AS (
+    SELECT id
+    FROM dispatch_queue
+    WHERE orchestrator_id = %(orchestrator_id)s
+      AND lease_expires_at IS NULL
+      AND available_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY available_at, id
+    LIMIT %(max)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE dispatch_queue q
+SET attempts = q.attempts + 1,
+    claim_token = gen_random_uuid(),
+    claimed_at = coalesce(%(now)s::timestamptz, now()),
+    lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s)
+FROM due
+WHERE q.id = due.id
+RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.payload, q.attempts,
+          q.claim_token, q.lease_expires_at, q.available_at, q.created_at;
+
+-- name: touch_orchestrator
+-- Records that the orchestrator was seen (every claim); routing prefers the most recently seen.
+UPDATE orchestrators SET last_seen_at = now() WHERE id = %(orchestrator_id)s;
+
+-- name: ack_delete
+-- Compare-and-set: deletes the row only while it still carries this claim's token (the latest
+-- claim). Zero rows means the row is gone or a newer claim owns it; never an overwrite.
+DELETE FROM dispatch_queue
+WHERE id = %(queue_id)s AND orchestrator_id = %(orchestrator_id)s AND claim_token = %(claim_token)s
+RETURNING session_id;
+
+-- name: ack_deliver_session
+-- In the ack's transaction: the session whose queue row was just deleted becomes `delivered`.
+UPDATE dispatch_sessions
+SET status = 'delivered', acked_claim_token = %(claim_token)s, delivered_at = now(), updated_at = now()
+WHERE id = %(session_id)s AND status = 'queued';
+
+-- name: ack_explain_miss
+-- After a compare-and-set missed: tells a repeated ack (session delivered by this very token) from a
+-- superseded token (the row, or its delivery, belongs to a newer claim) and from a row this
+-- orchestrator never had. Scoped to the orchestrator, so another's row reads as none. Read-only.
+SELECT q.claim_token AS live_token, q.available_at AS live_available_at,
+       s.status AS session_status, s.acked_claim_token AS acked_token
+FROM (SELECT 1) AS one
+LEFT JOIN dispatch_queue q ON q.id = %(queue_id)s AND q.orchestrator_id = %(orchestrator_id)s
+LEFT JOIN dispatch_sessions s ON s.queue_id = %(queue_id)s AND s.orchestrator_id = %(orchestrator_id)s;
+
+-- name: release
+-- Compare-and-set: ends the live claim of this token now as a failed attempt: back to unclaimed
+-- with backoff, or (at the attempt limit) dead-lettered with its session failed, in one statement.
+WITH target AS (
+    SELECT id, session_id, attempts
+    FROM dispatch_queue
+    WHERE id = %(queue_id)s AND orchestrator_id = %(orchestrator_id)s
+      AND claim_token = %(claim_token)s AND lease_expires_at IS NOT NULL
+    FOR UPDATE
+), dead AS (
+    DELETE FROM dispatch_queue q USING target t
+    WHERE q.id = t.id AND t.attempts >= %(max_attempts)s
+    RETURNING q.session_id
+), failed AS (
+    UPDATE dispatch_sessions s
+    SET status = 'failed', updated_at = now(),
+        failure_reason = 'released ' || %(max_attempts)s::text || ' times: ' || coalesce(%(reason)s, 'no reason given')
+    FROM dead WHERE s.id = dead.session_id AND s.status = 'queued'
+    RETURNING s.id
+), requeued AS (
+    UPDATE dispatch_queue q
+    SET lease_expires_at = NULL, claimed_at = NULL, last_error = %(reason)s,
+        available_at = coalesce(%(now)s::timestamptz, now())
+                       + make_interval(secs => least(t.attempts * t.attempts * %(base)s, %(cap)s))
+    FROM target t
+    WHERE q.id = t.id AND t.attempts < %(max_attempts)s
+    RETURNING q.available_at
+)
+SELECT (SELECT count(*) FROM target) AS matched,
+       (SELECT available_at FROM requeued) AS available_at,
+       (SELECT count(*) FROM failed) AS failed;
+
+-- name: sweep
+-- One set-based statement over expired leases. Rows an ack (or release, or another sweep) is
+-- touching are skipped (SKIP LOCKED), so a sweep and an ack never both win and two sweeps never
+-- count a row twice. Attempt n is re-queued at now + min(n² × base, cap); at n ≥ max attempts the
+-- row is deleted and its session failed in this same statement.
+WITH expired AS (
+    SELECT id, session_id, attempts
+    FROM dispatch_queue
+    WHERE lease_expires_at IS NOT NULL
+      AND lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), dead AS (
+    DELETE FROM dispatch_queue q USING expired e
+    WHERE q.id = e.id AND e.attempts >= %(max_attempts)s
+    RETURNING q.session_id
+), failed AS (
+    UPDATE dispatch_sessions s
+    SET status = 'failed', updated_at = now(),
+        failure_reason = 'no ack after ' || %(max_attempts)s::text || ' delivery attempts'
+    FROM dead WHERE s.id = dead.session_id AND s.status = 'queued'
+    RETURNING s.id
+), requeued AS (
+    UPDATE dispatch_queue q
+    SET lease_expires_at = NULL, claimed_at = NULL, last_error = 'lease expired',
+        available_at = coalesce(%(now)s::timestamptz, now())
+                       + make_interval(secs => least(e.attempts * e.attempts * %(base)s, %(cap)s))
+    FROM expired e
+    WHERE q.id = e.id AND e.attempts < %(max_attempts)s
+    RETURNING q.id
+)
+SELECT (SELECT count(*) FROM requeued) AS requeued,
+       (SELECT count(*) FROM dead) AS dead_lettered,
+       (SELECT count(*) FROM failed) AS failed;
+
+-- name: record_sweep
+-- Bookkeeping only: when the sweep ran and what it did (operators' view).
+INSERT INTO sweep_runs (requeued, dead_lettered) VALUES (%(requeued)s, %(dead_lettered)s);
+
+-- name: cancel_open_issue
+-- Cancels the issue's still-undelivered dispatch (queued or claimed, not yet acked) in the caller's
+-- transaction: the queue row is deleted and the session set `cancelled` together. Locks the queue
+-- row first, in the same order as ack, sweep and release, so a racing ack either wins (nothing is
+-- cancelled) or finds the row gone (404); never a deadlock, never both.
+WITH q AS (
+    DELETE FROM dispatch_queue dq
+    USING dispatch_sessions s
+    WHERE dq.session_id = s.id
+      AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
+      AND (%(linear_user_id)s::text IS NULL OR s.linear_user_id = %(linear_user_id)s::text)
+    RETURNING dq.session_id
+)
+UPDATE dispatch_sessions ds
+SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
+FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
+RETURNING ds.id;

@@ -1,0 +1,269 @@
+"""The dispatch queue: the table is the delivery guarantee; this module is every write to it.
+
+States of a `dispatch_queue` row and the transitions this module performs (River-style):
+
+    (none) --enqueue_dispatch--> AVAILABLE   lease_expires_at NULL; claimable once available_at <= now
+    AVAILABLE --claim--> CLAIMED              attempts += 1, new claim_token, lease_expires_at set
+    CLAIMED --ack--> (deleted)                session -> delivered (same transaction)
+    CLAIMED --release / sweep (expired)--> AVAILABLE at now + min(n² × base, cap)   (n = attempts)
+    CLAIMED --release / sweep, n >= max--> (deleted)   session -> failed (same statement)
+    AVAILABLE/CLAIMED --cancel_issue--> (deleted)      session -> cancelled (caller's transaction)
+
+A re-queued row keeps the claim token of its latest claim, so that claim can still ack (a laptop
+that wakes late still delivers) until a newer claim replaces the token. Every write after the
+claim is a compare-and-set on the token and state it expects; zero rows changed means another
+party won, and the caller is told so instead of overwriting.
+
+Session state mirrors the row: a session is `queued` exactly while its row exists. The database
+enforces that at every commit (a deferred constraint trigger, migration 0001).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+from uuid import UUID, uuid4
+
+from psycopg.types.json import Jsonb
+
+from shared.db import Pool, Tx, require_tx, transaction
+from shared.models import DispatchPayload, Enqueued, IssueRef, TaskDispatchMessage
+from shared.settings import Settings
+from shared.sql import query
+
+AckStatus = Literal["acked", "claim_superseded", "not_found"]
+
+NOTIFY_CHANNEL = "devpilot_dispatch"
+SWEEP_BATCH = 1000
+
+
+def create_session(
+    tx: Tx,
+    *,
+    org_id: str,
+    orchestrator_id: UUID,
+    linear_user_id: str | None,
+    issue: IssueRef,
+    agent_session_id: str | None = None,
+    session_id: UUID | None = None,
+) -> UUID:
+    """Insert a `queued` session in the caller's transaction. Its queue row must follow in the same
+    transaction (`enqueue_dispatch`): the invariant trigger rejects the commit otherwise."""
+    tx = require_tx(tx, "create_session")
+    row = tx.one(
+        query("insert_session"),
+        {
+            "id": session_id or uuid4(),
+            "org_id": org_id,
+            "orchestrator_id": orchestrator_id,
+            "linear_user_id": linear_user_id,
+            "issue_id": issue.id,
+            "issue_identifier": issue.identifier,
+            "agent_session_id": agent_session_id,
+        },
+    )
+    assert row is not None
+    result: UUID = row["id"]
+    return result
+
+
+def enqueue_dispatch(
+    tx: Tx,
+    *,
+    org_id: str,
+    orchestrator_id: UUID,
+    session_id: UUID,
+    message: DispatchPayload,
+    now: datetime | None = None,
+) -> Enqueued:
+    """Queue the session's message for its orchestrator, inside the transaction that created the
+    session. `tx` is required and must be open: there is no way to enqueue outside the session's
+    transaction, so "session committed but nothing dispatched" cannot be written. The wake-up NOTIFY
+    is sent by the same statement and delivered by Postgres only on commit."""
+    tx = require_tx(tx, "enqueue_dispatch")
+    if not isinstance(message, DispatchPayload):
+        raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
+    row = tx.one(
+        query("enqueue"),
+        {
+            "session_id": session_id,
+            "orchestrator_id": orchestrator_id,
+            "org_id": org_id,
+            "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
+            "now": now,
+        },
+    )
+    assert row is not None
+    if row["sessions"] != 1:
+        # The session is not this org's or is not queued: abort the caller's transaction.
+        raise ValueError(f"session {session_id} is not a queued session of org {org_id}")
+    return Enqueued(queue_id=row["queue_id"], message_id=row["message_id"])
+
+
+def claim(
+    pool: Pool,
+    orchestrator_id: UUID,
+    *,
+    max: int,
+    lease_seconds: int,
+    now: datetime | None = None,
+) -> list[TaskDispatchMessage]:
+    """Claim up to `max` due rows of this orchestrator, oldest due first. Exactly-once under any
+    number of concurrent claimers: one statement locks with SKIP LOCKED and sets a fresh claim token
+    and lease on the rows it returns, so no row is handed out twice while its lease holds."""
+    if not 1 <= max <= 1000:
+        raise ValueError("max must be between 1 and 1000")
+    with transaction(pool) as tx:
+        rows = tx.all(
+            query("claim"),
+            {"orchestrator_id": orchestrator_id, "max": max, "lease_seconds": lease_seconds, "now": now},
+        )
+    rows.sort(key=lambda r: (r["available_at"], r["id"]))
+    return [
+        TaskDispatchMessage(
+            message_id=r["message_id"],
+            queue_id=r["id"],
+            session_id=r["session_id"],
+            org_id=r["org_id"],
+            orchestrator_id=r["orchestrator_id"],
+            attempt=r["attempts"],
+            claim_token=r["claim_token"],
+            lease_expires_at=r["lease_expires_at"],
+            created_at=r["created_at"],
+            issue=IssueRef.model_validate(r["payload"]["issue"]),
+            agent_session_id=r["payload"].get("agentSessionId"),
+        )
+        for r in rows
+    ]
+
+
+def touch_orchestrator(pool: Pool, orchestrator_id: UUID) -> None:
+    """Record last-seen, in its own short autocommit statement so claims of one orchestrator never
+    queue behind each other on the orchestrators row."""
+    with pool.connection() as conn:
+        conn.execute(query("touch_orchestrator"), {"orchestrator_id": orchestrator_id})
+
+
+@dataclass(frozen=True)
+class AckItem:
+    queue_id: UUID
+    claim_token: UUID
+
+
+def _ack_in(tx: Tx, orchestrator_id: UUID, item: AckItem) -> AckStatus:
+    params = {"queue_id": item.queue_id, "orchestrator_id": orchestrator_id, "claim_token": item.claim_token}
+    deleted = tx.one(query("ack_delete"), params)
+    if deleted is not None:
+        tx.execute(query("ack_deliver_session"), {**params, "session_id": deleted["session_id"]})
+        return "acked"
+    miss = tx.one(query("ack_explain_miss"), params)
+    assert miss is not None
+    if miss["session_status"] == "delivered":
+        return "acked" if miss["acked_token"] == item.claim_token else "claim_superseded"
+    if miss["live_token"] is not None or miss["session_status"] == "queued":
+        return "claim_superseded"
+    return "not_found"
+
+
+def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) -> AckStatus:
+    """Deliver: delete the row and mark its session `delivered`, in one transaction, only if this
+    token is the row's latest claim. Repeating a successful ack answers `acked` again."""
+    with transaction(pool) as tx:
+        return _ack_in(tx, orchestrator_id, AckItem(queue_id, claim_token))
+
+
+def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> list[AckStatus]:
+    """The batch ack: every item judged as `ack` would judge it, all in one transaction."""
+    with transaction(pool) as tx:
+        return [_ack_in(tx, orchestrator_id, item) for item in items]
+
+
+@dataclass(frozen=True)
+class Released:
+    status: Literal["released", "claim_superseded", "not_found"]
+    available_at: datetime | None = None
+    dead_lettered: bool = False
+
+
+def release(
+    pool: Pool,
+    settings: Settings,
+    orchestrator_id: UUID,
+    queue_id: UUID,
+    claim_token: UUID,
+    *,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> Released:
+    """End a live claim now as a failed attempt: the same backoff and dead-lettering as an expired
+    lease. A token that no longer holds the row changes nothing."""
+    params = {
+        "queue_id": queue_id,
+        "orchestrator_id": orchestrator_id,
+        "claim_token": claim_token,
+        "reason": reason,
+        "now": now,
+        "max_attempts": settings.max_attempts,
+        "base": settings.backoff_base_seconds,
+        "cap": settings.backoff_cap_seconds,
+    }
+    with transaction(pool) as tx:
+        row = tx.one(query("release"), params)
+        assert row is not None
+        if row["matched"]:
+            if row["failed"]:
+                return Released("released", None, dead_lettered=True)
+            return Released("released", row["available_at"])
+        miss = tx.one(query("ack_explain_miss"), params)
+        assert miss is not None
+        if miss["live_token"] == claim_token:
+            # Already released (or its expired lease swept): the claim has ended; say so again.
+            return Released("released", miss["live_available_at"])
+        if miss["live_token"] is not None or miss["session_status"] in ("queued", "delivered"):
+            return Released("claim_superseded")
+        return Released("not_found")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    requeued: int
+    dead_lettered: int
+
+
+def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepResult:
+    """Re-queue every expired lease with backoff, dead-letter those at the attempt limit. Each batch
+    is one statement in its own transaction; concurrent sweeps split the rows between them (SKIP
+    LOCKED) and never count one twice."""
+    requeued = dead = 0
+    params = {
+        "now": now,
+        "batch": SWEEP_BATCH,
+        "max_attempts": settings.max_attempts,
+        "base": settings.backoff_base_seconds,
+        "cap": settings.backoff_cap_seconds,
+    }
+    while True:
+        with transaction(pool) as tx:
+            row = tx.one(query("sweep"), params)
+            assert row is not None
+        requeued += row["requeued"]
+        dead += row["dead_lettered"]
+        if row["requeued"] + row["dead_lettered"] < SWEEP_BATCH:
+            break
+    with transaction(pool) as tx:
+        tx.execute(query("record_sweep"), {"requeued": requeued, "dead_lettered": dead})
+    return SweepResult(requeued, dead)
+
+
+def cancel_issue(
+    tx: Tx, *, org_id: str, issue_id: str, linear_user_id: str | None, reason: str
+) -> list[UUID]:
+    """Cancel the issue's undelivered dispatch (queued or claimed) in the caller's transaction,
+    optionally only the one routed for `linear_user_id`. Returns the cancelled session ids."""
+    tx = require_tx(tx, "cancel_issue")
+    rows = tx.all(
+        query("cancel_open_issue"),
+        {"org_id": org_id, "issue_id": issue_id, "linear_user_id": linear_user_id, "reason": reason},
+    )
+    return [r["id"] for r in rows]

@@ -1,0 +1,79 @@
+"""Settings from the environment, named and defaulted exactly as CONTRACT.md fixes them."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SettingsError(RuntimeError):
+    """A configuration value is missing or malformed; the message names the variable."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    database_listen_url: str | None = Field(default=None, validation_alias="DATABASE_LISTEN_URL")
+    # Set when DATABASE_URL points at PgBouncer/Supavisor in transaction mode: no server-side
+    # prepared statements and no session state (statement timeouts are then set per transaction).
+    database_transaction_pooler: bool = Field(default=False, validation_alias="DEVPILOT_TRANSACTION_POOLER")
+    database_pool_max: int = Field(default=10, ge=1, le=200, validation_alias="DEVPILOT_POOL_MAX")
+    statement_timeout_ms: int = Field(default=5000, ge=100, le=600_000, validation_alias="DEVPILOT_STATEMENT_TIMEOUT_MS")
+
+    linear_webhook_secret: str | None = Field(default=None, validation_alias="LINEAR_WEBHOOK_SECRET")
+    admin_token: str | None = Field(default=None, validation_alias="DEVPILOT_ADMIN_TOKEN")
+
+    lease_seconds: int = Field(default=60, ge=1, le=86_400, validation_alias="DEVPILOT_LEASE_SECONDS")
+    backoff_base_seconds: int = Field(default=60, ge=0, le=86_400, validation_alias="DEVPILOT_BACKOFF_BASE_SECONDS")
+    backoff_cap_seconds: int = Field(default=900, ge=0, le=604_800, validation_alias="DEVPILOT_BACKOFF_CAP_SECONDS")
+    max_attempts: int = Field(default=5, ge=1, le=1000, validation_alias="DEVPILOT_MAX_ATTEMPTS")
+    webhook_tolerance_seconds: int = Field(
+        default=60, ge=1, le=86_400, validation_alias="DEVPILOT_WEBHOOK_TOLERANCE_SECONDS"
+    )
+
+    supabase_url: str | None = Field(default=None, validation_alias="SUPABASE_URL")
+    supabase_anon_key: str | None = Field(default=None, validation_alias="SUPABASE_ANON_KEY")
+    supabase_jwt_secret: str | None = Field(default=None, validation_alias="SUPABASE_JWT_SECRET")
+    supabase_jwt_private_key: str | None = Field(default=None, validation_alias="SUPABASE_JWT_PRIVATE_KEY")
+    supabase_jwt_kid: str | None = Field(default=None, validation_alias="SUPABASE_JWT_KID")
+    realtime_token_seconds: int = Field(default=600, ge=30, le=86_400, validation_alias="DEVPILOT_REALTIME_TOKEN_SECONDS")
+
+    @model_validator(mode="after")
+    def _cap_not_below_base(self) -> Settings:
+        if self.backoff_cap_seconds < self.backoff_base_seconds:
+            raise ValueError("DEVPILOT_BACKOFF_CAP_SECONDS must be >= DEVPILOT_BACKOFF_BASE_SECONDS")
+        return self
+
+    @property
+    def listen_url(self) -> str | None:
+        return self.database_listen_url or self.database_url
+
+    @property
+    def realtime_enabled(self) -> bool:
+        signing = bool(self.supabase_jwt_secret) or bool(self.supabase_jwt_private_key)
+        return bool(self.supabase_url and self.supabase_anon_key and signing)
+
+    def backoff_seconds(self, attempt: int) -> int:
+        """Delay before attempt n+1 after the n-th failed delivery: min(n² × base, cap)."""
+        return min(attempt * attempt * self.backoff_base_seconds, self.backoff_cap_seconds)
+
+
+def load_settings() -> Settings:
+    """Read the environment now; a bad value raises SettingsError naming the variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "settings"
+            problems.append(f"{loc}: {err['msg']}")
+        raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once; tests call get_settings.cache_clear())."""
+    return load_settings()

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from uuid import UUID
+
+import pytest
+
+from shared.db import Pool, open_pool, transaction
+from shared.models import DispatchPayload, Enqueued, IssueRef
+from shared.orchestrators import register
+from shared.queue import create_session, enqueue_dispatch
+from shared.settings import Settings
+from tests.pg import Server
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("DEVPILOT_HEAVY") == "1":
+        return
+    skip = pytest.mark.skip(reason="heavy run: set DEVPILOT_HEAVY=1")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    server = Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def db_url(pg_server: Server) -> Iterator[str]:
+    name, url = pg_server.fresh_database()
+    yield url
+    pg_server.drop(name)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(DATABASE_URL=None)
+
+
+@pytest.fixture
+def pool(db_url: str, settings: Settings) -> Iterator[Pool]:
+    p = open_pool(db_url, settings, min_size=1, max_size=20)
+    yield p
+    p.close()
+
+
+@dataclass
+class Orch:
+    id: UUID
+    token: str
+    org_id: str
+    linear_user_id: str
+
+
+MakeOrch = Callable[..., Orch]
+
+
+@pytest.fixture
+def make_orchestrator(pool: Pool) -> MakeOrch:
+    counter = iter(range(1_000_000))
+
+    def make(org_id: str = "org-a", linear_user_id: str | None = None, name: str | None = None) -> Orch:
+        n = next(counter)
+        user = linear_user_id or f"user-{n}"
+        reg = register(pool, org_id=org_id, linear_user_id=user, name=name or f"machine-{n}")
+        return Orch(reg.id, reg.token, org_id, user)
+
+    return make
+
+
+def issue(n: int = 1, org: str = "org-a") -> IssueRef:
+    return IssueRef(
+        id=f"issue-{org}-{n}", identifier=f"ENG-{n}", title=f"Fix thing {n}",
+        url=f"https://linear.app/acme/issue/ENG-{n}", description="details",
+    )
+
+
+def enqueue_one(pool: Pool, orch: Orch, n: int = 1) -> tuple[UUID, Enqueued]:
+    """A session and its queue row, committed together."""
+    iss = issue(n, orch.org_id)
+    with transaction(pool) as tx:
+        sid = create_session(tx, org_id=orch.org_id, orchestrator_id=orch.id,
+                             linear_user_id=orch.linear_user_id, issue=iss)
+        enq = enqueue_dispatch(tx, org_id=orch.org_id, orchestrator_id=orch.id, session_id=sid,
+                               message=DispatchPayload(issue=iss))
+    return sid, enq

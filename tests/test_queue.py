@@ -1,0 +1,297 @@
+"""The dispatch core on a real Postgres: enqueue, claim, ack, release, sweep, cancel."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4
+
+import psycopg
+import pytest
+
+from shared import queue
+from shared.db import Pool, connect, transaction
+from shared.models import DispatchPayload
+from shared.queue import AckItem, ack, ack_many, claim, create_session, enqueue_dispatch, release, sweep
+from shared.settings import Settings
+from tests.conftest import MakeOrch, enqueue_one, issue
+
+# A fixed instant after every row the test enqueues (enqueue uses the database clock).
+T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+
+
+def counts(pool: Pool) -> tuple[int, int]:
+    with pool.connection() as conn:
+        s = conn.execute("SELECT count(*) AS n FROM dispatch_sessions").fetchone()
+        q = conn.execute("SELECT count(*) AS n FROM dispatch_queue").fetchone()
+    assert s is not None and q is not None
+    return s["n"], q["n"]
+
+
+def session_status(pool: Pool, sid: UUID) -> tuple[str, str | None]:
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT status, failure_reason FROM dispatch_sessions WHERE id = %s", (sid,)
+        ).fetchone()
+    assert row is not None
+    return row["status"], row["failure_reason"]
+
+
+def test_enqueue_commits_session_and_row_together(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    sid, enq = enqueue_one(pool, o)
+    assert counts(pool) == (1, 1)
+    assert session_status(pool, sid) == ("queued", None)
+    with pool.connection() as conn:
+        row = conn.execute("SELECT * FROM dispatch_queue WHERE id = %s", (enq.queue_id,)).fetchone()
+    assert row is not None and row["session_id"] == sid and row["message_id"] == enq.message_id
+
+
+def test_exception_after_enqueue_leaves_neither_row(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    with pytest.raises(RuntimeError, match="boom"), transaction(pool) as tx:
+        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id,
+                             issue=issue())
+        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
+                         message=DispatchPayload(issue=issue()))
+        raise RuntimeError("boom")
+    assert counts(pool) == (0, 0)
+
+
+@pytest.mark.parametrize("bad", ["connection", "pool", "none", "ended", "raw-transaction"])
+def test_enqueue_refuses_anything_but_an_open_tx(
+    bad: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    o = make_orchestrator()
+    # A real session id exists, so only the handle can be what is refused.
+    with transaction(pool) as tx:
+        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
+        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
+                         message=DispatchPayload(issue=issue()))
+    before = counts(pool)
+    with connect(db_url) as conn:
+        handle: object
+        if bad == "connection":
+            handle = conn
+        elif bad == "pool":
+            handle = pool
+        elif bad == "none":
+            handle = None
+        elif bad == "raw-transaction":
+            with conn.transaction() as raw:
+                with pytest.raises(TypeError, match="needs an open transaction"):
+                    enqueue_dispatch(raw, org_id=o.org_id, orchestrator_id=o.id,  # type: ignore[arg-type]
+                                     session_id=sid, message=DispatchPayload(issue=issue()))
+            assert counts(pool) == before
+            return
+        else:
+            with transaction(conn) as ended:
+                pass
+            handle = ended
+        with pytest.raises(TypeError):
+            enqueue_dispatch(handle, org_id=o.org_id, orchestrator_id=o.id,  # type: ignore[arg-type]
+                             session_id=sid, message=DispatchPayload(issue=issue()))
+    assert counts(pool) == before
+
+
+def test_a_session_without_its_queue_row_cannot_commit(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="invariant"), \
+            transaction(pool) as tx:
+        create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
+    assert counts(pool) == (0, 0)
+
+
+def test_a_delivered_session_cannot_keep_its_row(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    sid, _ = enqueue_one(pool, o)
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation), transaction(pool) as tx:
+        tx.execute("UPDATE dispatch_sessions SET status = 'delivered' WHERE id = %(id)s", {"id": sid})
+    assert session_status(pool, sid)[0] == "queued"
+
+
+def test_claim_returns_due_rows_oldest_first_with_fresh_tokens(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    o, other = make_orchestrator(), make_orchestrator()
+    ids = [enqueue_one(pool, o, n)[1].queue_id for n in range(5)]
+    enqueue_one(pool, other, 99)
+    got = claim(pool, o.id, max=3, lease_seconds=60)
+    assert [m.queue_id for m in got] == ids[:3]
+    assert all(m.attempt == 1 and m.orchestrator_id == o.id for m in got)
+    assert len({m.claim_token for m in got}) == 3
+    assert got[0].issue.identifier == "ENG-0"
+    rest = claim(pool, o.id, max=10, lease_seconds=60)
+    assert [m.queue_id for m in rest] == ids[3:]
+    assert claim(pool, o.id, max=10, lease_seconds=60) == []
+
+
+def test_future_rows_are_not_due(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    with transaction(pool) as tx:
+        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
+        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
+                         message=DispatchPayload(issue=issue()), now=datetime.now(UTC) + timedelta(hours=1))
+    assert claim(pool, o.id, max=10, lease_seconds=60) == []
+    assert len(claim(pool, o.id, max=10, lease_seconds=60, now=datetime.now(UTC) + timedelta(hours=2))) == 1
+
+
+def test_message_id_is_stable_across_redeliveries(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    _, enq = enqueue_one(pool, o)
+    first = claim(pool, o.id, max=1, lease_seconds=60, now=T0)[0]
+    assert sweep(pool, Settings(), now=T0 + timedelta(seconds=61)).requeued == 1
+    second = claim(pool, o.id, max=1, lease_seconds=60, now=T0 + timedelta(hours=1))[0]
+    assert first.message_id == second.message_id == enq.message_id
+    assert first.claim_token != second.claim_token
+    assert (first.attempt, second.attempt) == (1, 2)
+
+
+def test_backoff_table_with_the_defaults(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    enqueue_one(pool, o)
+    settings = Settings(DEVPILOT_MAX_ATTEMPTS=10)
+    now = T0
+    delays = []
+    for _ in range(6):
+        [m] = claim(pool, o.id, max=1, lease_seconds=60, now=now)
+        swept_at = now + timedelta(seconds=61)
+        assert sweep(pool, settings, now=swept_at) == queue.SweepResult(1, 0)
+        with pool.connection() as conn:
+            row = conn.execute("SELECT available_at FROM dispatch_queue WHERE id = %s", (m.queue_id,)).fetchone()
+        assert row is not None
+        delays.append(int((row["available_at"] - swept_at).total_seconds()))
+        # not due before its backoff has passed
+        assert claim(pool, o.id, max=1, lease_seconds=60, now=row["available_at"] - timedelta(seconds=1)) == []
+        now = row["available_at"]
+    assert delays == [60, 240, 540, 900, 900, 900]
+    assert [Settings().backoff_seconds(n) for n in range(1, 7)] == delays
+
+
+def test_dead_letter_at_the_attempt_limit(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    sid, _ = enqueue_one(pool, o)
+    settings = Settings(DEVPILOT_MAX_ATTEMPTS=3)
+    now = T0
+    for n in range(1, 4):
+        [m] = claim(pool, o.id, max=1, lease_seconds=60, now=now)
+        assert m.attempt == n
+        result = sweep(pool, settings, now=now + timedelta(seconds=61))
+        now += timedelta(hours=1)
+        assert result == (queue.SweepResult(1, 0) if n < 3 else queue.SweepResult(0, 1))
+    assert counts(pool) == (1, 0)
+    status, reason = session_status(pool, sid)
+    assert status == "failed" and reason is not None and "3 delivery attempts" in reason
+    # the latest token cannot resurrect a dead-lettered row
+    assert ack(pool, o.id, m.queue_id, m.claim_token) == "not_found"
+
+
+def test_sweep_leaves_live_leases_alone(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    enqueue_one(pool, o)
+    claim(pool, o.id, max=1, lease_seconds=60, now=T0)
+    assert sweep(pool, Settings(), now=T0 + timedelta(seconds=59)) == queue.SweepResult(0, 0)
+
+
+def test_ack_fencing(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o, other = make_orchestrator(), make_orchestrator()
+    sid, enq = enqueue_one(pool, o)
+    [a] = claim(pool, o.id, max=1, lease_seconds=60, now=T0)
+    # a's lease expires and the row is re-queued; a is still the latest claim and may ack ...
+    sweep(pool, Settings(), now=T0 + timedelta(seconds=61))
+    # ... but first a newer claim takes it, so a is superseded
+    [b] = claim(pool, o.id, max=1, lease_seconds=60, now=T0 + timedelta(hours=1))
+    assert ack(pool, o.id, a.queue_id, a.claim_token) == "claim_superseded"
+    assert ack(pool, other.id, b.queue_id, b.claim_token) == "not_found"
+    assert ack(pool, o.id, uuid4(), b.claim_token) == "not_found"
+    assert session_status(pool, sid)[0] == "queued"
+    assert ack(pool, o.id, b.queue_id, b.claim_token) == "acked"
+    assert session_status(pool, sid)[0] == "delivered"
+    assert counts(pool) == (1, 0)
+    assert ack(pool, o.id, b.queue_id, b.claim_token) == "acked"  # repeated ack
+    assert ack(pool, o.id, a.queue_id, a.claim_token) == "claim_superseded"
+    assert ack(pool, other.id, b.queue_id, b.claim_token) == "not_found"
+    assert enq.queue_id == b.queue_id
+
+
+def test_late_ack_after_requeue_still_delivers(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    sid, _ = enqueue_one(pool, o)
+    [a] = claim(pool, o.id, max=1, lease_seconds=60, now=T0)
+    assert sweep(pool, Settings(), now=T0 + timedelta(minutes=5)).requeued == 1
+    assert ack(pool, o.id, a.queue_id, a.claim_token) == "acked"
+    assert session_status(pool, sid)[0] == "delivered"
+
+
+def test_batch_ack_judges_each_item(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    for n in range(3):
+        enqueue_one(pool, o, n)
+    m = claim(pool, o.id, max=3, lease_seconds=60)
+    results = ack_many(pool, o.id, [
+        AckItem(m[0].queue_id, m[0].claim_token),
+        AckItem(m[1].queue_id, uuid4()),
+        AckItem(uuid4(), m[2].claim_token),
+        AckItem(m[0].queue_id, m[0].claim_token),
+    ])
+    assert results == ["acked", "claim_superseded", "not_found", "acked"]
+    assert counts(pool) == (3, 2)
+
+
+def test_release_counts_as_a_failed_attempt(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    sid, _ = enqueue_one(pool, o)
+    settings = Settings(DEVPILOT_MAX_ATTEMPTS=2)
+    [a] = claim(pool, o.id, max=1, lease_seconds=60, now=T0)
+    r = release(pool, settings, o.id, a.queue_id, a.claim_token, reason="disk full", now=T0)
+    assert r.status == "released" and r.available_at == T0 + timedelta(seconds=60)
+    assert release(pool, settings, o.id, a.queue_id, a.claim_token, now=T0).status == "released"
+    assert release(pool, settings, o.id, a.queue_id, uuid4(), now=T0).status == "claim_superseded"
+    assert release(pool, settings, o.id, uuid4(), a.claim_token, now=T0).status == "not_found"
+    [b] = claim(pool, o.id, max=1, lease_seconds=60, now=T0 + timedelta(seconds=60))
+    assert release(pool, settings, o.id, a.queue_id, a.claim_token, now=T0).status == "claim_superseded"
+    r = release(pool, settings, o.id, b.queue_id, b.claim_token, reason="gave up", now=T0)
+    assert r.dead_lettered
+    status, reason = session_status(pool, sid)
+    assert status == "failed" and reason is not None and "gave up" in reason
+    assert counts(pool) == (1, 0)
+
+
+def test_cancel_issue_removes_queued_and_claimed(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    sid1, _ = enqueue_one(pool, o, 1)
+    sid2, _ = enqueue_one(pool, o, 2)
+    [m] = claim(pool, o.id, max=1, lease_seconds=60)
+    assert m.session_id == sid1
+    with transaction(pool) as tx:
+        got = queue.cancel_issue(tx, org_id=o.org_id, issue_id=issue(1).id, linear_user_id=None, reason="x")
+    assert got == [sid1]
+    assert session_status(pool, sid1)[0] == "cancelled"
+    assert ack(pool, o.id, m.queue_id, m.claim_token) == "not_found"
+    assert session_status(pool, sid2)[0] == "queued"
+    # another org's issue with the same id is untouched
+    with transaction(pool) as tx:
+        assert queue.cancel_issue(tx, org_id="org-b", issue_id=issue(2).id, linear_user_id=None, reason="x") == []
+
+
+def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    with connect(db_url) as listener:
+        listener.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
+        with pytest.raises(RuntimeError), transaction(pool) as tx:
+            sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
+            enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
+                             message=DispatchPayload(issue=issue()))
+            raise RuntimeError("rolled back")
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
+        enqueue_one(pool, o)
+        got = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.payload for n in got] == [str(o.id)]
+
+
+def test_enqueue_refuses_a_session_of_another_org(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    with pytest.raises(ValueError, match="not a queued session"), transaction(pool) as tx:
+        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
+        enqueue_dispatch(tx, org_id="org-other", orchestrator_id=o.id, session_id=sid,
+                         message=DispatchPayload(issue=issue()))
+    assert counts(pool) == (0, 0)
