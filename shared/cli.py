@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="migrate, then serve every route on one port")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--sweep-every", type=float, default=30.0, help="seconds between in-process sweeps; 0 = off")
+    p.add_argument(
+        "--sweep-every", type=float, default=30.0, help="seconds between in-process sweeps; 0 = off"
+    )
     p.set_defaults(func=_cmd_serve)
     return parser
 

@@ -46,7 +46,7 @@ class Tx:
         return self._conn
 
     def execute(
-        self, query: LiteralString | sql.Composable, params: dict[str, Any] | None = None
+        self, query: LiteralString | sql.SQL | sql.Composed, params: dict[str, Any] | None = None
     ) -> psycopg.Cursor[DictRow]:
         return self.conn.execute(query, params)
 
@@ -94,7 +94,9 @@ def _open(conn: Conn, settings: Settings | None) -> Iterator[Tx]:
         try:
             if settings is not None and settings.database_transaction_pooler:
                 conn.execute(
-                    sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(settings.statement_timeout_ms))
+                    sql.SQL("SET LOCAL statement_timeout = {}").format(
+                        sql.Literal(settings.statement_timeout_ms)
+                    )
                 )
             yield tx
         finally:

@@ -33,8 +33,8 @@ def redact(url: str) -> str:
     except Exception:
         return "<unparseable DATABASE_URL>"
     if "password" in parts:
-        parts["password"] = "***"  # noqa: S105 - a mask, not a secret
-    return make_conninfo(**{k: v for k, v in parts.items() if v is not None})
+        parts["password"] = "***"
+    return make_conninfo("", **{k: str(v) for k, v in parts.items() if v is not None})
 
 
 def start_embedded(data_dir: Path | None = None) -> Database:

@@ -61,7 +61,12 @@ def register(pool: Pool, *, org_id: str, linear_user_id: str, name: str) -> Regi
     with transaction(pool) as tx:
         row = tx.one(
             INSERT,
-            {"org_id": org_id, "linear_user_id": linear_user_id, "name": name, "token_hash": hash_token(token)},
+            {
+                "org_id": org_id,
+                "linear_user_id": linear_user_id,
+                "name": name,
+                "token_hash": hash_token(token),
+            },
         )
     assert row is not None
     return Registered(row["id"], token)
@@ -94,4 +99,3 @@ def list_all(pool: Pool) -> list[Listed]:
 def revoke(pool: Pool, orchestrator_id: UUID) -> bool:
     with transaction(pool) as tx:
         return tx.one(REVOKE, {"id": orchestrator_id}) is not None
-

@@ -21,13 +21,16 @@ WITH q AS (
             coalesce(%(now)s::timestamptz, now()))
     RETURNING id, message_id, session_id, orchestrator_id
 ), s AS (
+    -- By primary key only (the org and state are checked by the caller on what it returns), so the
+    -- planner cannot wander into another index of a freshly filled, not yet analysed table.
     UPDATE dispatch_sessions ds SET queue_id = q.id, message_id = q.message_id
-    FROM q WHERE ds.id = q.session_id AND ds.org_id = %(org_id)s AND ds.status = 'queued'
-    RETURNING ds.id
+    FROM q WHERE ds.id = %(session_id)s
+    RETURNING ds.org_id, ds.status, ds.orchestrator_id
 )
-SELECT q.id AS queue_id, q.message_id, (SELECT count(*) FROM s) AS sessions,
+SELECT q.id AS queue_id, q.message_id, s.org_id AS session_org_id, s.status AS session_status,
+       s.orchestrator_id = q.orchestrator_id AS same_orchestrator,
        pg_notify('devpilot_dispatch', q.orchestrator_id::text) AS notified
-FROM q;
+FROM q LEFT JOIN s ON true;
 
 -- name: claim
 -- Exactly-once: locks up to `max` due, unclaimed rows of one orchestrator (skipping rows another
@@ -169,3 +172,19 @@ UPDATE dispatch_sessions ds
 SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
 FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
 RETURNING ds.id;
+
+-- name: record_delivery
+-- Idempotency as a constraint: the first transaction to insert a delivery key wins; a concurrent
+-- duplicate waits on the key and then inserts nothing (no "select, then insert" race).
+INSERT INTO webhook_deliveries (delivery_key) VALUES (%(key)s)
+ON CONFLICT (delivery_key) DO NOTHING
+RETURNING delivery_key;
+
+-- name: delivery_session
+-- For a duplicate: the session the first delivery created (committed, so visible here).
+SELECT session_id, outcome FROM webhook_deliveries WHERE delivery_key = %(key)s;
+
+-- name: finish_delivery
+-- In the intake transaction: what the delivery did, committed with its rows.
+UPDATE webhook_deliveries SET session_id = %(session_id)s, outcome = %(outcome)s
+WHERE delivery_key = %(key)s;

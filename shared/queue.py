@@ -95,9 +95,11 @@ def enqueue_dispatch(
         },
     )
     assert row is not None
-    if row["sessions"] != 1:
+    if row["session_org_id"] != org_id or row["session_status"] != "queued" or not row["same_orchestrator"]:
         # The session is not this org's or is not queued: abort the caller's transaction.
-        raise ValueError(f"session {session_id} is not a queued session of org {org_id}")
+        raise ValueError(
+            f"session {session_id} is not a queued session of org {org_id} for this orchestrator"
+        )
     return Enqueued(queue_id=row["queue_id"], message_id=row["message_id"])
 
 

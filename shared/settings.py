@@ -21,14 +21,20 @@ class Settings(BaseSettings):
     # prepared statements and no session state (statement timeouts are then set per transaction).
     database_transaction_pooler: bool = Field(default=False, validation_alias="DEVPILOT_TRANSACTION_POOLER")
     database_pool_max: int = Field(default=10, ge=1, le=200, validation_alias="DEVPILOT_POOL_MAX")
-    statement_timeout_ms: int = Field(default=5000, ge=100, le=600_000, validation_alias="DEVPILOT_STATEMENT_TIMEOUT_MS")
+    statement_timeout_ms: int = Field(
+        default=5000, ge=100, le=600_000, validation_alias="DEVPILOT_STATEMENT_TIMEOUT_MS"
+    )
 
     linear_webhook_secret: str | None = Field(default=None, validation_alias="LINEAR_WEBHOOK_SECRET")
     admin_token: str | None = Field(default=None, validation_alias="DEVPILOT_ADMIN_TOKEN")
 
     lease_seconds: int = Field(default=60, ge=1, le=86_400, validation_alias="DEVPILOT_LEASE_SECONDS")
-    backoff_base_seconds: int = Field(default=60, ge=0, le=86_400, validation_alias="DEVPILOT_BACKOFF_BASE_SECONDS")
-    backoff_cap_seconds: int = Field(default=900, ge=0, le=604_800, validation_alias="DEVPILOT_BACKOFF_CAP_SECONDS")
+    backoff_base_seconds: int = Field(
+        default=60, ge=0, le=86_400, validation_alias="DEVPILOT_BACKOFF_BASE_SECONDS"
+    )
+    backoff_cap_seconds: int = Field(
+        default=900, ge=0, le=604_800, validation_alias="DEVPILOT_BACKOFF_CAP_SECONDS"
+    )
     max_attempts: int = Field(default=5, ge=1, le=1000, validation_alias="DEVPILOT_MAX_ATTEMPTS")
     webhook_tolerance_seconds: int = Field(
         default=60, ge=1, le=86_400, validation_alias="DEVPILOT_WEBHOOK_TOLERANCE_SECONDS"
@@ -39,7 +45,9 @@ class Settings(BaseSettings):
     supabase_jwt_secret: str | None = Field(default=None, validation_alias="SUPABASE_JWT_SECRET")
     supabase_jwt_private_key: str | None = Field(default=None, validation_alias="SUPABASE_JWT_PRIVATE_KEY")
     supabase_jwt_kid: str | None = Field(default=None, validation_alias="SUPABASE_JWT_KID")
-    realtime_token_seconds: int = Field(default=600, ge=30, le=86_400, validation_alias="DEVPILOT_REALTIME_TOKEN_SECONDS")
+    realtime_token_seconds: int = Field(
+        default=600, ge=30, le=86_400, validation_alias="DEVPILOT_REALTIME_TOKEN_SECONDS"
+    )
 
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> Settings:

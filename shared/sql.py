@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
-from typing import LiteralString, cast
+from typing import LiteralString
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -29,4 +29,5 @@ def _load(path: str) -> dict[str, str]:
 def query(name: str, path: Path | None = None) -> LiteralString:
     """The named statement from shared/queries.sql (a file we ship, hence LiteralString)."""
     source = path or Path(__file__).with_name("queries.sql")
-    return cast(LiteralString, _load(str(source))[name])
+    text: LiteralString = _load(str(source))[name]
+    return text

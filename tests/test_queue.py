@@ -49,10 +49,12 @@ def test_enqueue_commits_session_and_row_together(pool: Pool, make_orchestrator:
 def test_exception_after_enqueue_leaves_neither_row(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     with pytest.raises(RuntimeError, match="boom"), transaction(pool) as tx:
-        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id,
-                             issue=issue())
-        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
-                         message=DispatchPayload(issue=issue()))
+        sid = create_session(
+            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, issue=issue()
+        )
+        enqueue_dispatch(
+            tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid, message=DispatchPayload(issue=issue())
+        )
         raise RuntimeError("boom")
     assert counts(pool) == (0, 0)
 
@@ -65,8 +67,9 @@ def test_enqueue_refuses_anything_but_an_open_tx(
     # A real session id exists, so only the handle can be what is refused.
     with transaction(pool) as tx:
         sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
-        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
-                         message=DispatchPayload(issue=issue()))
+        enqueue_dispatch(
+            tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid, message=DispatchPayload(issue=issue())
+        )
     before = counts(pool)
     with connect(db_url) as conn:
         handle: object
@@ -79,8 +82,13 @@ def test_enqueue_refuses_anything_but_an_open_tx(
         elif bad == "raw-transaction":
             with conn.transaction() as raw:
                 with pytest.raises(TypeError, match="needs an open transaction"):
-                    enqueue_dispatch(raw, org_id=o.org_id, orchestrator_id=o.id,  # type: ignore[arg-type]
-                                     session_id=sid, message=DispatchPayload(issue=issue()))
+                    enqueue_dispatch(
+                        raw,  # type: ignore[arg-type]
+                        org_id=o.org_id,
+                        orchestrator_id=o.id,
+                        session_id=sid,
+                        message=DispatchPayload(issue=issue()),
+                    )
             assert counts(pool) == before
             return
         else:
@@ -88,15 +96,22 @@ def test_enqueue_refuses_anything_but_an_open_tx(
                 pass
             handle = ended
         with pytest.raises(TypeError):
-            enqueue_dispatch(handle, org_id=o.org_id, orchestrator_id=o.id,  # type: ignore[arg-type]
-                             session_id=sid, message=DispatchPayload(issue=issue()))
+            enqueue_dispatch(
+                handle,  # type: ignore[arg-type]
+                org_id=o.org_id,
+                orchestrator_id=o.id,
+                session_id=sid,
+                message=DispatchPayload(issue=issue()),
+            )
     assert counts(pool) == before
 
 
 def test_a_session_without_its_queue_row_cannot_commit(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
-    with pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="invariant"), \
-            transaction(pool) as tx:
+    with (
+        pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="invariant"),
+        transaction(pool) as tx,
+    ):
         create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
     assert counts(pool) == (0, 0)
 
@@ -129,8 +144,14 @@ def test_future_rows_are_not_due(pool: Pool, make_orchestrator: MakeOrch) -> Non
     o = make_orchestrator()
     with transaction(pool) as tx:
         sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
-        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
-                         message=DispatchPayload(issue=issue()), now=datetime.now(UTC) + timedelta(hours=1))
+        enqueue_dispatch(
+            tx,
+            org_id=o.org_id,
+            orchestrator_id=o.id,
+            session_id=sid,
+            message=DispatchPayload(issue=issue()),
+            now=datetime.now(UTC) + timedelta(hours=1),
+        )
     assert claim(pool, o.id, max=10, lease_seconds=60) == []
     assert len(claim(pool, o.id, max=10, lease_seconds=60, now=datetime.now(UTC) + timedelta(hours=2))) == 1
 
@@ -157,11 +178,15 @@ def test_backoff_table_with_the_defaults(pool: Pool, make_orchestrator: MakeOrch
         swept_at = now + timedelta(seconds=61)
         assert sweep(pool, settings, now=swept_at) == queue.SweepResult(1, 0)
         with pool.connection() as conn:
-            row = conn.execute("SELECT available_at FROM dispatch_queue WHERE id = %s", (m.queue_id,)).fetchone()
+            row = conn.execute(
+                "SELECT available_at FROM dispatch_queue WHERE id = %s", (m.queue_id,)
+            ).fetchone()
         assert row is not None
         delays.append(int((row["available_at"] - swept_at).total_seconds()))
         # not due before its backoff has passed
-        assert claim(pool, o.id, max=1, lease_seconds=60, now=row["available_at"] - timedelta(seconds=1)) == []
+        assert (
+            claim(pool, o.id, max=1, lease_seconds=60, now=row["available_at"] - timedelta(seconds=1)) == []
+        )
         now = row["available_at"]
     assert delays == [60, 240, 540, 900, 900, 900]
     assert [Settings().backoff_seconds(n) for n in range(1, 7)] == delays
@@ -227,12 +252,16 @@ def test_batch_ack_judges_each_item(pool: Pool, make_orchestrator: MakeOrch) -> 
     for n in range(3):
         enqueue_one(pool, o, n)
     m = claim(pool, o.id, max=3, lease_seconds=60)
-    results = ack_many(pool, o.id, [
-        AckItem(m[0].queue_id, m[0].claim_token),
-        AckItem(m[1].queue_id, uuid4()),
-        AckItem(uuid4(), m[2].claim_token),
-        AckItem(m[0].queue_id, m[0].claim_token),
-    ])
+    results = ack_many(
+        pool,
+        o.id,
+        [
+            AckItem(m[0].queue_id, m[0].claim_token),
+            AckItem(m[1].queue_id, uuid4()),
+            AckItem(uuid4(), m[2].claim_token),
+            AckItem(m[0].queue_id, m[0].claim_token),
+        ],
+    )
     assert results == ["acked", "claim_superseded", "not_found", "acked"]
     assert counts(pool) == (3, 2)
 
@@ -270,7 +299,10 @@ def test_cancel_issue_removes_queued_and_claimed(pool: Pool, make_orchestrator: 
     assert session_status(pool, sid2)[0] == "queued"
     # another org's issue with the same id is untouched
     with transaction(pool) as tx:
-        assert queue.cancel_issue(tx, org_id="org-b", issue_id=issue(2).id, linear_user_id=None, reason="x") == []
+        assert (
+            queue.cancel_issue(tx, org_id="org-b", issue_id=issue(2).id, linear_user_id=None, reason="x")
+            == []
+        )
 
 
 def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orchestrator: MakeOrch) -> None:
@@ -278,9 +310,16 @@ def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orche
     with connect(db_url) as listener:
         listener.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
         with pytest.raises(RuntimeError), transaction(pool) as tx:
-            sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
-            enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid,
-                             message=DispatchPayload(issue=issue()))
+            sid = create_session(
+                tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
+            )
+            enqueue_dispatch(
+                tx,
+                org_id=o.org_id,
+                orchestrator_id=o.id,
+                session_id=sid,
+                message=DispatchPayload(issue=issue()),
+            )
             raise RuntimeError("rolled back")
         assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
         enqueue_one(pool, o)
@@ -292,6 +331,11 @@ def test_enqueue_refuses_a_session_of_another_org(pool: Pool, make_orchestrator:
     o = make_orchestrator()
     with pytest.raises(ValueError, match="not a queued session"), transaction(pool) as tx:
         sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
-        enqueue_dispatch(tx, org_id="org-other", orchestrator_id=o.id, session_id=sid,
-                         message=DispatchPayload(issue=issue()))
+        enqueue_dispatch(
+            tx,
+            org_id="org-other",
+            orchestrator_id=o.id,
+            session_id=sid,
+            message=DispatchPayload(issue=issue()),
+        )
     assert counts(pool) == (0, 0)

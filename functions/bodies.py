@@ -1,0 +1,54 @@
+"""Request bodies of the routes (strict: a string where a number belongs is a 400, not a guess)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+NIL = UUID(int=0)  # matches no row and no token: how a malformed id is judged
+
+
+def loose_uuid(value: str) -> UUID:
+    """An id we issued: a malformed one names nothing (404 / superseded), it is not a type error."""
+    try:
+        return UUID(value)
+    except ValueError:
+        return NIL
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class ClaimBody(Body):
+    max: StrictInt = Field(default=10, ge=1, le=100)
+    wait_seconds: StrictInt = Field(default=0, ge=0, le=25, alias="waitSeconds")
+
+
+class AckOne(Body):
+    queue_id: StrictStr = Field(alias="queueId", max_length=100)
+    claim_token: StrictStr = Field(alias="claimToken", max_length=100)
+
+
+class AckBody(Body):
+    queue_id: StrictStr | None = Field(default=None, alias="queueId", max_length=100)
+    claim_token: StrictStr | None = Field(default=None, alias="claimToken", max_length=100)
+    acks: list[AckOne] | None = Field(default=None, min_length=1, max_length=100)
+
+
+class ReleaseBody(AckOne):
+    reason: StrictStr | None = Field(default=None, max_length=2000)
+
+
+class RegisterBody(Body):
+    org_id: StrictStr = Field(alias="orgId", min_length=1, max_length=200)
+    linear_user_id: StrictStr = Field(alias="linearUserId", min_length=1, max_length=200)
+    name: StrictStr = Field(min_length=1, max_length=200)
+
+    @field_validator("org_id", "linear_user_id", "name")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v

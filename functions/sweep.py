@@ -1,0 +1,28 @@
+"""`sweep` target (POST /sweep, admin bearer): re-queue expired leases, dead-letter at the limit.
+
+Also the scheduled entry point: `run_sweep()` is what Cloud Scheduler / EventBridge end up calling.
+Safe to run concurrently and repeatedly (see shared.queue.sweep).
+"""
+
+from __future__ import annotations
+
+import flask
+import functions_framework
+
+from functions.runtime import Runtime, get_runtime
+from functions.web import handler, reply, require_admin, require_method
+from shared import queue
+
+
+def run_sweep() -> dict[str, int]:
+    rt = get_runtime()
+    result = queue.sweep(rt.pool, rt.settings)
+    return {"requeued": result.requeued, "deadLettered": result.dead_lettered}
+
+
+@functions_framework.http
+@handler("sweep")
+def sweep(request: flask.Request, rt: Runtime) -> flask.Response:
+    require_method(request, "POST")
+    require_admin(request, rt)
+    return reply(run_sweep())

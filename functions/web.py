@@ -1,0 +1,166 @@
+"""What every handler shares: JSON errors, body limits, bearer auth, one log line per request."""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import flask
+import psycopg
+import psycopg_pool
+from pydantic import BaseModel, ValidationError
+
+from functions.runtime import Runtime, get_runtime
+from shared.orchestrators import Orchestrator, authenticate
+from shared.settings import SettingsError
+
+MAX_BODY = 1024 * 1024  # 1 MiB
+
+log = logging.getLogger("devpilot.request")
+Handler = Callable[[flask.Request], flask.Response]
+M = TypeVar("M", bound=BaseModel)
+_ctx = threading.local()
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
+
+
+def reply(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> flask.Response:
+    resp = flask.Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+def error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> flask.Response:
+    return reply({"error": code, "detail": detail}, status, headers)
+
+
+def note(**fields: Any) -> None:
+    """Add correlation ids (sessionId, queueId, ...) to this request's log line."""
+    extra: dict[str, Any] = getattr(_ctx, "fields", {})
+    extra.update({k: str(v) for k, v in fields.items() if v is not None})
+    _ctx.fields = extra
+
+
+def raw_body(request: flask.Request) -> bytes:
+    length = request.content_length
+    if length is not None and length > MAX_BODY:
+        raise ApiError(413, "too_large", f"body over {MAX_BODY} bytes")
+    data = request.stream.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise ApiError(413, "too_large", f"body over {MAX_BODY} bytes")
+    return data
+
+
+def json_body(request: flask.Request, model: type[M], *, empty_ok: bool = False) -> M:
+    data = raw_body(request)
+    if not data.strip() and empty_ok:
+        return model()
+    try:
+        parsed = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ApiError(400, "bad_request", "body is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise ApiError(400, "bad_request", "body must be a JSON object")
+    try:
+        return model.model_validate(parsed)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ApiError(400, "bad_request", f"{where}: {first['msg']}") from None
+
+
+def bearer(request: flask.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def require_admin(request: flask.Request, rt: Runtime) -> None:
+    expected = rt.settings.admin_token
+    given = bearer(request)
+    if not expected:
+        raise ApiError(401, "unauthorized", "DEVPILOT_ADMIN_TOKEN is not configured on this server")
+    if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(401, "unauthorized", "missing or wrong admin bearer token")
+
+
+def require_orchestrator(request: flask.Request, rt: Runtime) -> Orchestrator:
+    token = bearer(request)
+    orch = authenticate(rt.pool, token) if token else None
+    if orch is None:
+        raise ApiError(401, "unauthorized", "missing, wrong or revoked orchestrator token")
+    note(orchestratorId=orch.id)
+    return orch
+
+
+def require_method(request: flask.Request, *methods: str) -> None:
+    if request.method not in methods:
+        raise ApiError(
+            405, "method_not_allowed", f"use {' or '.join(methods)}", {"Allow": ", ".join(methods)}
+        )
+
+
+def handler(route: str) -> Callable[[Callable[[flask.Request, Runtime], flask.Response]], Handler]:
+    """Wrap a route: contract errors as JSON, the database's absence as 503, one log line."""
+
+    def wrap(fn: Callable[[flask.Request, Runtime], flask.Response]) -> Handler:
+        @functools.wraps(fn)
+        def run(request: flask.Request) -> flask.Response:
+            started = time.perf_counter()
+            _ctx.fields = {}
+            try:
+                resp = fn(request, get_runtime())
+            except ApiError as exc:
+                resp = error(exc.status, exc.code, exc.detail, exc.headers)
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.QueryCanceled) as exc:
+                log.warning("database unavailable on %s: %s", route, type(exc).__name__)
+                resp = error(
+                    503, "db_unavailable", "the database did not answer; retry", {"Retry-After": "2"}
+                )
+            except SettingsError as exc:
+                resp = error(503, "not_configured", str(exc))
+            except Exception:
+                log.exception("unhandled error on %s", route)
+                resp = error(500, "internal", "unexpected server error")
+            fields = getattr(_ctx, "fields", {})
+            log.info(
+                json.dumps(
+                    {
+                        "route": route,
+                        "method": request.method,
+                        "status": resp.status_code,
+                        "ms": round((time.perf_counter() - started) * 1000, 2),
+                        **fields,
+                    },
+                    separators=(",", ":"),
+                )
+            )
+            return resp
+
+        return run
+
+    return wrap
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    root = logging.getLogger("devpilot")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(h)
+        root.setLevel(level)
+        root.propagate = False

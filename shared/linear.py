@@ -1,0 +1,147 @@
+"""Linear webhooks: signature, freshness, and what an event asks of us.
+
+Linear signs the raw body with HMAC-SHA256 under the webhook's signing secret and sends the
+lowercase hex digest in `Linear-Signature`; its SDK compares in constant time, and so do we.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from shared.models import IssueRef
+
+
+class BadWebhook(ValueError):
+    """The body is not a webhook we can read; answered 400 bad_request."""
+
+
+def signature_ok(secret: str, body: bytes, signature: str | None) -> bool:
+    if not signature:
+        return False
+    expected = hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, signature.strip())
+
+
+def sign(secret: str, body: bytes) -> str:
+    """What Linear would send in Linear-Signature (tests, demo)."""
+    return hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Webhook:
+    raw: dict[str, Any]
+    type: str
+    action: str
+    timestamp_ms: int
+    org_id: str | None
+    entity: dict[str, Any]
+
+    def delivery_key(self, delivery_header: str | None) -> str:
+        """Linear-Delivery when sent; else what identifies one delivery of one change."""
+        if delivery_header and delivery_header.strip():
+            return "delivery:" + delivery_header.strip()
+        parts = [self.org_id, self.type, self.action, self.entity.get("id"), self.entity.get("updatedAt")]
+        return "derived:" + json.dumps(parts, separators=(",", ":"))
+
+
+def parse(body: bytes) -> Webhook:
+    try:
+        raw = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadWebhook(f"body is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BadWebhook("body must be a JSON object")
+    for field in ("type", "action"):
+        if not isinstance(raw.get(field), str) or not raw[field]:
+            raise BadWebhook(f"'{field}' must be a non-empty string")
+    ts = raw.get("webhookTimestamp")
+    if not isinstance(ts, int) or isinstance(ts, bool):
+        raise BadWebhook("'webhookTimestamp' must be an integer (ms since epoch)")
+    entity_field = "agentSession" if raw["type"] == "AgentSessionEvent" else "data"
+    entity = raw.get(entity_field)
+    if not isinstance(entity, dict):
+        raise BadWebhook(f"'{entity_field}' must be an object for a {raw['type']} event")
+    org = raw.get("organizationId")
+    if org is not None and not isinstance(org, str):
+        raise BadWebhook("'organizationId' must be a string")
+    return Webhook(raw, raw["type"], raw["action"], ts, org, entity)
+
+
+def is_fresh(hook: Webhook, now_ms: int, tolerance_seconds: int) -> bool:
+    return abs(now_ms - hook.timestamp_ms) <= tolerance_seconds * 1000
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What the event asks: dispatch to a user, cancel the issue's open dispatch, both, or nothing."""
+
+    kind: Literal["dispatch", "cancel", "ignore"]
+    reason: str = ""
+    issue: IssueRef | None = None
+    user_id: str | None = None  # the Linear user whose orchestrator takes it
+    cancel_issue_id: str | None = None  # cancel this issue's open dispatch first
+    agent_session_id: str | None = None
+
+
+def _str(d: dict[str, Any], key: str) -> str | None:
+    v = d.get(key)
+    return v if isinstance(v, str) and v else None
+
+
+def _issue(d: dict[str, Any]) -> IssueRef | None:
+    issue_id = _str(d, "id")
+    if issue_id is None:
+        return None
+    return IssueRef(
+        id=issue_id,
+        identifier=_str(d, "identifier"),
+        title=_str(d, "title"),
+        url=_str(d, "url"),
+        description=_str(d, "description"),
+    )
+
+
+def intent(hook: Webhook) -> Intent:
+    if not hook.org_id:
+        return Intent("ignore", "no_organization")
+    if hook.type == "Issue":
+        return _issue_intent(hook)
+    if hook.type == "AgentSessionEvent":
+        if hook.action != "created":
+            return Intent("ignore", f"agent_session_{hook.action}")
+        session = hook.entity
+        raw_issue = session.get("issue")
+        issue = _issue(raw_issue) if isinstance(raw_issue, dict) else None
+        creator = _str(session, "creatorId")
+        if issue is None or creator is None:
+            return Intent("ignore", "agent_session_without_issue_or_creator")
+        return Intent("dispatch", issue=issue, user_id=creator, agent_session_id=_str(session, "id"))
+    return Intent("ignore", f"unhandled_type:{hook.type}")
+
+
+def _issue_intent(hook: Webhook) -> Intent:
+    data = hook.entity
+    issue = _issue(data)
+    if issue is None:
+        return Intent("ignore", "issue_without_id")
+    assignee = _str(data, "assigneeId")
+    if hook.action == "remove":
+        return Intent("cancel", issue=issue, cancel_issue_id=issue.id)
+    if hook.action == "create":
+        if assignee is None:
+            return Intent("ignore", "unassigned")
+        return Intent("dispatch", issue=issue, user_id=assignee)
+    if hook.action == "update":
+        updated_from = hook.raw.get("updatedFrom")
+        if not isinstance(updated_from, dict) or "assigneeId" not in updated_from:
+            return Intent("ignore", "assignee_unchanged")
+        if updated_from.get("assigneeId") == assignee:
+            return Intent("ignore", "assignee_unchanged")
+        if assignee is None:
+            return Intent("cancel", issue=issue, cancel_issue_id=issue.id)
+        return Intent("dispatch", issue=issue, user_id=assignee, cancel_issue_id=issue.id)
+    return Intent("ignore", f"issue_{hook.action}")

@@ -1,0 +1,261 @@
+"""Crashes and races of the core, with real processes and a real Postgres."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from shared.db import Pool, open_pool, transaction
+from shared.migrate import migrate
+from shared.models import DispatchPayload
+from shared.queue import ack, claim, create_session, enqueue_dispatch, sweep
+from shared.settings import Settings
+from tests.conftest import MakeOrch, Orch, fill_queue, issue
+from tests.pg import Server
+
+ROOT = Path(__file__).parent.parent
+T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+
+
+def bulk_enqueue(pool: Pool, orch: Orch, n: int) -> list[UUID]:
+    ids = []
+    with transaction(pool) as tx:
+        for i in range(n):
+            iss = issue(i, orch.org_id)
+            sid = create_session(
+                tx, org_id=orch.org_id, orchestrator_id=orch.id, linear_user_id=None, issue=iss
+            )
+            ids.append(
+                enqueue_dispatch(
+                    tx,
+                    org_id=orch.org_id,
+                    orchestrator_id=orch.id,
+                    session_id=sid,
+                    message=DispatchPayload(issue=iss),
+                ).queue_id
+            )
+    return ids
+
+
+def table_counts(pool: Pool) -> tuple[int, int]:
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM dispatch_sessions) AS s, (SELECT count(*) FROM dispatch_queue) AS q"
+        ).fetchone()
+    assert row is not None
+    return row["s"], row["q"]
+
+
+@pytest.mark.parametrize("point", ["before-commit", "after-commit"])
+def test_sigkill_around_commit_leaves_both_rows_or_neither(
+    point: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    o = make_orchestrator()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.enqueue_child", db_url, o.org_id, str(o.id), point],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line.startswith("READY"), line
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    assert child.returncode == -signal.SIGKILL
+    # The server notices the dead client and aborts its open transaction; wait for that.
+    with pool.connection() as conn:
+        for _ in range(100):
+            busy = conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state LIKE 'idle in transaction%%'"
+            ).fetchone()
+            if busy is not None and busy["n"] == 0:
+                break
+            conn.execute("SELECT pg_sleep(0.05)")
+    expected = (0, 0) if point == "before-commit" else (1, 1)
+    assert table_counts(pool) == expected
+    if point == "after-commit":
+        [m] = claim(pool, o.id, max=5, lease_seconds=60)
+        assert str(m.session_id) == line.split()[1]
+
+
+def test_eight_processes_claim_every_row_exactly_once(
+    pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    o = make_orchestrator()
+    ids = bulk_enqueue(pool, o, 3000)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.claimer", db_url, str(o.id), str(seed)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(8)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "GO"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.flush()
+    claimed: list[str] = []
+    per_proc = []
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0
+        got = json.loads(out.strip().splitlines()[-1])
+        per_proc.append(len(got))
+        claimed.extend(q for q, _ in got)
+    assert len(claimed) == len(ids), "a row was claimed twice or not at all"
+    assert sorted(claimed) == sorted(str(i) for i in ids)
+    assert sum(1 for n in per_proc if n > 0) >= 2, f"no real contention: {per_proc}"
+    with pool.connection() as conn:
+        row = conn.execute("SELECT min(attempts) AS lo, max(attempts) AS hi FROM dispatch_queue").fetchone()
+    assert row is not None and (row["lo"], row["hi"]) == (1, 1)
+
+
+def test_concurrent_sweeps_never_double_count(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    n = 2500
+    bulk_enqueue(pool, o, n)
+    claim(pool, o.id, max=1000, lease_seconds=60, now=T0)
+    claim(pool, o.id, max=1000, lease_seconds=60, now=T0)
+    claim(pool, o.id, max=1000, lease_seconds=60, now=T0)
+    settings = Settings()
+    results = []
+    barrier = threading.Barrier(4)
+
+    def run() -> None:
+        barrier.wait()
+        results.append(sweep(pool, settings, now=T0 + timedelta(seconds=61)))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.requeued for r in results) == n
+    assert sum(r.dead_lettered for r in results) == 0
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE lease_expires_at IS NULL) AS free, min(attempts) AS lo, "
+            "max(attempts) AS hi, count(DISTINCT available_at) AS due FROM dispatch_queue"
+        ).fetchone()
+    assert row is not None
+    assert (row["free"], row["lo"], row["hi"], row["due"]) == (n, 1, 1, 1)
+
+
+def test_sweep_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    """At the attempt limit the sweep dead-letters and the ack delivers: each row gets one of them."""
+    o = make_orchestrator()
+    n = 600
+    bulk_enqueue(pool, o, n)
+    settings = Settings(DEVPILOT_MAX_ATTEMPTS=1)
+    messages = claim(pool, o.id, max=1000, lease_seconds=60, now=T0)
+    assert len(messages) == n
+    outcomes: dict[UUID, str] = {}
+    sweeps = []
+    barrier = threading.Barrier(3)
+
+    def acker(part: list[int]) -> None:
+        barrier.wait()
+        for i in part:
+            m = messages[i]
+            outcomes[m.session_id] = ack(pool, o.id, m.queue_id, m.claim_token)
+
+    def sweeper() -> None:
+        barrier.wait()
+        for _ in range(20):
+            sweeps.append(sweep(pool, settings, now=T0 + timedelta(seconds=61)))
+
+    threads = [
+        threading.Thread(target=acker, args=(list(range(0, n, 2)),)),
+        threading.Thread(target=acker, args=(list(range(1, n, 2)),)),
+        threading.Thread(target=sweeper),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with pool.connection() as conn:
+        statuses = {r["id"]: r["status"] for r in conn.execute("SELECT id, status FROM dispatch_sessions")}
+    dead = sum(s.dead_lettered for s in sweeps)
+    acked = sum(1 for v in outcomes.values() if v == "acked")
+    assert acked + dead == n
+    assert table_counts(pool) == (n, 0)
+    for sid, outcome in outcomes.items():
+        assert outcome in ("acked", "not_found")
+        assert statuses[sid] == ("delivered" if outcome == "acked" else "failed")
+
+
+def test_migrations_are_safe_when_several_run_at_once(pg_server: Server) -> None:
+    import psycopg
+
+    name = "devpilot_mig_" + os.urandom(4).hex()
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = pg_server.url_for(name)
+    try:
+        applied: list[list[str]] = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(4)
+
+        def run() -> None:
+            barrier.wait()
+            try:
+                applied.append(migrate(url))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert sorted(len(a) for a in applied)[-1] >= 1
+        assert sum(len(a) for a in applied) == len(max(applied, key=len))  # each file applied once
+        assert migrate(url) == []
+    finally:
+        pg_server.drop(name)
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_claim_plan_probes_the_claim_index(
+    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """With many rows of other orchestrators, both the generic plan (what a prepared claim gets after
+    five runs) and the custom plan must read the partial claim index, not the table."""
+    o, busy = make_orchestrator(), make_orchestrator()
+    fill_queue(pool, busy, 50_000)
+    with pool.connection() as conn:
+        conn.execute("ANALYZE dispatch_queue")
+    from shared.sql import query
+
+    q = query("claim")
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        with conn.transaction():
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q,
+                {"orchestrator_id": o.id, "max": 10, "lease_seconds": 60, "now": None},
+                prepare=True,
+            ).fetchone()
+    assert plan is not None
+    text = json.dumps(plan)
+    assert "dispatch_queue_claim_idx" in text, text
+    assert "Seq Scan" not in text, text
+    top = plan["QUERY PLAN"][0]
+    assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 50, text

@@ -1,0 +1,19 @@
+# Deliberately wrong: mypy --strict must reject passing a connection where a Tx is required.
+from uuid import uuid4
+
+import psycopg
+from psycopg.rows import dict_row
+
+from shared.models import DispatchPayload, IssueRef
+from shared.queue import enqueue_dispatch
+
+
+def wrong(url: str) -> None:
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        enqueue_dispatch(
+            conn,
+            org_id="o",
+            orchestrator_id=uuid4(),
+            session_id=uuid4(),
+            message=DispatchPayload(issue=IssueRef(id="i")),
+        )
