@@ -41,8 +41,8 @@ def get_runtime() -> Runtime:
     return _runtime
 
 
-def install(runtime: Runtime) -> None:
-    """Use an already-built runtime (devpilot serve, tests)."""
+def install(runtime: Runtime | None) -> None:
+    """Use an already-built runtime (devpilot serve, tests); None forgets it."""
     global _runtime
     with _lock:
         _runtime = runtime

@@ -12,6 +12,7 @@ from shared.models import DispatchPayload, Enqueued, IssueRef
 from shared.orchestrators import register
 from shared.queue import create_session, enqueue_dispatch
 from shared.settings import Settings
+from tests.api import Api
 from tests.pg import Server
 
 
@@ -121,3 +122,32 @@ def fill_queue(pool: Pool, orch: Orch, n: int) -> None:
     with transaction(pool) as tx:
         tx.execute(FILL_SQL, {"org": orch.org_id, "orch": orch.id, "n": n})
         tx.execute(SYNC_SESSIONS_SQL)
+
+
+def api_settings(**overrides: object) -> Settings:
+    from tests.api import ADMIN, SECRET
+
+    values: dict[str, object] = {"DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def api_overrides() -> dict[str, object]:
+    """Override in a test module (or via parametrize) to run the server with other settings."""
+    return {}
+
+
+@pytest.fixture
+def api(db_url: str, api_overrides: dict[str, object]) -> Iterator[Api]:
+    import httpx
+
+    from tests.api import Served
+
+    settings = api_settings(**api_overrides)
+    p = open_pool(db_url, settings, min_size=2, max_size=30)
+    served = Served(db_url, settings, p)
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        yield Api(served.url, settings, p, client)
+    served.close()
+    p.close()

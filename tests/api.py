@@ -1,0 +1,101 @@
+"""A real server for HTTP tests: the real app on a real socket (werkzeug threaded), per test DB."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from werkzeug.serving import make_server
+
+from functions import runtime
+from functions.server import QuietHandler, create_app
+from shared.db import Pool
+from shared.embedded import Database
+from shared.linear import sign
+from shared.settings import Settings
+from shared.wakeups import Wakeups
+
+ADMIN = "admin-token-for-tests"
+SECRET = "linear-signing-secret-for-tests"
+
+
+@dataclass
+class Api:
+    url: str
+    settings: Settings
+    pool: Pool
+    http: httpx.Client
+    _counter: list[int] = field(default_factory=lambda: [0])
+
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {ADMIN}"}
+
+    def register(self, org: str = "org-a", user: str = "user-1", name: str = "laptop") -> tuple[str, str]:
+        r = self.http.post("/orchestrators", json={"orgId": org, "linearUserId": user, "name": name},
+                           headers=self.admin())
+        assert r.status_code == 201, r.text
+        return r.json()["orchestratorId"], r.json()["token"]
+
+    def post_as(self, token: str, path: str, body: Any = None) -> httpx.Response:
+        return self.http.post(path, json=body if body is not None else {},
+                              headers={"Authorization": f"Bearer {token}"})
+
+    def webhook(self, payload: dict[str, Any], delivery: str | None = "auto",
+                secret: str = SECRET, raw: bytes | None = None) -> httpx.Response:
+        body = raw if raw is not None else json.dumps(payload).encode()
+        headers = {"Linear-Signature": sign(secret, body), "Content-Type": "application/json"}
+        if delivery == "auto":
+            self._counter[0] += 1
+            delivery = f"delivery-{time.time_ns()}-{self._counter[0]}"
+        if delivery is not None:
+            headers["Linear-Delivery"] = delivery
+        return self.http.post("/webhook", content=body, headers=headers)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def issue_event(action: str = "create", *, org: str = "org-a", issue_id: str = "issue-1",
+                assignee: str | None = "user-1", updated_from: dict[str, Any] | None = None,
+                ts: int | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": issue_id, "identifier": "ENG-42", "title": "Fix the flaky test",
+        "url": f"https://linear.app/acme/issue/{issue_id}", "description": "It fails on Tuesdays.",
+        "assigneeId": assignee, "updatedAt": f"2026-12-02T10:00:{time.time_ns() % 60:02d}.000Z",
+    }
+    event: dict[str, Any] = {"type": "Issue", "action": action, "organizationId": org,
+                             "webhookTimestamp": ts if ts is not None else now_ms(), "data": data}
+    if updated_from is not None:
+        event["updatedFrom"] = updated_from
+    return event
+
+
+def agent_session_event(*, org: str = "org-a", creator: str = "user-1", session_id: str = "as-1") -> dict[str, Any]:
+    return {
+        "type": "AgentSessionEvent", "action": "created", "organizationId": org, "webhookTimestamp": now_ms(),
+        "agentSession": {
+            "id": session_id, "creatorId": creator, "updatedAt": "2026-12-02T10:00:00.000Z",
+            "issue": {"id": "issue-as", "identifier": "ENG-7", "title": "Agent task",
+                      "url": "https://linear.app/acme/issue/ENG-7", "description": "Do it"},
+        },
+    }
+
+
+class Served:
+    def __init__(self, db_url: str, settings: Settings, pool: Pool) -> None:
+        self.wakeups = Wakeups(db_url)
+        runtime.install(runtime.Runtime(settings, Database(db_url, embedded=False), pool, self.wakeups))
+        self.server = make_server("127.0.0.1", 0, create_app(), threaded=True, request_handler=QuietHandler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.wakeups.stop()
+        runtime.install(None)

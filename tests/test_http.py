@@ -1,0 +1,425 @@
+"""Every row of the contract, through real HTTP into the real app on a real Postgres."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api import Api, agent_session_event, issue_event, now_ms
+
+
+def rows(api: Api) -> dict[str, Any]:
+    with api.pool.connection() as conn:
+        r = conn.execute(
+            "SELECT (SELECT count(*) FROM dispatch_sessions) AS sessions,"
+            " (SELECT count(*) FROM dispatch_queue) AS queue,"
+            " (SELECT count(*) FROM webhook_deliveries) AS deliveries,"
+            " (SELECT count(*) FROM orchestrators) AS orchestrators"
+        ).fetchone()
+    assert r is not None
+    return dict(r)
+
+
+def status_of(api: Api, sid: str) -> str:
+    with api.pool.connection() as conn:
+        r = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (sid,)).fetchone()
+    assert r is not None
+    return str(r["status"])
+
+
+# --- webhook -------------------------------------------------------------------------------------
+
+def test_assignment_dispatches_to_the_users_orchestrator(api: Api) -> None:
+    oid, token = api.register(user="user-1")
+    r = api.webhook(issue_event(assignee="user-1"))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "dispatched" and body["orchestratorId"] == oid
+    assert set(body) >= {"sessionId", "queueId", "messageId", "orchestratorId"}
+    got = api.post_as(token, "/claim", {}).json()["messages"]
+    assert len(got) == 1
+    m = got[0]
+    assert m["queueId"] == body["queueId"] and m["messageId"] == body["messageId"]
+    assert m["sessionId"] == body["sessionId"] and m["orgId"] == "org-a" and m["attempt"] == 1
+    assert m["issue"] == {"id": "issue-1", "identifier": "ENG-42", "title": "Fix the flaky test",
+                          "url": "https://linear.app/acme/issue/issue-1", "description": "It fails on Tuesdays."}
+    assert set(m) >= {"claimToken", "leaseExpiresAt", "createdAt", "orchestratorId"}
+
+
+def test_agent_session_created_dispatches_with_agent_session_id(api: Api) -> None:
+    _, token = api.register(user="creator-9")
+    r = api.webhook(agent_session_event(creator="creator-9", session_id="as-77"))
+    assert r.json()["status"] == "dispatched"
+    [m] = api.post_as(token, "/claim").json()["messages"]
+    assert m["agentSessionId"] == "as-77" and m["issue"]["identifier"] == "ENG-7"
+
+
+def test_bad_signature_writes_nothing(api: Api) -> None:
+    api.register()
+    before = rows(api)
+    r = api.webhook(issue_event(), secret="wrong")
+    assert r.status_code == 401 and r.json()["error"] == "bad_signature"
+    r = api.http.post("/webhook", content=b"{}", headers={"Linear-Delivery": "x"})
+    assert r.status_code == 401 and r.json()["error"] == "bad_signature"
+    assert rows(api) == before
+
+
+@pytest.mark.parametrize("payload", [
+    b"not json", b"[1,2]", b'{"type":"Issue"}',
+    json.dumps({"type": "Issue", "action": "create", "webhookTimestamp": "soon", "data": {}}).encode(),
+    json.dumps({"type": "Issue", "action": "create", "webhookTimestamp": 1, "data": []}).encode(),
+    json.dumps({"type": "AgentSessionEvent", "action": "created", "webhookTimestamp": 1, "data": {}}).encode(),
+])
+def test_malformed_webhook_is_400_and_writes_nothing(api: Api, payload: bytes) -> None:
+    api.register()
+    before = rows(api)
+    r = api.webhook({}, raw=payload)
+    assert r.status_code == 400 and r.json()["error"] == "bad_request", r.text
+    assert rows(api) == before
+
+
+def test_stale_webhook_is_401(api: Api) -> None:
+    api.register()
+    before = rows(api)
+    r = api.webhook(issue_event(ts=now_ms() - 61_000))
+    assert r.status_code == 401 and r.json()["error"] == "stale_webhook"
+    r = api.webhook(issue_event(ts=now_ms() + 61_000))
+    assert r.status_code == 401
+    assert rows(api) == before
+
+
+def test_redelivery_is_a_duplicate(api: Api) -> None:
+    api.register()
+    event = issue_event()
+    first = api.webhook(event, delivery="d-1").json()
+    again = api.webhook(event, delivery="d-1")
+    assert again.status_code == 200
+    assert again.json() == {"status": "duplicate", "sessionId": first["sessionId"]}
+    assert rows(api)["sessions"] == 1
+
+
+def test_without_delivery_header_the_change_identifies_the_delivery(api: Api) -> None:
+    api.register()
+    event = issue_event()
+    assert api.webhook(event, delivery=None).json()["status"] == "dispatched"
+    assert api.webhook(event, delivery=None).json()["status"] == "duplicate"
+    event["data"]["updatedAt"] = "2026-12-02T11:11:11.000Z"
+    assert api.webhook(event, delivery=None).json()["status"] == "dispatched"
+
+
+def test_concurrent_duplicate_deliveries_create_one_session(api: Api) -> None:
+    api.register()
+    event = issue_event()
+    with ThreadPoolExecutor(16) as ex:
+        answers = list(ex.map(lambda _: api.webhook(event, delivery="same-delivery").json(), range(16)))
+    statuses = sorted(a["status"] for a in answers)
+    assert statuses.count("dispatched") == 1 and statuses.count("duplicate") == 15
+    assert len({a["sessionId"] for a in answers}) == 1
+    assert rows(api)["sessions"] == 1 and rows(api)["queue"] == 1
+
+
+def test_no_orchestrator_is_ignored_and_records_only_the_delivery(api: Api) -> None:
+    api.register(user="someone-else")
+    r = api.webhook(issue_event(assignee="nobody-registered"))
+    assert r.json() == {"status": "ignored", "reason": "no_orchestrator"}
+    assert rows(api)["sessions"] == 0 and rows(api)["deliveries"] == 1
+
+
+@pytest.mark.parametrize("event", [
+    issue_event("create", assignee=None),
+    issue_event("update", updated_from={"title": "old"}),
+    {"type": "Comment", "action": "create", "organizationId": "org-a", "webhookTimestamp": 0, "data": {"id": "c"}},
+])
+def test_other_events_are_ignored(api: Api, event: dict[str, Any]) -> None:
+    api.register()
+    event["webhookTimestamp"] = now_ms()
+    body = api.webhook(event).json()
+    assert body["status"] == "ignored" and body["reason"]
+    assert rows(api)["sessions"] == 0
+
+
+def test_reassignment_cancels_and_redispatches(api: Api) -> None:
+    _, tok1 = api.register(user="user-1", name="one")
+    oid2, tok2 = api.register(user="user-2", name="two")
+    first = api.webhook(issue_event(assignee="user-1")).json()
+    [m] = api.post_as(tok1, "/claim").json()["messages"]  # claimed, not yet acked
+    r = api.webhook(issue_event("update", assignee="user-2", updated_from={"assigneeId": "user-1"})).json()
+    assert r["status"] == "dispatched" and r["orchestratorId"] == oid2
+    assert r["cancelledSessionId"] == first["sessionId"]
+    assert status_of(api, first["sessionId"]) == "cancelled"
+    late = api.post_as(tok1, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
+    assert late.status_code == 404 and late.json()["error"] == "not_found"
+    assert len(api.post_as(tok2, "/claim").json()["messages"]) == 1
+
+
+def test_unassignment_and_removal_cancel(api: Api) -> None:
+    api.register(user="user-1")
+    a = api.webhook(issue_event(assignee="user-1", issue_id="i-a")).json()
+    r = api.webhook(issue_event("update", issue_id="i-a", assignee=None, updated_from={"assigneeId": "user-1"}))
+    assert r.json() == {"status": "cancelled", "sessionId": a["sessionId"]}
+    b = api.webhook(issue_event(assignee="user-1", issue_id="i-b")).json()
+    r = api.webhook(issue_event("remove", issue_id="i-b"))
+    assert r.json() == {"status": "cancelled", "sessionId": b["sessionId"]}
+    assert rows(api)["queue"] == 0
+    assert api.webhook(issue_event("remove", issue_id="i-b")).json()["status"] == "ignored"
+
+
+def test_too_large_body_is_413(api: Api) -> None:
+    big = b"{" + b" " * (1024 * 1024 + 10) + b"}"
+    r = api.http.post("/webhook", content=big, headers={"Linear-Signature": "00"})
+    assert r.status_code == 413 and r.json()["error"] == "too_large"
+
+
+# --- orchestrators -------------------------------------------------------------------------------
+
+def test_register_list_revoke(api: Api) -> None:
+    oid, token = api.register()
+    assert token.startswith("dpo_") and len(token) > 40
+    listed = api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"]
+    assert [o["orchestratorId"] for o in listed] == [oid]
+    assert "token" not in listed[0] and token not in json.dumps(listed)
+    with api.pool.connection() as conn:
+        stored = conn.execute("SELECT token_hash FROM orchestrators").fetchone()
+    assert stored is not None and token.encode() not in bytes(stored["token_hash"])
+    assert api.post_as(token, "/claim").status_code == 200
+    r = api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin())
+    assert r.status_code == 200
+    r = api.post_as(token, "/claim")
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    assert api.http.post(f"/orchestrators/{uuid.uuid4()}/revoke", headers=api.admin()).status_code == 404
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic abc"}])
+def test_admin_routes_need_the_admin_token(api: Api, headers: dict[str, str]) -> None:
+    for method, path in [("POST", "/orchestrators"), ("GET", "/orchestrators"), ("POST", "/sweep"),
+                         ("POST", f"/orchestrators/{uuid.uuid4()}/revoke")]:
+        r = api.http.request(method, path, headers=headers, json={"orgId": "o", "linearUserId": "u", "name": "n"})
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized", (method, path)
+    assert rows(api)["orchestrators"] == 0
+
+
+@pytest.mark.parametrize("body", [{}, {"orgId": "o"}, {"orgId": 1, "linearUserId": "u", "name": "n"},
+                                  {"orgId": " ", "linearUserId": "u", "name": "n"}])
+def test_register_validates(api: Api, body: dict[str, Any]) -> None:
+    r = api.http.post("/orchestrators", json=body, headers=api.admin())
+    assert r.status_code == 400 and r.json()["error"] == "bad_request"
+    assert rows(api)["orchestrators"] == 0
+
+
+# --- claim / ack / release -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [{"max": 0}, {"max": 101}, {"max": "5"}, {"waitSeconds": 26},
+                                  {"waitSeconds": -1}, {"max": 1.5}, [1]])
+def test_claim_validates(api: Api, body: Any) -> None:
+    _, token = api.register()
+    r = api.post_as(token, "/claim", body)
+    assert r.status_code == 400 and r.json()["error"] == "bad_request", r.text
+
+
+def test_claim_respects_max_and_orders_oldest_first(api: Api) -> None:
+    _, token = api.register()
+    queued = [api.webhook(issue_event(issue_id=f"i{n}")).json()["queueId"] for n in range(4)]
+    a = api.post_as(token, "/claim", {"max": 3}).json()["messages"]
+    b = api.post_as(token, "/claim", {"max": 3}).json()["messages"]
+    assert [m["queueId"] for m in a + b] == queued
+
+
+def test_ack_contract(api: Api) -> None:
+    _, token = api.register(user="user-1")
+    _, other = api.register(user="user-2")
+    sid = api.webhook(issue_event()).json()["sessionId"]
+    [m] = api.post_as(token, "/claim").json()["messages"]
+    body = {"queueId": m["queueId"], "claimToken": m["claimToken"]}
+    r = api.post_as(other, "/ack", body)
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    r = api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": str(uuid.uuid4())})
+    assert r.status_code == 409 and r.json()["error"] == "claim_superseded"
+    assert api.post_as(token, "/ack", body).json() == {"status": "acked"}
+    assert api.post_as(token, "/ack", body).json() == {"status": "acked"}
+    assert status_of(api, sid) == "delivered" and rows(api)["queue"] == 0
+    r = api.post_as(token, "/ack", {"queueId": str(uuid.uuid4()), "claimToken": m["claimToken"]})
+    assert r.status_code == 404
+    r = api.post_as(token, "/ack", {"queueId": "not-a-uuid", "claimToken": m["claimToken"]})
+    assert r.status_code == 404
+    for bad in [{}, {"queueId": 5, "claimToken": "x"}, {"acks": []}, {"acks": [{"queueId": "x"}]}]:
+        r = api.post_as(token, "/ack", bad)
+        assert r.status_code == 400, bad
+
+
+def test_batch_ack(api: Api) -> None:
+    _, token = api.register()
+    for n in range(3):
+        api.webhook(issue_event(issue_id=f"i{n}"))
+    ms = api.post_as(token, "/claim").json()["messages"]
+    missing = str(uuid.uuid4())
+    r = api.post_as(token, "/ack", {"acks": [
+        {"queueId": ms[0]["queueId"], "claimToken": ms[0]["claimToken"]},
+        {"queueId": ms[1]["queueId"], "claimToken": str(uuid.uuid4())},
+        {"queueId": missing, "claimToken": ms[2]["claimToken"]},
+    ]})
+    assert r.status_code == 200
+    assert r.json()["results"] == [
+        {"queueId": ms[0]["queueId"], "status": "acked"},
+        {"queueId": ms[1]["queueId"], "error": "claim_superseded"},
+        {"queueId": missing, "error": "not_found"},
+    ]
+
+
+@pytest.mark.parametrize("api_overrides", [{"DEVPILOT_LEASE_SECONDS": 1, "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
+                                             "DEVPILOT_BACKOFF_CAP_SECONDS": 2, "DEVPILOT_MAX_ATTEMPTS": 3}])
+def test_lease_expiry_backoff_and_dead_letter_over_http(api: Api) -> None:
+    _, token = api.register()
+    sid = api.webhook(issue_event()).json()["sessionId"]
+    tokens = []
+    for attempt in (1, 2, 3):
+        deadline = time.monotonic() + 15
+        got: list[Any] = []
+        while not got and time.monotonic() < deadline:
+            got = api.post_as(token, "/claim").json()["messages"]
+            if not got:
+                api.http.post("/sweep", headers=api.admin())
+                time.sleep(0.2)
+        assert [m["attempt"] for m in got] == [attempt]
+        tokens.append(got[0])
+        time.sleep(1.1)  # let the lease lapse
+        sw = api.http.post("/sweep", headers=api.admin()).json()
+        assert sw == ({"requeued": 1, "deadLettered": 0} if attempt < 3 else {"requeued": 0, "deadLettered": 1})
+    assert status_of(api, sid) == "failed"
+    assert len({m["messageId"] for m in tokens}) == 1
+    assert len({m["claimToken"] for m in tokens}) == 3
+
+
+@pytest.mark.parametrize("api_overrides", [{"DEVPILOT_LEASE_SECONDS": 1}])
+def test_late_ack_of_latest_claim_after_requeue(api: Api) -> None:
+    _, token = api.register()
+    sid = api.webhook(issue_event()).json()["sessionId"]
+    [m] = api.post_as(token, "/claim").json()["messages"]
+    time.sleep(1.2)
+    assert api.http.post("/sweep", headers=api.admin()).json()["requeued"] == 1
+    r = api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
+    assert r.json() == {"status": "acked"} and status_of(api, sid) == "delivered"
+
+
+def test_release(api: Api) -> None:
+    _, token = api.register()
+    api.webhook(issue_event())
+    [m] = api.post_as(token, "/claim").json()["messages"]
+    r = api.post_as(token, "/release", {"queueId": m["queueId"], "claimToken": m["claimToken"], "reason": "busy"})
+    assert r.status_code == 200 and r.json()["status"] == "released" and r.json()["availableAt"]
+    assert api.post_as(token, "/claim").json()["messages"] == []  # backing off for 60 s
+    r = api.post_as(token, "/release", {"queueId": m["queueId"], "claimToken": str(uuid.uuid4())})
+    assert r.status_code == 409
+    r = api.post_as(token, "/release", {"queueId": str(uuid.uuid4()), "claimToken": m["claimToken"]})
+    assert r.status_code == 404
+    assert api.post_as(token, "/release", {"queueId": m["queueId"]}).status_code == 400
+
+
+def test_many_concurrent_http_claimers_get_each_row_once(api: Api) -> None:
+    _, token = api.register()
+    queued = {api.webhook(issue_event(issue_id=f"i{n}")).json()["queueId"] for n in range(150)}
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with httpx.Client(base_url=api.url, timeout=30) as c:
+            while True:
+                r = c.post("/claim", json={"max": 3}, headers={"Authorization": f"Bearer {token}"})
+                ms = r.json()["messages"]
+                if not ms:
+                    return
+                with lock:
+                    got.extend(m["queueId"] for m in ms)
+
+    threads = [threading.Thread(target=worker) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == len(queued) and set(got) == queued
+
+
+def test_long_poll_returns_when_work_arrives(api: Api) -> None:
+    _, token = api.register()
+    result: dict[str, Any] = {}
+
+    def wait() -> None:
+        t = time.monotonic()
+        r = api.post_as(token, "/claim", {"waitSeconds": 20})
+        result["elapsed"] = time.monotonic() - t
+        result["messages"] = r.json()["messages"]
+
+    th = threading.Thread(target=wait)
+    th.start()
+    time.sleep(0.8)
+    qid = api.webhook(issue_event()).json()["queueId"]
+    th.join(timeout=25)
+    assert [m["queueId"] for m in result["messages"]] == [qid]
+    assert result["elapsed"] < 10  # woken, not timed out (latency itself is measured in bench/)
+
+
+def test_long_poll_returns_empty_when_the_wait_ends(api: Api) -> None:
+    _, token = api.register()
+    t = time.monotonic()
+    r = api.post_as(token, "/claim", {"waitSeconds": 1})
+    assert r.json() == {"messages": []} and 0.9 < time.monotonic() - t < 5
+
+
+def test_cross_org_isolation(api: Api) -> None:
+    _, tok_a = api.register(org="org-a", user="shared-user")
+    _, tok_b = api.register(org="org-b", user="shared-user")
+    a = api.webhook(issue_event(org="org-a", assignee="shared-user")).json()
+    [m] = api.post_as(tok_b, "/claim").json()["messages"] or [None]  # type: ignore[list-item]
+    assert m is None
+    r = api.post_as(tok_b, "/ack", {"queueId": a["queueId"], "claimToken": str(uuid.uuid4())})
+    assert r.status_code == 404
+    [ma] = api.post_as(tok_a, "/claim").json()["messages"]
+    assert ma["orgId"] == "org-a"
+    r = api.post_as(tok_b, "/ack", {"queueId": ma["queueId"], "claimToken": ma["claimToken"]})
+    assert r.status_code == 404
+    r = api.post_as(tok_b, "/release", {"queueId": ma["queueId"], "claimToken": ma["claimToken"]})
+    assert r.status_code == 404
+
+
+def test_orchestrator_routes_reject_bad_tokens(api: Api) -> None:
+    oid, token = api.register()
+    for path in ["/claim", "/ack", "/release", "/realtime-token"]:
+        for headers in [{}, {"Authorization": "Bearer wrong"}, api.admin()]:
+            r = api.http.post(path, json={}, headers=headers)
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized", (path, headers)
+
+
+# --- misc ----------------------------------------------------------------------------------------
+
+def test_healthz_and_unknown_routes(api: Api) -> None:
+    assert api.http.get("/healthz").json() == {"ok": True}
+    r = api.http.get("/nope")
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    r = api.http.get("/claim")
+    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+
+
+def test_realtime_disabled_without_supabase(api: Api) -> None:
+    _, token = api.register()
+    r = api.post_as(token, "/realtime-token")
+    assert r.status_code == 404 and r.json()["error"] == "realtime_disabled"
+
+
+@pytest.mark.parametrize("api_overrides", [{"SUPABASE_URL": "https://x.supabase.co", "SUPABASE_ANON_KEY": "anon",
+                                             "SUPABASE_JWT_SECRET": "s" * 40}])
+def test_realtime_token_hs256(api: Api) -> None:
+    import jwt
+
+    oid, token = api.register()
+    body = api.post_as(token, "/realtime-token").json()
+    assert body["table"] == "dispatch_queue" and body["filter"] == f"orchestrator_id=eq.{oid}"
+    assert body["supabaseUrl"] == "https://x.supabase.co" and body["expiresAt"]
+    claims = jwt.decode(body["token"], "s" * 40, algorithms=["HS256"], audience="authenticated")
+    assert claims["role"] == "authenticated" and claims["orchestrator_id"] == oid
+    assert claims["exp"] - claims["iat"] <= 3600
