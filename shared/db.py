@@ -140,5 +140,9 @@ def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int 
         open=False,
         name="devpilot",
     )
-    pool.open(wait=True, timeout=15.0)
+    try:
+        pool.open(wait=True, timeout=settings.connect_timeout_seconds)
+    except BaseException:
+        pool.close()  # stop its connector threads; the next request tries afresh
+        raise
     return pool

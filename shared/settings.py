@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     # prepared statements and no session state (statement timeouts are then set per transaction).
     database_transaction_pooler: bool = Field(default=False, validation_alias="DEVPILOT_TRANSACTION_POOLER")
     database_pool_max: int = Field(default=10, ge=1, le=200, validation_alias="DEVPILOT_POOL_MAX")
+    connect_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=120, validation_alias="DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS"
+    )
     statement_timeout_ms: int = Field(
         default=5000, ge=100, le=600_000, validation_alias="DEVPILOT_STATEMENT_TIMEOUT_MS"
     )

@@ -35,17 +35,24 @@ class Api:
         return {"Authorization": f"Bearer {ADMIN}"}
 
     def register(self, org: str = "org-a", user: str = "user-1", name: str = "laptop") -> tuple[str, str]:
-        r = self.http.post("/orchestrators", json={"orgId": org, "linearUserId": user, "name": name},
-                           headers=self.admin())
+        r = self.http.post(
+            "/orchestrators", json={"orgId": org, "linearUserId": user, "name": name}, headers=self.admin()
+        )
         assert r.status_code == 201, r.text
         return r.json()["orchestratorId"], r.json()["token"]
 
     def post_as(self, token: str, path: str, body: Any = None) -> httpx.Response:
-        return self.http.post(path, json=body if body is not None else {},
-                              headers={"Authorization": f"Bearer {token}"})
+        return self.http.post(
+            path, json=body if body is not None else {}, headers={"Authorization": f"Bearer {token}"}
+        )
 
-    def webhook(self, payload: dict[str, Any], delivery: str | None = "auto",
-                secret: str = SECRET, raw: bytes | None = None) -> httpx.Response:
+    def webhook(
+        self,
+        payload: dict[str, Any],
+        delivery: str | None = "auto",
+        secret: str = SECRET,
+        raw: bytes | None = None,
+    ) -> httpx.Response:
         body = raw if raw is not None else json.dumps(payload).encode()
         headers = {"Linear-Signature": sign(secret, body), "Content-Type": "application/json"}
         if delivery == "auto":
@@ -60,28 +67,55 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def issue_event(action: str = "create", *, org: str = "org-a", issue_id: str = "issue-1",
-                assignee: str | None = "user-1", updated_from: dict[str, Any] | None = None,
-                ts: int | None = None) -> dict[str, Any]:
+def issue_event(
+    action: str = "create",
+    *,
+    org: str = "org-a",
+    issue_id: str = "issue-1",
+    assignee: str | None = "user-1",
+    updated_from: dict[str, Any] | None = None,
+    ts: int | None = None,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "id": issue_id, "identifier": "ENG-42", "title": "Fix the flaky test",
-        "url": f"https://linear.app/acme/issue/{issue_id}", "description": "It fails on Tuesdays.",
-        "assigneeId": assignee, "updatedAt": f"2026-12-02T10:00:{time.time_ns() % 60:02d}.000Z",
+        "id": issue_id,
+        "identifier": "ENG-42",
+        "title": "Fix the flaky test",
+        "url": f"https://linear.app/acme/issue/{issue_id}",
+        "description": "It fails on Tuesdays.",
+        "assigneeId": assignee,
+        "updatedAt": f"2026-12-02T10:00:{time.time_ns() % 60:02d}.000Z",
     }
-    event: dict[str, Any] = {"type": "Issue", "action": action, "organizationId": org,
-                             "webhookTimestamp": ts if ts is not None else now_ms(), "data": data}
+    event: dict[str, Any] = {
+        "type": "Issue",
+        "action": action,
+        "organizationId": org,
+        "webhookTimestamp": ts if ts is not None else now_ms(),
+        "data": data,
+    }
     if updated_from is not None:
         event["updatedFrom"] = updated_from
     return event
 
 
-def agent_session_event(*, org: str = "org-a", creator: str = "user-1", session_id: str = "as-1") -> dict[str, Any]:
+def agent_session_event(
+    *, org: str = "org-a", creator: str = "user-1", session_id: str = "as-1"
+) -> dict[str, Any]:
     return {
-        "type": "AgentSessionEvent", "action": "created", "organizationId": org, "webhookTimestamp": now_ms(),
+        "type": "AgentSessionEvent",
+        "action": "created",
+        "organizationId": org,
+        "webhookTimestamp": now_ms(),
         "agentSession": {
-            "id": session_id, "creatorId": creator, "updatedAt": "2026-12-02T10:00:00.000Z",
-            "issue": {"id": "issue-as", "identifier": "ENG-7", "title": "Agent task",
-                      "url": "https://linear.app/acme/issue/ENG-7", "description": "Do it"},
+            "id": session_id,
+            "creatorId": creator,
+            "updatedAt": "2026-12-02T10:00:00.000Z",
+            "issue": {
+                "id": "issue-as",
+                "identifier": "ENG-7",
+                "title": "Agent task",
+                "url": "https://linear.app/acme/issue/ENG-7",
+                "description": "Do it",
+            },
         },
     }
 

@@ -1,0 +1,193 @@
+"""`devpilot serve` as a real process: startup, embedded database, clean stop, database faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psycopg
+import pytest
+
+from tests.api import ADMIN, SECRET, Api, issue_event
+
+ROOT = Path(__file__).parent.parent
+
+
+def start_serve(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", "serve", "--port", "0", "--sweep-every", "1"],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    url = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+        if line.startswith("devpilot serving on "):
+            url = line.split()[-1]
+        if line.startswith("sweep:"):
+            break
+    assert url, f"serve did not start: {lines} {proc.stderr.read() if proc.stderr else ''}"
+    return proc, url, lines
+
+
+def drain(stream: IO[str] | None, into: list[str]) -> threading.Thread:
+    def run() -> None:
+        if stream is not None:
+            for line in stream:
+                into.append(line)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.fixture
+def served(db_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    proc, url, lines = start_serve(
+        {"DATABASE_URL": db_url, "DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}, tmp_path
+    )
+    yield proc, url, lines
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_prints_url_and_database_and_stops_on_sigterm(
+    served: tuple[subprocess.Popen[str], str, list[str]],
+) -> None:
+    proc, url, lines = served
+    assert any(line.startswith("database: ") and "dbname=devpilot_t_" in line for line in lines)
+    assert httpx.get(url + "/healthz").json() == {"ok": True}
+    err: list[str] = []
+    drain(proc.stderr, err)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+    assert proc.stdout is not None and "devpilot stopped" in proc.stdout.read()
+    logged = [line for line in err if line.startswith("{")]
+    assert any('"route":"healthz"' in line and '"status":200' in line for line in logged)
+
+
+def test_serve_without_database_url_uses_embedded_postgres(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", "serve", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT), "DEVPILOT_ADMIN_TOKEN": ADMIN},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().strip() for _ in range(3)]
+        url = lines[0].split()[-1]
+        assert "embedded Postgres" in lines[1]
+        assert (tmp_path / ".devpilot" / "pgdata").is_dir()
+        r = httpx.post(
+            url + "/orchestrators",
+            json={"orgId": "o", "linearUserId": "u", "name": "n"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        assert r.status_code == 201
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> None:
+    _, token = api.register()
+    results: list[tuple[int, dict[str, object]]] = []
+    stop = threading.Event()
+
+    def sender(n: int) -> None:
+        i = 0
+        with httpx.Client(base_url=api.url, timeout=30) as c:
+            while not stop.is_set():
+                i += 1
+                event = issue_event(issue_id=f"s{n}-{i}")
+                import json
+
+                from shared.linear import sign
+
+                body = json.dumps(event).encode()
+                r = c.post(
+                    "/webhook",
+                    content=body,
+                    headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": f"s{n}-{i}"},
+                )
+                results.append((r.status_code, r.json()))
+
+    threads = [threading.Thread(target=sender, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    with psycopg.connect(db_url, autocommit=True) as killer:
+        for _ in range(5):
+            killer.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            time.sleep(0.2)
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    codes = {code for code, _ in results}
+    print("status codes seen:", {c: sum(1 for x, _ in results if x == c) for c in codes})
+    assert codes <= {200, 503}, codes
+    assert 500 not in codes
+    assert api.http.get("/healthz").json() == {"ok": True}
+    dispatched = {b["queueId"] for code, b in results if code == 200}
+    claimed: set[str] = set()
+    while True:
+        ms = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
+        if not ms:
+            break
+        claimed |= {m["queueId"] for m in ms}
+    assert claimed == dispatched  # every 200 is claimable; a 503 left nothing behind
+    with api.pool.connection() as conn:
+        row = conn.execute("SELECT count(*) AS n FROM dispatch_sessions").fetchone()
+    assert row is not None and row["n"] == len(dispatched)
+
+
+def test_healthz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from werkzeug.serving import make_server
+
+    from functions import runtime
+    from functions.server import QuietHandler, create_app
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1")
+    monkeypatch.setenv("DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS", "1")
+    get_settings.cache_clear()
+    runtime.install(None)
+    server = make_server("127.0.0.1", 0, create_app(), threaded=True, request_handler=QuietHandler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        r = httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=30)
+        assert r.status_code == 503
+        assert r.json()["error"] == "db_unavailable" and r.headers["Retry-After"]
+    finally:
+        server.shutdown()
+        runtime.install(None)
+        get_settings.cache_clear()

@@ -1,0 +1,101 @@
+"""Supabase SQL: applied only where Supabase's schemas exist, and RLS shows each orchestrator its rows.
+
+The database here is plain Postgres made to look like Supabase where it matters to the policy: a
+`realtime` schema, the `authenticated` role, and claims in `request.jwt.claims` (as PostgREST and
+Realtime set them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psycopg
+import pytest
+
+from shared.db import open_pool
+from shared.migrate import migrate
+from shared.realtime import mint
+from shared.settings import Settings
+from tests.conftest import Orch, enqueue_one
+from tests.pg import Server
+
+
+def test_plain_postgres_gets_no_supabase_sql(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT relrowsecurity FROM pg_class WHERE relname = 'dispatch_queue'").fetchone()
+    assert row == (False,)
+
+
+def test_rls_shows_an_orchestrator_only_its_rows(pg_server: Server) -> None:
+    name = "devpilot_supa_" + os.urandom(4).hex()
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'authenticated')"
+            " THEN CREATE ROLE authenticated NOLOGIN; END IF; END $$"
+        )
+    url = pg_server.url_for(name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA realtime")
+        applied = migrate(url)
+        assert "supabase/0001_realtime" in applied
+        pool = open_pool(url, Settings(), max_size=2)
+        from shared.orchestrators import register
+
+        a = register(pool, org_id="org-a", linear_user_id="u", name="a")
+        b = register(pool, org_id="org-b", linear_user_id="u", name="b")
+        enqueue_one(pool, Orch(a.id, a.token, "org-a", "u"), 1)
+        enqueue_one(pool, Orch(b.id, b.token, "org-b", "u"), 2)
+        pool.close()
+        settings = Settings(SUPABASE_URL="x", SUPABASE_ANON_KEY="y", SUPABASE_JWT_SECRET="z" * 32)
+        import jwt
+
+        claims = jwt.decode(
+            mint(settings, a.id, "org-a").token, "z" * 32, algorithms=["HS256"], audience="authenticated"
+        )
+        with psycopg.connect(url) as conn:
+            conn.execute("SET ROLE authenticated")
+            conn.execute("SELECT set_config('request.jwt.claims', %s, true)", (json.dumps(claims),))
+            seen = conn.execute("SELECT orchestrator_id FROM dispatch_queue").fetchall()
+            assert seen == [(a.id,)]
+            conn.execute("SELECT set_config('request.jwt.claims', '{}', true)")
+            assert conn.execute("SELECT count(*) FROM dispatch_queue").fetchone() == (0,)
+        with psycopg.connect(url) as conn:
+            pub = conn.execute(
+                "SELECT tablename FROM pg_publication_tables WHERE pubname = 'supabase_realtime'"
+            )
+            assert pub.fetchall() == [("dispatch_queue",)]
+        assert migrate(url) == []
+    finally:
+        pg_server.drop(name)
+
+
+def test_es256_tokens_carry_the_key_id() -> None:
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    settings = Settings(
+        SUPABASE_URL="x", SUPABASE_ANON_KEY="y", SUPABASE_JWT_PRIVATE_KEY=pem, SUPABASE_JWT_KID="key-1"
+    )
+    assert settings.realtime_enabled
+    from uuid import uuid4
+
+    oid = uuid4()
+    minted = mint(settings, oid, "org-a")
+    assert jwt.get_unverified_header(minted.token) == {"alg": "ES256", "kid": "key-1", "typ": "JWT"}
+    claims = jwt.decode(minted.token, key.public_key(), algorithms=["ES256"], audience="authenticated")
+    assert claims["orchestrator_id"] == str(oid) and claims["role"] == "authenticated"
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(
+            minted.token,
+            ec.generate_private_key(ec.SECP256R1()).public_key(),
+            algorithms=["ES256"],
+            audience="authenticated",
+        )
