@@ -118,9 +118,7 @@ def test_full_loop_through_lambda_handlers(lambda_runtime: None) -> None:
     assert call(aws.healthz, url_event("GET", "/"))[1] == {"ok": True}
     assert call(aws.sweep, url_event("POST", "/", b"", admin)) == (200, {"requeued": 0, "deadLettered": 0})
     assert call(aws.sweep, url_event("POST", "/", b"", token))[0] == 401
-    status, _ = call(
-        aws.orchestrators, url_event("POST", f"/{reg['orchestratorId']}/revoke", b"", admin)
-    )
+    status, _ = call(aws.orchestrators, url_event("POST", f"/{reg['orchestratorId']}/revoke", b"", admin))
     assert status == 200
     assert call(aws.claim, url_event("POST", "/", b"{}", token))[0] == 401
 
