@@ -29,6 +29,7 @@ class Api:
     settings: Settings
     pool: Pool
     http: httpx.Client
+    served: Served | None = None
     _counter: list[int] = field(default_factory=lambda: [0])
 
     def admin(self) -> dict[str, str]:

@@ -148,6 +148,6 @@ def api(db_url: str, api_overrides: dict[str, object]) -> Iterator[Api]:
     p = open_pool(db_url, settings, min_size=2, max_size=30)
     served = Served(db_url, settings, p)
     with httpx.Client(base_url=served.url, timeout=30) as client:
-        yield Api(served.url, settings, p, client)
+        yield Api(served.url, settings, p, client, served)
     served.close()
     p.close()

@@ -1,0 +1,104 @@
+"""The start journal: which message ids this machine has taken, acked and started.
+
+Order for every message: record (fsync) -> ack -> mark acked -> mark started (fsync) -> spawn.
+- a redelivered id that is already `started` is acked again and never started again;
+- an `acked` id not yet `started` (a crash between ack and start) is started on the next run;
+- a `journaled` id was never acked: it is acked when it comes back, or forgotten on 409/404.
+The one window left is between marking `started` and the fork, a few microseconds: a crash there
+loses that start rather than doubling it (for coding agents a double start is the worse failure).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+State = Literal["journaled", "acked", "started"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS journal (
+    message_id  TEXT PRIMARY KEY,
+    queue_id    TEXT NOT NULL,
+    claim_token TEXT NOT NULL,
+    identifier  TEXT,
+    message     TEXT NOT NULL,
+    state       TEXT NOT NULL CHECK (state IN ('journaled', 'acked', 'started')),
+    updated_at  REAL NOT NULL
+)"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    message_id: str
+    queue_id: str
+    claim_token: str
+    state: State
+    message: dict[str, Any]
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # every commit is on disk before we go on
+        self._db.execute(SCHEMA)
+
+    def get(self, message_id: str) -> Entry | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT message_id, queue_id, claim_token, state, message FROM journal WHERE message_id = ?",
+                (message_id,),
+            ).fetchone()
+        return None if row is None else Entry(row[0], row[1], row[2], row[3], json.loads(row[4]))
+
+    def record(self, message: dict[str, Any]) -> None:
+        """Before the ack: this claim of the message (a newer claim token replaces an older one)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO journal (message_id, queue_id, claim_token, identifier, message, state, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, 'journaled', ?)"
+                " ON CONFLICT (message_id) DO UPDATE SET claim_token = excluded.claim_token,"
+                " queue_id = excluded.queue_id, message = excluded.message, updated_at = excluded.updated_at"
+                " WHERE journal.state = 'journaled'",
+                (
+                    message["messageId"],
+                    message["queueId"],
+                    message["claimToken"],
+                    (message.get("issue") or {}).get("identifier"),
+                    json.dumps(message),
+                    time.time(),
+                ),
+            )
+
+    def mark(self, message_id: str, state: State) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE journal SET state = ?, updated_at = ? WHERE message_id = ?",
+                (state, time.time(), message_id),
+            )
+
+    def forget(self, message_id: str) -> None:
+        """A never-acked claim that lost (409) or whose row is gone (404)."""
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM journal WHERE message_id = ? AND state = 'journaled'", (message_id,)
+            )
+
+    def pending_starts(self) -> list[Entry]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT message_id, queue_id, claim_token, state, message FROM journal WHERE state = 'acked'"
+                " ORDER BY updated_at"
+            ).fetchall()
+        return [Entry(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

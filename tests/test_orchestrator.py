@@ -1,0 +1,341 @@
+"""The reference orchestrator as a real process against the real service over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.api import Api, issue_event
+
+ROOT = Path(__file__).parent.parent
+
+
+class Orch:
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        tmp: Path,
+        transport: str = "poll",
+        interval: float = 0.3,
+        extra: list[str] | None = None,
+    ) -> None:
+        self.started_file = tmp / "started.jsonl"
+        self.state = tmp / "state"
+        self.log_file = tmp / "orchestrator.log"
+        self.args = [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "--url",
+            api_url,
+            "--token",
+            token,
+            "--transport",
+            transport,
+            "--poll-interval",
+            str(interval),
+            "--state-dir",
+            str(self.state),
+            *(extra or []),
+            "--",
+            sys.executable,
+            str(ROOT / "tests/helpers/record_start.py"),
+            str(self.started_file),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_file, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            self.args, cwd=ROOT, stderr=log, stdout=log, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+    def starts(self) -> list[dict[str, Any]]:
+        if not self.started_file.exists():
+            return []
+        return [json.loads(line) for line in self.started_file.read_text().splitlines() if line.strip()]
+
+    def log(self) -> str:
+        return self.log_file.read_text() if self.log_file.exists() else ""
+
+
+def wait_for(cond: Any, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def delivered(api: Api) -> int:
+    with api.pool.connection() as conn:
+        r = conn.execute("SELECT count(*) AS n FROM dispatch_sessions WHERE status = 'delivered'").fetchone()
+    assert r is not None
+    return int(r["n"])
+
+
+@pytest.fixture
+def orch_factory(api: Api, tmp_path: Path) -> Iterator[Any]:
+    made: list[Orch] = []
+
+    def make(transport: str = "poll", interval: float = 0.3, extra: list[str] | None = None) -> Orch:
+        _, token = api.register()
+        o = Orch(api.url, token, tmp_path, transport, interval, extra)
+        made.append(o)
+        return o
+
+    yield make
+    for o in made:
+        if o.proc is not None and o.proc.poll() is None:
+            o.proc.kill()
+            o.proc.wait()
+
+
+@pytest.mark.parametrize("transport", ["poll", "listen"])
+def test_transport_delivers_and_starts_once(api: Api, orch_factory: Any, transport: str) -> None:
+    o = orch_factory(transport)
+    o.start()
+    sent = [api.webhook(issue_event(issue_id=f"t-{n}")).json() for n in range(5)]
+    wait_for(lambda: len(o.starts()) == 5, what="5 starts")
+    assert o.stop() == 0
+    starts = o.starts()
+    assert sorted(s["messageId"] for s in starts) == sorted(a["messageId"] for a in sent)
+    env = starts[0]["env"]
+    assert set(env) >= {
+        "DEVPILOT_MESSAGE_ID",
+        "DEVPILOT_SESSION_ID",
+        "DEVPILOT_QUEUE_ID",
+        "DEVPILOT_ISSUE_ID",
+        "DEVPILOT_ISSUE_IDENTIFIER",
+        "DEVPILOT_ISSUE_URL",
+    }
+    assert env["DEVPILOT_ISSUE_IDENTIFIER"] == "ENG-42"
+    assert delivered(api) == 5
+    log = o.log()
+    assert "claimed ENG-42 (attempt 1)" in log and "acked ENG-42" in log and "started ENG-42" in log
+
+
+def test_work_queued_while_offline_is_taken_on_start(api: Api, orch_factory: Any) -> None:
+    o = orch_factory("poll", interval=30)  # only the start-up sweep can find it in time
+    for n in range(3):
+        api.webhook(issue_event(issue_id=f"off-{n}"))
+    o.start()
+    wait_for(lambda: len(o.starts()) == 3, timeout=20, what="reconnect sweep")
+    assert o.stop() == 0
+
+
+def _stress(api: Api, o: Orch, disrupt: Any, n: int = 24) -> None:
+    """Send n webhooks over time while `disrupt(o)` freezes or kills the orchestrator; sweep often."""
+    stop = threading.Event()
+
+    def sweeper() -> None:
+        while not stop.is_set():
+            api.http.post("/sweep", headers=api.admin())
+            time.sleep(0.3)
+
+    sw = threading.Thread(target=sweeper, daemon=True)
+    sw.start()
+    o.start()
+    rng = random.Random(7)
+    try:
+        for i in range(n):
+            api.webhook(issue_event(issue_id=f"s-{i}"))
+            if i % 6 == 5:
+                disrupt(o, rng)
+            time.sleep(rng.uniform(0.02, 0.15))
+        wait_for(lambda: delivered(api) == n, timeout=90, what=f"{n} deliveries")
+        wait_for(lambda: len(o.starts()) >= n, timeout=30, what="starts")
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        sw.join()
+    ids = [s["messageId"] for s in o.starts()]
+    assert len(ids) == n and len(set(ids)) == n, "a message was started twice or not at all"
+
+
+@pytest.mark.parametrize(
+    "api_overrides",
+    [
+        {
+            "DEVPILOT_LEASE_SECONDS": 1,
+            "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
+            "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
+            "DEVPILOT_MAX_ATTEMPTS": 50,
+        }
+    ],
+)
+def test_frozen_past_the_lease_starts_each_message_once(api: Api, orch_factory: Any) -> None:
+    def freeze(o: Orch, rng: random.Random) -> None:
+        o.signal(signal.SIGSTOP)
+        time.sleep(rng.uniform(1.2, 2.0))  # past the 1 s lease: the sweep re-queues what it held
+        o.signal(signal.SIGCONT)
+
+    o = orch_factory("poll", interval=0.2)
+    _stress(api, o, freeze)
+    assert o.stop() == 0
+
+
+@pytest.mark.parametrize(
+    "api_overrides",
+    [
+        {
+            "DEVPILOT_LEASE_SECONDS": 1,
+            "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
+            "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
+            "DEVPILOT_MAX_ATTEMPTS": 50,
+        }
+    ],
+)
+def test_sigkilled_and_restarted_starts_each_message_once(api: Api, orch_factory: Any) -> None:
+    def kill(o: Orch, rng: random.Random) -> None:
+        time.sleep(rng.uniform(0.0, 0.3))
+        o.signal(signal.SIGKILL)
+        assert o.proc is not None
+        o.proc.wait()
+        o.start()  # same state dir
+
+    o = orch_factory("listen")
+    _stress(api, o, kill)
+    assert o.stop() == 0
+
+
+def test_service_down_and_back(api: Api, orch_factory: Any) -> None:
+    from werkzeug.serving import make_server
+
+    from functions.server import QuietHandler, create_app
+
+    o = orch_factory("poll", interval=0.2)
+    o.start()
+    api.webhook(issue_event(issue_id="before"))
+    wait_for(lambda: len(o.starts()) == 1, what="first start")
+    assert api.served is not None
+    port = api.served.server.port
+    api.served.server.shutdown()  # the service goes away ...
+    api.served.server.server_close()
+    wait_for(lambda: "unreachable" in o.log(), what="away log line")
+    time.sleep(2.0)
+    again = make_server("127.0.0.1", port, create_app(), threaded=True, request_handler=QuietHandler)
+    t = threading.Thread(target=again.serve_forever, daemon=True)  # ... and comes back on its port
+    t.start()
+    try:
+        api.webhook(issue_event(issue_id="after"))
+        wait_for(lambda: len(o.starts()) == 2, timeout=40, what="start after the service came back")
+        assert o.stop() == 0
+        log = o.log()
+        assert log.count("service unreachable") == 1 and log.count("reachable again") == 1
+    finally:
+        again.shutdown()
+        api.served.server = again  # the fixture's close() is then a no-op shutdown of a stopped server
+
+
+def test_sigterm_exits_zero_and_starts_nothing_new(api: Api, orch_factory: Any) -> None:
+    o = orch_factory("listen")
+    o.start()
+    api.webhook(issue_event(issue_id="one"))
+    wait_for(lambda: len(o.starts()) == 1, what="start")
+    assert o.stop() == 0
+    assert "stopped" in o.log()
+    api.webhook(issue_event(issue_id="two"))
+    time.sleep(0.5)
+    assert len(o.starts()) == 1
+
+
+@pytest.mark.parametrize(
+    "api_overrides",
+    [{"SUPABASE_URL": "http://127.0.0.1:9", "SUPABASE_ANON_KEY": "anon", "SUPABASE_JWT_SECRET": "x" * 40}],
+)
+def test_realtime_falls_back_to_polling_when_the_socket_cannot_be_had(api: Api, orch_factory: Any) -> None:
+    o = orch_factory("realtime", interval=0.3)
+    o.start()
+    api.webhook(issue_event(issue_id="rt-fallback"))
+    wait_for(lambda: len(o.starts()) == 1, what="start via polling")
+    wait_for(lambda: "realtime unavailable" in o.log(), what="the fallback said once")
+    time.sleep(3)  # more reconnect attempts fail meanwhile; it is still said only once
+    api.webhook(issue_event(issue_id="rt-fallback-2"))
+    wait_for(lambda: len(o.starts()) == 2, what="second start via polling")
+    assert o.stop() == 0
+    assert o.log().count("realtime unavailable") == 1
+
+
+def test_realtime_disabled_route_means_polling(api: Api, orch_factory: Any) -> None:
+    o = orch_factory("realtime", interval=0.3)
+    o.start()
+    api.webhook(issue_event(issue_id="rt-disabled"))
+    wait_for(lambda: len(o.starts()) == 1, what="start via polling")
+    assert o.stop() == 0
+    assert "realtime_disabled" in o.log()
+
+
+def test_realtime_joins_with_the_token_and_claims_on_an_event(db_url: str, tmp_path: Path) -> None:
+    """Against a local Phoenix-channel server standing in for Supabase Realtime."""
+    import httpx
+    import jwt
+
+    from shared.db import open_pool
+    from tests.api import Api as ApiT
+    from tests.api import Served
+    from tests.conftest import api_settings
+    from tests.helpers.phoenix_standin import PhoenixStandIn
+
+    standin = PhoenixStandIn()
+    secret = "k" * 40
+    settings = api_settings(
+        SUPABASE_URL=standin.url, SUPABASE_ANON_KEY="anon-key", SUPABASE_JWT_SECRET=secret
+    )
+    pool = open_pool(db_url, settings, max_size=10)
+    served = Served(db_url, settings, pool)
+    try:
+        with httpx.Client(base_url=served.url, timeout=30) as http:
+            api = ApiT(served.url, settings, pool, http)
+            oid, token = api.register()
+            o = Orch(api.url, token, tmp_path, "realtime", interval=120)  # polling cannot explain a pickup
+            o.start()
+            wait_for(lambda: "realtime connected" in o.log(), what="realtime subscription")
+            [join] = standin.joins
+            assert join["topic"] == f"realtime:devpilot:orchestrator_id=eq.{oid}"
+            assert "apikey=anon-key" in join["path"]
+            [change] = join["payload"]["config"]["postgres_changes"]
+            assert change == {
+                "event": "INSERT",
+                "schema": "public",
+                "table": "dispatch_queue",
+                "filter": f"orchestrator_id=eq.{oid}",
+            }
+            claims = jwt.decode(
+                join["payload"]["access_token"], secret, algorithms=["HS256"], audience="authenticated"
+            )
+            assert claims["orchestrator_id"] == oid
+            time.sleep(0.5)
+            api.webhook(issue_event(issue_id="rt-1"))
+            time.sleep(1.0)
+            assert o.starts() == []  # nothing woke it yet: no event, long poll interval
+            assert standin.push_insert({"orchestrator_id": oid}) == 1
+            wait_for(lambda: len(o.starts()) == 1, timeout=10, what="start on the realtime event")
+            assert o.stop() == 0
+    finally:
+        served.close()
+        pool.close()
+        standin.close()
