@@ -29,6 +29,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from shared.demo import run_demo
+
+    return run_demo()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="devpilot", description="devpilot-dispatch service")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -43,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep-every", type=float, default=30.0, help="seconds between in-process sweeps; 0 = off"
     )
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("demo", help="the whole loop in under 30 s on an embedded database, then clean up")
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 
