@@ -1,9 +1,128 @@
 #!/usr/bin/env bash
-# deploy.sh cloudrun|lambda|migrate [--dry-run]
-# Not yet scripted (see the deploy issue). It will: deploy each functions-framework target as its own
-# Cloud Run service (gcloud run deploy <name> --source . --function <target>) with a Cloud Scheduler
-# job calling the sweep via OIDC; or build one Lambda zip and create one function per target with
-# Function URLs and an EventBridge Scheduler schedule for the sweep; or run `devpilot migrate`.
+# deploy.sh cloudrun|lambda|migrate [--dry-run] — deploy devpilot-dispatch from this checkout.
 set -euo pipefail
-echo "deploy.sh: not implemented yet; see README 'Deploying' for the manual steps" >&2
-exit 2
+cd "$(dirname "$0")"
+
+usage() {
+  cat <<'USAGE'
+usage: ./deploy.sh cloudrun|lambda|migrate [--dry-run]
+
+  cloudrun   one Cloud Run service per target (gcloud run deploy <name> --source . --function <target>),
+             secrets from Secret Manager, and a Cloud Scheduler job (every minute) that calls the
+             sweep service with an OIDC token of a dedicated service account (Cloud Run Invoker on
+             the sweep service only). The sweep takes no unauthenticated calls; every other service
+             allows them, since the app checks bearer tokens and Linear signatures.
+  lambda     one zip (Linux wheels), one Lambda function per target (handler functions.aws.<target>),
+             a Function URL each (AuthType NONE; AWS_IAM for the sweep), a logs-only execution role,
+             and an EventBridge Scheduler schedule (rate 1 minute) invoking the sweep function.
+  migrate    devpilot migrate against MIGRATE_DATABASE_URL (else DATABASE_URL). Use the direct or
+             session-mode connection here (Supabase: port 5432), the transaction pooler (6543) for
+             the functions.
+
+  --dry-run  print every command or API call, in order, and change nothing.
+
+Settings (environment):
+  cloudrun:  GCP_PROJECT, GCP_REGION, and Secret Manager secret names holding the values:
+             SECRET_DATABASE_URL (default devpilot-database-url),
+             SECRET_LINEAR_WEBHOOK_SECRET (default devpilot-linear-webhook-secret),
+             SECRET_ADMIN_TOKEN (default devpilot-admin-token);
+             optional SECRET_DATABASE_LISTEN_URL, DEVPILOT_TRANSACTION_POOLER=1 (behind a pooler).
+  lambda:    AWS_REGION, DATABASE_URL, LINEAR_WEBHOOK_SECRET, DEVPILOT_ADMIN_TOKEN (AWS credentials as
+             boto3 finds them); optional DATABASE_LISTEN_URL, DEVPILOT_TRANSACTION_POOLER, SUPABASE_*.
+  migrate:   MIGRATE_DATABASE_URL or DATABASE_URL.
+It is idempotent: a second run updates what the first created.
+USAGE
+}
+
+target=${1:-}
+shift || true
+dry=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "deploy.sh: unknown option $arg" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+
+run() {  # print in a dry run, execute otherwise
+  if [ "$dry" = 1 ]; then printf '%q ' "$@"; echo; else "$@"; fi
+}
+
+need() {
+  local missing=()
+  for v in "$@"; do [ -n "${!v:-}" ] || missing+=("$v"); done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "deploy.sh $target: missing settings: ${missing[*]} (see ./deploy.sh --help)" >&2
+    exit 2
+  fi
+}
+
+TARGETS=(webhook claim ack release sweep orchestrators realtime_token healthz)
+
+cloudrun() {
+  need GCP_PROJECT GCP_REGION
+  [ "$dry" = 1 ] || command -v gcloud >/dev/null || { echo "deploy.sh cloudrun: gcloud not found" >&2; exit 2; }
+  local p=$GCP_PROJECT r=$GCP_REGION
+  local sa_name=devpilot-sweep-invoker
+  local sa="$sa_name@$p.iam.gserviceaccount.com"
+  local secrets="DATABASE_URL=${SECRET_DATABASE_URL:-devpilot-database-url}:latest"
+  secrets+=",LINEAR_WEBHOOK_SECRET=${SECRET_LINEAR_WEBHOOK_SECRET:-devpilot-linear-webhook-secret}:latest"
+  secrets+=",DEVPILOT_ADMIN_TOKEN=${SECRET_ADMIN_TOKEN:-devpilot-admin-token}:latest"
+  [ -n "${SECRET_DATABASE_LISTEN_URL:-}" ] && secrets+=",DATABASE_LISTEN_URL=$SECRET_DATABASE_LISTEN_URL:latest"
+  local envs="DEVPILOT_TRANSACTION_POOLER=${DEVPILOT_TRANSACTION_POOLER:-0}"
+
+  run gcloud services enable run.googleapis.com cloudbuild.googleapis.com cloudscheduler.googleapis.com \
+    secretmanager.googleapis.com --project "$p"
+  for t in "${TARGETS[@]}"; do
+    local name="devpilot-${t//_/-}"
+    local auth=--allow-unauthenticated extra_env=$envs
+    if [ "$t" = sweep ]; then
+      auth=--no-allow-unauthenticated
+      # Cloud Run verified the scheduler's OIDC token before the request reaches the app.
+      extra_env="$envs,DEVPILOT_SWEEP_PLATFORM_AUTH=1"
+    fi
+    run gcloud run deploy "$name" --source . --function "$t" --base-image python312 \
+      --region "$r" --project "$p" --set-build-env-vars GOOGLE_FUNCTION_SOURCE=functions/main.py \
+      --set-secrets "$secrets" --set-env-vars "$extra_env" $auth --quiet
+  done
+  if [ "$dry" = 1 ] || ! gcloud iam service-accounts describe "$sa" --project "$p" >/dev/null 2>&1; then
+    run gcloud iam service-accounts create "$sa_name" --project "$p" \
+      --display-name "devpilot sweep scheduler (Cloud Run Invoker on devpilot-sweep only)"
+  fi
+  run gcloud run services add-iam-policy-binding devpilot-sweep --region "$r" --project "$p" \
+    --member "serviceAccount:$sa" --role roles/run.invoker
+  local url='$(gcloud run services describe devpilot-sweep --format=value(status.url))'
+  if [ "$dry" = 0 ]; then
+    url=$(gcloud run services describe devpilot-sweep --region "$r" --project "$p" --format='value(status.url)')
+  fi
+  local verb=create
+  if [ "$dry" = 0 ] && gcloud scheduler jobs describe devpilot-sweep --location "$r" --project "$p" >/dev/null 2>&1; then
+    verb=update
+  fi
+  run gcloud scheduler jobs "$verb" http devpilot-sweep --location "$r" --project "$p" \
+    --schedule "* * * * *" --uri "$url/" --http-method POST \
+    --oidc-service-account-email "$sa" --oidc-token-audience "$url"
+}
+
+case "$target" in
+  cloudrun) cloudrun ;;
+  lambda)
+    args=()
+    [ "$dry" = 1 ] && args+=(--dry-run)
+    need AWS_REGION DATABASE_URL LINEAR_WEBHOOK_SECRET DEVPILOT_ADMIN_TOKEN
+    "$PY" -m infra.aws_lambda "${args[@]}"  # prints its API calls itself in a dry run
+    ;;
+  migrate)
+    url=${MIGRATE_DATABASE_URL:-${DATABASE_URL:-}}
+    [ -n "$url" ] || { echo "deploy.sh migrate: missing settings: MIGRATE_DATABASE_URL or DATABASE_URL" >&2; exit 2; }
+    if [ "$dry" = 1 ]; then echo "DATABASE_URL=<MIGRATE_DATABASE_URL> $PY -m shared.cli migrate"
+    else DATABASE_URL=$url "$PY" -m shared.cli migrate; fi
+    ;;
+  -h|--help|help) usage ;;
+  "") usage >&2; exit 2 ;;
+  *) echo "deploy.sh: unknown target '$target' (cloudrun, lambda or migrate)" >&2; exit 2 ;;
+esac

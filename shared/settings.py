@@ -43,6 +43,10 @@ class Settings(BaseSettings):
         default=60, ge=1, le=86_400, validation_alias="DEVPILOT_WEBHOOK_TOLERANCE_SECONDS"
     )
 
+    # Only on a sweep service that the platform itself protects (Cloud Run without unauthenticated
+    # calls, reached by Cloud Scheduler's OIDC token): the platform has authenticated the caller.
+    sweep_platform_auth: bool = Field(default=False, validation_alias="DEVPILOT_SWEEP_PLATFORM_AUTH")
+
     supabase_url: str | None = Field(default=None, validation_alias="SUPABASE_URL")
     supabase_anon_key: str | None = Field(default=None, validation_alias="SUPABASE_ANON_KEY")
     supabase_jwt_secret: str | None = Field(default=None, validation_alias="SUPABASE_JWT_SECRET")

@@ -485,3 +485,10 @@ def test_realtime_token_hs256(api: Api) -> None:
     claims = jwt.decode(body["token"], "s" * 40, algorithms=["HS256"], audience="authenticated")
     assert claims["role"] == "authenticated" and claims["orchestrator_id"] == oid
     assert claims["exp"] - claims["iat"] <= 3600
+
+
+@pytest.mark.parametrize("api_overrides", [{"DEVPILOT_SWEEP_PLATFORM_AUTH": True}])
+def test_sweep_behind_platform_auth_needs_no_admin_token(api: Api) -> None:
+    """Cloud Run's sweep service: the platform verified the scheduler's OIDC token already."""
+    assert api.http.post("/sweep").json() == {"requeued": 0, "deadLettered": 0}
+    assert api.http.post("/orchestrators", json={}).status_code == 401  # only the sweep trusts the platform

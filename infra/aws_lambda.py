@@ -1,0 +1,320 @@
+"""Deploy devpilot-dispatch to AWS Lambda with boto3: one zip, one function per target, Function
+URLs, a least-privilege execution role, and an EventBridge Scheduler schedule for the sweep.
+
+Idempotent: every resource is looked up first and updated when it exists, created when not.
+`--dry-run` prints every API call, in order, and makes none.
+
+    python -m infra.aws_lambda [--dry-run] [--zip PATH] [--skip-dependencies]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "devpilot"
+TARGETS = ("webhook", "claim", "ack", "release", "sweep", "orchestrators", "realtime_token", "healthz")
+PUBLIC = tuple(t for t in TARGETS if t != "sweep")  # the app checks bearer tokens and Linear signatures
+RUNTIME = "python3.12"
+LAMBDA_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
+    ],
+}
+SCHEDULER_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"}, "Action": "sts:AssumeRole"}
+    ],
+}
+NOT_FOUND = ("ResourceNotFoundException", "NoSuchEntity", "NoSuchEntityException")
+REQUIRED = ("AWS_REGION", "DATABASE_URL", "LINEAR_WEBHOOK_SECRET", "DEVPILOT_ADMIN_TOKEN")
+PASSED_THROUGH = (
+    "DATABASE_LISTEN_URL",
+    "DEVPILOT_TRANSACTION_POOLER",
+    "DEVPILOT_LEASE_SECONDS",
+    "DEVPILOT_MAX_ATTEMPTS",
+    "SUPABASE_URL",
+    "SUPABASE_ANON_KEY",
+    "SUPABASE_JWT_SECRET",
+    "SUPABASE_JWT_PRIVATE_KEY",
+    "SUPABASE_JWT_KID",
+)
+
+
+def function_name(target: str) -> str:
+    return f"{PREFIX}-{target.replace('_', '-')}"
+
+
+@dataclass
+class Plan:
+    """Records (and unless dry) makes each AWS call, in order."""
+
+    dry_run: bool
+    clients: dict[str, Any] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+
+    def call(self, service: str, op: str, **kwargs: Any) -> Any:
+        shown = {k: ("<zip bytes>" if k == "ZipFile" else v) for k, v in kwargs.items()}
+        self.calls.append(f"{service}.{op} {json.dumps(shown, sort_keys=True, default=str)}")
+        if self.dry_run:
+            print(self.calls[-1])
+            return None
+        return getattr(self.clients[service], op)(**kwargs)
+
+    def exists(self, service: str, op: str, **kwargs: Any) -> Any:
+        """A read used to decide create vs update; a dry run assumes nothing exists yet."""
+        if self.dry_run:
+            return None
+        from botocore.exceptions import ClientError
+
+        try:
+            return getattr(self.clients[service], op)(**kwargs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in NOT_FOUND:
+                return None
+            raise
+
+
+def build_zip(out: Path, *, skip_dependencies: bool = False) -> Path:
+    """The project code plus Linux wheels of its dependencies, as one deployment zip."""
+    build = Path(tempfile.mkdtemp(prefix="devpilot-lambda-"))
+    try:
+        if not skip_dependencies:
+            deps = _dependencies()
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--target",
+                    str(build),
+                    "--platform",
+                    "manylinux2014_x86_64",
+                    "--implementation",
+                    "cp",
+                    "--python-version",
+                    "3.12",
+                    "--only-binary=:all:",
+                    *deps,
+                ],
+                check=True,
+            )
+        for package in ("shared", "functions"):
+            shutil.copytree(ROOT / package, build / package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / "infra" / "migrations", build / "infra" / "migrations")
+        shutil.copytree(ROOT / "infra" / "supabase", build / "infra" / "supabase")
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in sorted(build.rglob("*")):
+                if path.is_file():
+                    z.write(path, path.relative_to(build))
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return out
+
+
+def _dependencies() -> list[str]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    # pgserver is the laptop's embedded database; a deployment always has DATABASE_URL.
+    return [d for d in project["dependencies"] if not d.startswith("pgserver")]
+
+
+def environment(env: dict[str, str]) -> dict[str, str]:
+    out = {k: env[k] for k in REQUIRED if k != "AWS_REGION"}
+    out.update({k: env[k] for k in PASSED_THROUGH if env.get(k)})
+    return out
+
+
+def deploy(env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str) -> dict[str, Any]:
+    region = env["AWS_REGION"]
+    exec_role = f"{PREFIX}-lambda-execution"
+    sched_role = f"{PREFIX}-scheduler-invoke-sweep"
+    exec_arn = f"arn:aws:iam::{account_id}:role/{exec_role}"
+    sched_arn = f"arn:aws:iam::{account_id}:role/{sched_role}"
+    sweep_arn = f"arn:aws:lambda:{region}:{account_id}:function:{function_name('sweep')}"
+
+    # Execution role: CloudWatch logs only; the functions reach Postgres over the network.
+    if plan.exists("iam", "get_role", RoleName=exec_role) is None:
+        plan.call(
+            "iam",
+            "create_role",
+            RoleName=exec_role,
+            AssumeRolePolicyDocument=json.dumps(LAMBDA_TRUST),
+            Description="devpilot-dispatch functions: logs only",
+        )
+    logs = f"arn:aws:logs:{region}:{account_id}:log-group:/aws/lambda/{PREFIX}-*"
+    plan.call(
+        "iam",
+        "put_role_policy",
+        RoleName=exec_role,
+        PolicyName="write-own-logs",
+        PolicyDocument=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                        "Resource": [logs, f"{logs}:*"],
+                    }
+                ],
+            }
+        ),
+    )
+
+    variables = environment(env)
+    urls: dict[str, str] = {}
+    for target in TARGETS:
+        name = function_name(target)
+        config: dict[str, Any] = {
+            "FunctionName": name,
+            "Runtime": RUNTIME,
+            "Role": exec_arn,
+            "Handler": f"functions.aws.{target}",
+            "Timeout": 30 if target == "claim" else 15,
+            "MemorySize": 512,
+            "Environment": {"Variables": variables},
+        }
+        if plan.exists("lambda", "get_function", FunctionName=name) is None:
+            plan.call("lambda", "create_function", Code={"ZipFile": zip_bytes}, Publish=True, **config)
+        else:
+            plan.call("lambda", "update_function_code", FunctionName=name, ZipFile=zip_bytes, Publish=True)
+            _wait_updated(plan, name)
+            plan.call("lambda", "update_function_configuration", **config)
+        auth = "NONE" if target in PUBLIC else "AWS_IAM"
+        existing = plan.exists("lambda", "get_function_url_config", FunctionName=name)
+        if existing is None:
+            made = plan.call("lambda", "create_function_url_config", FunctionName=name, AuthType=auth)
+            if target in PUBLIC:
+                plan.call(
+                    "lambda",
+                    "add_permission",
+                    FunctionName=name,
+                    StatementId="public-function-url",
+                    Action="lambda:InvokeFunctionUrl",
+                    Principal="*",
+                    FunctionUrlAuthType="NONE",
+                )
+        else:
+            made = plan.call("lambda", "update_function_url_config", FunctionName=name, AuthType=auth)
+        if made:
+            urls[target] = made["FunctionUrl"]
+
+    # The scheduler's role may invoke the sweep function and nothing else.
+    if plan.exists("iam", "get_role", RoleName=sched_role) is None:
+        plan.call(
+            "iam",
+            "create_role",
+            RoleName=sched_role,
+            AssumeRolePolicyDocument=json.dumps(SCHEDULER_TRUST),
+            Description="EventBridge Scheduler: invoke the devpilot sweep",
+        )
+    plan.call(
+        "iam",
+        "put_role_policy",
+        RoleName=sched_role,
+        PolicyName="invoke-sweep",
+        PolicyDocument=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": sweep_arn}],
+            }
+        ),
+    )
+    schedule = {
+        "Name": f"{PREFIX}-sweep",
+        "ScheduleExpression": "rate(1 minute)",
+        "FlexibleTimeWindow": {"Mode": "OFF"},
+        "Target": {
+            "Arn": sweep_arn,
+            "RoleArn": sched_arn,
+            "Input": json.dumps({"source": "devpilot.scheduler", "action": "sweep"}),
+        },
+        "State": "ENABLED",
+    }
+    if plan.exists("scheduler", "get_schedule", Name=schedule["Name"]) is None:
+        plan.call("scheduler", "create_schedule", **schedule)
+    else:
+        plan.call("scheduler", "update_schedule", **schedule)
+    return {"urls": urls, "executionRole": exec_arn, "schedulerRole": sched_arn}
+
+
+def _wait_updated(plan: Plan, name: str) -> None:
+    if plan.dry_run:
+        return
+    client = plan.clients["lambda"]
+    # Older botocore or moto: no waiter, and the update is synchronous there.
+    with contextlib.suppress(Exception):
+        client.get_waiter("function_updated_v2").wait(FunctionName=name)
+
+
+def missing_settings(env: dict[str, str]) -> list[str]:
+    return [k for k in REQUIRED if not env.get(k)]
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    clients: dict[str, Any] | None = None,
+    printer: Callable[[str], None] = print,
+) -> int:
+    parser = argparse.ArgumentParser(prog="deploy.sh lambda")
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--zip", type=Path, help="use this deployment zip instead of building one")
+    parser.add_argument("--skip-dependencies", action="store_true", help="zip only the project code")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    missing = missing_settings(env)
+    if missing:
+        printer(f"deploy.sh lambda: missing settings: {', '.join(missing)} (see ./deploy.sh --help)")
+        return 2
+    if args.zip:
+        zip_bytes = args.zip.read_bytes()
+    elif args.dry_run:
+        zip_bytes = b""
+        printer(
+            "build: pip install --platform manylinux2014_x86_64 --only-binary=:all: "
+            f"--python-version 3.12 --target <build> {' '.join(_dependencies())}; zip shared/ functions/ infra/"
+        )
+    else:
+        out = Path(tempfile.mkdtemp()) / "devpilot-lambda.zip"
+        zip_bytes = build_zip(out, skip_dependencies=args.skip_dependencies).read_bytes()
+    plan = Plan(dry_run=args.dry_run)
+    account = "<account-id>"
+    if not args.dry_run:
+        import boto3
+
+        region = env["AWS_REGION"]
+        plan.clients = clients or {
+            s: boto3.client(s, region_name=region) for s in ("iam", "lambda", "scheduler")
+        }
+        if clients is None:
+            account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
+        else:
+            account = clients["sts"].get_caller_identity()["Account"] if "sts" in clients else "123456789012"
+    result = deploy(env, zip_bytes, plan, account)
+    if not args.dry_run:
+        for target, url in sorted(result["urls"].items()):
+            printer(f"{target}: {url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Deploy paths: Lambda end to end under moto (mock_aws), the Cloud Run plan from --dry-run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+ENV = {
+    "AWS_REGION": "us-east-1",
+    "DATABASE_URL": "postgresql://app@db.example:6543/postgres",
+    "LINEAR_WEBHOOK_SECRET": "lin-secret",
+    "DEVPILOT_ADMIN_TOKEN": "adm-token",
+    "DEVPILOT_TRANSACTION_POOLER": "1",
+}
+TARGETS = ("webhook", "claim", "ack", "release", "sweep", "orchestrators", "realtime_token", "healthz")
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    import boto3
+    from moto import mock_aws
+
+    for k, v in {
+        **ENV,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        yield {s: boto3.client(s, region_name="us-east-1") for s in ("iam", "lambda", "scheduler", "sts")}
+
+
+@pytest.fixture(scope="module")
+def code_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from infra.aws_lambda import build_zip
+
+    return build_zip(tmp_path_factory.mktemp("zip") / "code.zip", skip_dependencies=True)
+
+
+def test_zip_holds_the_code_and_migrations(code_zip: Path) -> None:
+    names = set(zipfile.ZipFile(code_zip).namelist())
+    assert {
+        "functions/aws.py",
+        "functions/main.py",
+        "shared/queries.sql",
+        "shared/queue.py",
+        "infra/migrations/0001_dispatch_core.sql",
+        "infra/supabase/0001_realtime.sql",
+    } <= names
+    assert not any("__pycache__" in n for n in names)
+
+
+def test_lambda_deploy_creates_then_updates(aws: dict[str, Any], code_zip: Path) -> None:
+    from infra.aws_lambda import function_name, main
+
+    out: list[str] = []
+    assert main(["--zip", str(code_zip)], clients=aws, printer=out.append) == 0
+    lam, iam, sched = aws["lambda"], aws["iam"], aws["scheduler"]
+    functions = {f["FunctionName"]: f for f in lam.list_functions()["Functions"]}
+    assert set(functions) == {function_name(t) for t in TARGETS}
+    for t in TARGETS:
+        f = functions[function_name(t)]
+        assert f["Handler"] == f"functions.aws.{t}" and f["Runtime"] == "python3.12"
+        assert f["Role"].endswith(":role/devpilot-lambda-execution")
+        env = f["Environment"]["Variables"]
+        assert env["DATABASE_URL"] == ENV["DATABASE_URL"] and env["DEVPILOT_ADMIN_TOKEN"] == "adm-token"
+        assert env["LINEAR_WEBHOOK_SECRET"] == "lin-secret" and env["DEVPILOT_TRANSACTION_POOLER"] == "1"
+        url = lam.get_function_url_config(FunctionName=function_name(t))
+        assert url["AuthType"] == ("AWS_IAM" if t == "sweep" else "NONE")
+    assert len(out) == len(TARGETS) and all(".lambda-url." in line for line in out)
+
+    role = iam.get_role(RoleName="devpilot-lambda-execution")["Role"]
+    assert "lambda.amazonaws.com" in str(role["AssumeRolePolicyDocument"])
+    assert iam.list_attached_role_policies(RoleName="devpilot-lambda-execution")["AttachedPolicies"] == []
+    assert iam.list_role_policies(RoleName="devpilot-lambda-execution")["PolicyNames"] == ["write-own-logs"]
+    logs = iam.get_role_policy(RoleName="devpilot-lambda-execution", PolicyName="write-own-logs")[
+        "PolicyDocument"
+    ]
+    [stmt] = logs["Statement"]
+    assert set(stmt["Action"]) == {"logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"}
+    assert all("/aws/lambda/devpilot-" in r for r in stmt["Resource"])
+    invoke = iam.get_role_policy(RoleName="devpilot-scheduler-invoke-sweep", PolicyName="invoke-sweep")
+    statement = invoke["PolicyDocument"]["Statement"]
+    assert statement == [
+        {
+            "Effect": "Allow",
+            "Action": "lambda:InvokeFunction",
+            "Resource": functions["devpilot-sweep"]["FunctionArn"],
+        }
+    ]
+
+    schedule = sched.get_schedule(Name="devpilot-sweep")
+    assert schedule["ScheduleExpression"] == "rate(1 minute)"
+    assert schedule["Target"]["Arn"] == functions["devpilot-sweep"]["FunctionArn"]
+    assert schedule["Target"]["RoleArn"].endswith(":role/devpilot-scheduler-invoke-sweep")
+
+    # a second run updates in place
+    os.environ["DEVPILOT_LEASE_SECONDS"] = "90"
+    try:
+        assert main(["--zip", str(code_zip)], clients=aws, printer=out.append) == 0
+    finally:
+        del os.environ["DEVPILOT_LEASE_SECONDS"]
+    again = lam.list_functions()["Functions"]
+    assert len(again) == len(TARGETS)
+    assert all(f["Environment"]["Variables"]["DEVPILOT_LEASE_SECONDS"] == "90" for f in again)
+    assert len(sched.list_schedules()["Schedules"]) == 1
+    assert len([r for r in iam.list_roles()["Roles"] if r["RoleName"].startswith("devpilot-")]) == 2
+
+
+def run_deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GCP_", "AWS_", "SECRET_")) and k not in ENV
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "deploy.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        timeout=120,
+    )
+
+
+def test_cloudrun_dry_run_plan() -> None:
+    r = run_deploy("cloudrun", "--dry-run", env={"GCP_PROJECT": "acme-prod", "GCP_REGION": "europe-west1"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    deploys = [line for line in lines if line.startswith("gcloud run deploy ")]
+    assert len(deploys) == len(TARGETS)
+    for t in TARGETS:
+        [line] = [d for d in deploys if f" --function {t} " in d]
+        assert f"gcloud run deploy devpilot-{t.replace('_', '-')} --source . " in line
+        assert "--set-secrets DATABASE_URL=devpilot-database-url:latest" in line
+        assert ("--no-allow-unauthenticated" in line) == (t == "sweep")
+        assert ("--allow-unauthenticated" in line) == (t != "sweep")
+    sa = "devpilot-sweep-invoker@acme-prod.iam.gserviceaccount.com"
+    assert any(line.startswith("gcloud iam service-accounts create devpilot-sweep-invoker") for line in lines)
+    [binding] = [line for line in lines if "add-iam-policy-binding" in line]
+    assert (
+        "devpilot-sweep" in binding and f"serviceAccount:{sa}" in binding and "roles/run.invoker" in binding
+    )
+    [job] = [line for line in lines if line.startswith("gcloud scheduler jobs create http devpilot-sweep")]
+    assert f"--oidc-service-account-email {sa}" in job and "--schedule \\*\\ \\*\\ \\*\\ \\*\\ \\*" in job
+
+
+def test_lambda_dry_run_prints_the_calls_in_order() -> None:
+    r = run_deploy("lambda", "--dry-run", env=ENV)
+    assert r.returncode == 0, r.stderr
+    calls = [
+        line.split()[0]
+        for line in r.stdout.splitlines()
+        if line.startswith(("iam.", "lambda.", "scheduler."))
+    ]
+    assert calls[0] == "iam.create_role" and calls[-1] == "scheduler.create_schedule"
+    assert calls.count("lambda.create_function") == len(TARGETS)
+    assert calls.count("lambda.create_function_url_config") == len(TARGETS)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("nope",), {}, "unknown target"),
+        (("cloudrun", "--dry-run"), {}, "missing settings: GCP_PROJECT GCP_REGION"),
+        (("lambda",), {"AWS_REGION": "us-east-1"}, "missing settings: DATABASE_URL"),
+        (("migrate",), {}, "MIGRATE_DATABASE_URL or DATABASE_URL"),
+    ],
+)
+def test_bad_invocations_fail_before_touching_anything(
+    args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    r = run_deploy(*args, env=env)
+    assert r.returncode != 0 and message in r.stderr
+    assert "gcloud " not in r.stdout and "create_" not in r.stdout
+
+
+def test_migrate_target_migrates(db_url: str) -> None:
+    r = run_deploy("migrate", env={"MIGRATE_DATABASE_URL": db_url})
+    assert r.returncode == 0, r.stderr
+    assert "schema up to date" in r.stdout
+
+
+@pytest.mark.heavy
+def test_zip_with_linux_wheels(tmp_path: Path) -> None:
+    from infra.aws_lambda import build_zip
+
+    names = set(zipfile.ZipFile(build_zip(tmp_path / "full.zip")).namelist())
+    assert any(n.startswith("psycopg_binary") for n in names) and any(
+        n.startswith("apig_wsgi") for n in names
+    )
