@@ -16,6 +16,7 @@ import functions_framework
 from apig_wsgi import make_lambda_handler
 
 from functions.sweep import run_sweep
+from functions.web import json_http_errors
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 SOURCE = str(Path(__file__).with_name("main.py"))
@@ -29,7 +30,7 @@ def _handler_for(target: str) -> LambdaHandler:
             app = functions_framework.create_app(  # type: ignore[no-untyped-call]
                 target=target, source=SOURCE, signature_type="http"
             )
-            _handlers[target] = make_lambda_handler(app, binary_support=True)
+            _handlers[target] = make_lambda_handler(json_http_errors(app), binary_support=True)
         return _handlers[target]
 
 

@@ -16,7 +16,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from functions import runtime
 from functions.main import TARGETS
-from functions.web import error, setup_logging
+from functions.web import error, json_http_errors, setup_logging
 from shared.db import open_pool
 from shared.embedded import resolve
 from shared.migrate import migrate
@@ -53,7 +53,7 @@ def create_app(handlers: Mapping[str, Callable[[flask.Request], Any]] | None = N
             return error(404, "not_found", f"no route {flask.request.path}")
         return flask.make_response(table[target](flask.request))
 
-    return app
+    return json_http_errors(app)
 
 
 class QuietHandler(WSGIRequestHandler):

@@ -16,8 +16,10 @@ import flask
 import psycopg
 import psycopg_pool
 from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import HTTPException
 
 from functions.runtime import Runtime, get_runtime
+from shared.linear import has_nul
 from shared.orchestrators import Orchestrator, authenticate
 from shared.settings import SettingsError
 
@@ -73,6 +75,8 @@ def json_body(request: flask.Request, model: type[M], *, empty_ok: bool = False)
         raise ApiError(400, "bad_request", "body is not valid JSON") from None
     if not isinstance(parsed, dict):
         raise ApiError(400, "bad_request", "body must be a JSON object")
+    if has_nul(parsed):
+        raise ApiError(400, "bad_request", "strings must not contain NUL (U+0000)")
     try:
         return model.model_validate(parsed)
     except ValidationError as exc:
@@ -126,6 +130,8 @@ def handler(route: str) -> Callable[[Callable[[flask.Request, Runtime], flask.Re
                 resp = fn(request, get_runtime())
             except ApiError as exc:
                 resp = error(exc.status, exc.code, exc.detail, exc.headers)
+            except psycopg.DataError as exc:  # a value Postgres cannot store: the client's input
+                resp = error(400, "bad_request", f"unstorable value: {type(exc).__name__}")
             except (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.QueryCanceled) as exc:
                 log.warning("database unavailable on %s: %s", route, type(exc).__name__)
                 resp = error(
@@ -154,6 +160,20 @@ def handler(route: str) -> Callable[[Callable[[flask.Request, Runtime], flask.Re
         return run
 
     return wrap
+
+
+def json_http_errors(app: flask.Flask) -> flask.Flask:
+    """Errors raised by Flask/Werkzeug itself (a path no rule matches, a malformed request) answer in
+    the contract's JSON shape too, never an HTML page."""
+
+    def as_json(exc: HTTPException) -> flask.Response:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(
+            exc.code or 400, "bad_request"
+        )
+        return error(exc.code or 400, code, exc.description or exc.name)
+
+    app.register_error_handler(HTTPException, as_json)
+    return app
 
 
 def setup_logging(level: int = logging.INFO) -> None:

@@ -131,8 +131,9 @@ def test_serve_sigkilled_repeatedly_under_retrying_senders(pool: Pool, db_url: s
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = [_start_serve(db_url, port)]
-    deliveries = 240
-    senders = 8
+    heavy = os.environ.get("DEVPILOT_HEAVY") == "1"
+    deliveries = 1200 if heavy else 240
+    senders = 16 if heavy else 8
     results: dict[str, dict[str, Any]] = {}
     retries = [0]
     kills = [0]
@@ -175,7 +176,7 @@ def test_serve_sigkilled_repeatedly_under_retrying_senders(pool: Pool, db_url: s
         t.start()
     k.start()
     for t in threads:
-        t.join(timeout=240)
+        t.join(timeout=900)
     done.set()
     k.join()
     server[0].kill()

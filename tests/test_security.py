@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from typing import Any
 
@@ -45,7 +46,11 @@ FIELDS = [
 ]
 # Objects shaped like the real ones, with wrong or odd values: reaches deeper than random JSON.
 SHAPED = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8)
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=1500 if os.environ.get("DEVPILOT_HEAVY") == "1" else 150,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def counts(api: Api) -> tuple[int, ...]:
