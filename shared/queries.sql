@@ -60,18 +60,25 @@ RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.paylo
 -- Records that the orchestrator was seen (every claim); routing prefers the most recently seen.
 UPDATE orchestrators SET last_seen_at = now() WHERE id = %(orchestrator_id)s;
 
--- name: ack_delete
--- Compare-and-set: deletes the row only while it still carries this claim's token (the latest
--- claim). Zero rows means the row is gone or a newer claim owns it; never an overwrite.
-DELETE FROM dispatch_queue
-WHERE id = %(queue_id)s AND orchestrator_id = %(orchestrator_id)s AND claim_token = %(claim_token)s
-RETURNING session_id;
-
--- name: ack_deliver_session
--- In the ack's transaction: the session whose queue row was just deleted becomes `delivered`.
-UPDATE dispatch_sessions
-SET status = 'delivered', acked_claim_token = %(claim_token)s, delivered_at = now(), updated_at = now()
-WHERE id = %(session_id)s AND status = 'queued';
+-- name: ack
+-- One statement, so one atomic step: deletes each row only while it still carries the given claim
+-- token (compare-and-set; zero rows means gone or superseded, never an overwrite) and marks the
+-- sessions of exactly the deleted rows `delivered`. Serves the single and the batch form.
+WITH items AS (
+    SELECT * FROM unnest(%(queue_ids)s::uuid[], %(claim_tokens)s::uuid[]) AS t(queue_id, claim_token)
+), deleted AS (
+    DELETE FROM dispatch_queue q
+    USING items i
+    WHERE q.id = i.queue_id AND q.orchestrator_id = %(orchestrator_id)s AND q.claim_token = i.claim_token
+    RETURNING q.id, q.session_id, q.claim_token
+), delivered AS (
+    UPDATE dispatch_sessions s
+    SET status = 'delivered', acked_claim_token = d.claim_token, delivered_at = now(), updated_at = now()
+    FROM deleted d
+    WHERE s.id = d.session_id AND s.status = 'queued'
+    RETURNING s.id
+)
+SELECT id AS queue_id, claim_token FROM deleted;
 
 -- name: ack_explain_miss
 -- After a compare-and-set missed: tells a repeated ack (session delivered by this very token) from a

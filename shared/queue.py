@@ -27,7 +27,7 @@ from uuid import UUID, uuid4
 
 from psycopg.types.json import Jsonb
 
-from shared.db import Pool, Tx, require_tx, transaction
+from shared.db import Conn, Pool, Tx, require_tx, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef, TaskDispatchMessage
 from shared.settings import Settings
 from shared.sql import query
@@ -116,11 +116,13 @@ def claim(
     and lease on the rows it returns, so no row is handed out twice while its lease holds."""
     if not 1 <= max <= 1000:
         raise ValueError("max must be between 1 and 1000")
-    with transaction(pool) as tx:
-        rows = tx.all(
+    # One statement on an autocommit connection is its own transaction: the same atomicity as a
+    # BEGIN/COMMIT block, in one round trip instead of three.
+    with pool.connection() as conn:
+        rows = conn.execute(
             query("claim"),
             {"orchestrator_id": orchestrator_id, "max": max, "lease_seconds": lease_seconds, "now": now},
-        )
+        ).fetchall()
     rows.sort(key=lambda r: (r["available_at"], r["id"]))
     return [
         TaskDispatchMessage(
@@ -153,13 +155,10 @@ class AckItem:
     claim_token: UUID
 
 
-def _ack_in(tx: Tx, orchestrator_id: UUID, item: AckItem) -> AckStatus:
+def _explain_miss(conn: Conn, orchestrator_id: UUID, item: AckItem) -> AckStatus:
+    """After the compare-and-set missed: a repeat of a successful ack, a superseded token, or none."""
     params = {"queue_id": item.queue_id, "orchestrator_id": orchestrator_id, "claim_token": item.claim_token}
-    deleted = tx.one(query("ack_delete"), params)
-    if deleted is not None:
-        tx.execute(query("ack_deliver_session"), {**params, "session_id": deleted["session_id"]})
-        return "acked"
-    miss = tx.one(query("ack_explain_miss"), params)
+    miss = conn.execute(query("ack_explain_miss"), params).fetchone()
     assert miss is not None
     if miss["session_status"] == "delivered":
         return "acked" if miss["acked_token"] == item.claim_token else "claim_superseded"
@@ -168,17 +167,30 @@ def _ack_in(tx: Tx, orchestrator_id: UUID, item: AckItem) -> AckStatus:
     return "not_found"
 
 
-def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) -> AckStatus:
-    """Deliver: delete the row and mark its session `delivered`, in one transaction, only if this
-    token is the row's latest claim. Repeating a successful ack answers `acked` again."""
-    with transaction(pool) as tx:
-        return _ack_in(tx, orchestrator_id, AckItem(queue_id, claim_token))
-
-
 def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> list[AckStatus]:
-    """The batch ack: every item judged as `ack` would judge it, all in one transaction."""
-    with transaction(pool) as tx:
-        return [_ack_in(tx, orchestrator_id, item) for item in items]
+    """Deliver: delete each row and mark its session `delivered`, only if the token is the row's
+    latest claim. Every write is in one statement (autocommit, so one transaction); only items that
+    missed are then explained, read-only. Repeating a successful ack answers `acked` again."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            query("ack"),
+            {
+                "orchestrator_id": orchestrator_id,
+                "queue_ids": [i.queue_id for i in items],
+                "claim_tokens": [i.claim_token for i in items],
+            },
+        ).fetchall()
+        acked = {(r["queue_id"], r["claim_token"]) for r in rows}
+        # An item listed twice is deleted once; its second copy is then judged a repeated ack.
+        return [
+            "acked" if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
+            for i in items
+        ]
+
+
+def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) -> AckStatus:
+    """The single form: judged exactly as one item of the batch form."""
+    return ack_many(pool, orchestrator_id, [AckItem(queue_id, claim_token)])[0]
 
 
 @dataclass(frozen=True)
@@ -246,8 +258,8 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
         "cap": settings.backoff_cap_seconds,
     }
     while True:
-        with transaction(pool) as tx:
-            row = tx.one(query("sweep"), params)
+        with pool.connection() as conn:  # one statement per batch: its own transaction
+            row = conn.execute(query("sweep"), params).fetchone()
             assert row is not None
         requeued += row["requeued"]
         dead += row["dead_lettered"]

@@ -339,3 +339,19 @@ def test_enqueue_refuses_a_session_of_another_org(pool: Pool, make_orchestrator:
             message=DispatchPayload(issue=issue()),
         )
     assert counts(pool) == (0, 0)
+
+
+def test_batch_ack_with_one_row_twice(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    enqueue_one(pool, o)
+    [m] = claim(pool, o.id, max=1, lease_seconds=60)
+    results = ack_many(
+        pool,
+        o.id,
+        [
+            AckItem(m.queue_id, uuid4()),
+            AckItem(m.queue_id, m.claim_token),
+            AckItem(m.queue_id, m.claim_token),
+        ],
+    )
+    assert results == ["claim_superseded", "acked", "acked"]

@@ -1,0 +1,200 @@
+"""bench/run: every figure in one run, on fresh databases of one server, so the ratios hold.
+
+    bench/run --quick   (under a minute)      bench/run   (under ten)
+Writes a table to stdout, bench/results/latest.json and bench/results/latest.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import core, http, peers
+from bench.db import BenchServer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="bench/run")
+    ap.add_argument("--quick", action="store_true", help="smaller and shorter: under a minute")
+    args = ap.parse_args()
+    q = args.quick
+    secs = 1.0 if q else 5.0
+    n_drain = 2000 if q else 20000
+    out: dict[str, Any] = {
+        "quick": q,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+    }
+    s = BenchServer()
+    out["machine"]["postgres"] = s.version
+    try:
+        print(
+            f"devpilot-dispatch bench ({'quick' if q else 'full'}), Postgres {s.version}, {os.cpu_count()} cores"
+        )
+        out["commit_baseline"] = {
+            c: round(core.commit_baseline(s.fresh("base", False), c, secs)) for c in (1, 4, 16)
+        }
+        print(f"commit baseline (single-row INSERT tx/s): {out['commit_baseline']}")
+        out["enqueue"] = {c: round(core.enqueue_rate(s.fresh("enq"), c, secs)) for c in (1, 4, 16)}
+        print(f"enqueue (session + queue row, 1 commit each) msg/s: {out['enqueue']}")
+        drain: dict[str, float] = {}
+        for claimers in (1, 4, 16):
+            for batch in (1, 10, 100):
+                if q and (batch == 1 or claimers == 4) and (claimers, batch) != (1, 1):
+                    continue
+                n = min(n_drain, 2000) if batch == 1 else n_drain
+                drain[f"{claimers}x{batch}"] = round(core.drain_rate(s.fresh("drain"), n, claimers, batch))
+        out["drain"] = drain
+        print(f"claim + batch ack (claimers x batch) msg/s: {drain}")
+        base16 = out["commit_baseline"][16]
+        # enqueue needs 1 commit per message; a drain of batch b needs 2 commits per b messages
+        out["ratios"] = {
+            "enqueue_per_commit_vs_baseline": round(max(out["enqueue"].values()) / base16, 2),
+            "drain_16x1_per_commit_vs_baseline": round(
+                drain.get("16x1", drain.get("1x1", 0)) * 2 / base16, 2
+            ),
+        }
+        n_peer = 1000 if q else 10000
+        out["peers"] = {
+            "pgqueuer": peers.pgqueuer_rates(s.fresh("pgq", False), n_peer, batch=10),
+            "procrastinate": peers.procrastinate_rates(s.fresh("proc", False), n_peer // 2),
+        }
+        ours_10 = drain.get("1x10", 0)
+        out["peers"]["ours_drain_1x10"] = ours_10
+        out["peers"]["ratio_vs_pgqueuer"] = round(
+            ours_10 / max(1, out["peers"]["pgqueuer"]["drain_per_s"]), 2
+        )
+        out["peers"]["ratio_vs_procrastinate"] = round(
+            ours_10 / max(1, out["peers"]["procrastinate"]["drain_per_s"]), 2
+        )
+        print(f"peers: {json.dumps(out['peers'])}")
+        out["http"] = http.http_rates(s.fresh("http"), secs, threads=4 if q else 8)
+        print(f"http: {json.dumps(out['http'])}")
+        lat: dict[str, Any] = {}
+        for transport in ("poll", "listen"):
+            ms = http.pickup_latency(s.fresh(f"lat{transport}"), transport, 8 if q else 60, interval=1.0)
+            lat[transport] = {"n": len(ms), "p50_ms": pct(ms, 0.5), "p99_ms": pct(ms, 0.99), "samples": ms}
+        out["latency"] = lat
+        print(
+            "latency webhook 200 -> claimed: "
+            + ", ".join(f"{k} p50 {v['p50_ms']} ms p99 {v['p99_ms']} ms (n={v['n']})" for k, v in lat.items())
+        )
+        idle = core.empty_claim_db_us(s.fresh("idle"), samples=100 if q else 300)
+        idle["idle_orchestrators_per_core_at_5s"] = round(5.0 / (idle["force_generic_plan"] / 1e6))
+        out["idle"] = idle
+        print(f"empty claim: {json.dumps(idle)}")
+        sizes = [10_000, 50_000] if q else [10_000, 100_000, 1_000_000]
+        out["scaling"] = core.scaling(lambda label: s.fresh(label), sizes)
+        print(f"scaling: {json.dumps(out['scaling'])}")
+        out["bloat"] = core.bloat_after_cycles(s.fresh("bloat"), 10_000 if q else 1_000_000)
+        print(f"after many cycles: {json.dumps(out['bloat'])}")
+    finally:
+        s.close()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, RESULTS / "latest.png")
+    print(table(out))
+    return 0
+
+
+def table(out: dict[str, Any]) -> str:
+    d, b = out["drain"], out["commit_baseline"]
+    rows = [
+        ("commit baseline, 16 clients", f"{b[16]:,} tx/s"),
+        ("enqueue (session+row, 1 commit)", f"{max(out['enqueue'].values()):,} msg/s"),
+        ("claim+ack, 1 claimer, batch 10", f"{d.get('1x10', 0):,} msg/s"),
+        ("claim+ack, 16 claimers, batch 100", f"{d.get('16x100', 0):,} msg/s"),
+        ("enqueue per commit / baseline", f"{out['ratios']['enqueue_per_commit_vs_baseline']}"),
+        ("PgQueuer drain (batch 10)", f"{out['peers']['pgqueuer']['drain_per_s']:,} msg/s"),
+        ("Procrastinate drain", f"{out['peers']['procrastinate']['drain_per_s']:,} msg/s"),
+        (
+            "ours / PgQueuer, ours / Procrastinate",
+            f"{out['peers']['ratio_vs_pgqueuer']}x, {out['peers']['ratio_vs_procrastinate']}x",
+        ),
+        (
+            "webhooks over HTTP",
+            f"{round(out['http']['webhooks']['rate']):,}/s, p50 {out['http']['webhooks']['p50_ms']} ms",
+        ),
+        ("claim+ack cycles over HTTP", f"{round(out['http']['claim_ack_cycles']['rate']):,}/s"),
+        (
+            "pickup, poll 1 s",
+            f"p50 {out['latency']['poll']['p50_ms']} ms, p99 {out['latency']['poll']['p99_ms']} ms",
+        ),
+        (
+            "pickup, listen",
+            f"p50 {out['latency']['listen']['p50_ms']} ms, p99 {out['latency']['listen']['p99_ms']} ms",
+        ),
+        ("empty claim, db time (generic plan)", f"{out['idle']['force_generic_plan']:.0f} µs"),
+        ("idle orchestrators / core at 5 s", f"{out['idle']['idle_orchestrators_per_core_at_5s']:,}"),
+    ]
+    for s in out["scaling"]:
+        rows.append(
+            (
+                f"{s['rows']:,} rows: claim / sweep of {s['expired']:,} expired",
+                f"{s['claim_ms']} ms / {s['sweep_ms']} ms",
+            )
+        )
+    bl = out["bloat"]
+    rows.append(
+        (
+            f"after {bl['cycles']:,} cycles: table / claim index",
+            f"{bl['queue_table_kb']} kB / {bl['claim_index_kb']} kB; drain {bl['drain_rate_first']} -> "
+            f"{bl['drain_rate_last']} msg/s",
+        )
+    )
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(
+        ["", f"{'measure':<{w}}  result", f"{'-' * w}  ------", *[f"{a:<{w}}  {v}" for a, v in rows]]
+    )
+
+
+def plot(out: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, v in out["latency"].items():
+        xs = sorted(v["samples"])
+        if xs:
+            a.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+    a.set_xscale("log")
+    a.set_xlabel("webhook 200 -> claimed (ms)")
+    a.set_ylabel("fraction")
+    a.set_title("pickup latency CDF")
+    a.legend()
+    for batch in (1, 10, 100):
+        pts = [(c, out["drain"].get(f"{c}x{batch}")) for c in (1, 4, 16)]
+        pts = [(c, r) for c, r in pts if r]
+        if pts:
+            b.plot([c for c, _ in pts], [r for _, r in pts], marker="o", label=f"batch {batch}")
+    b.axhline(out["commit_baseline"][16], linestyle="--", color="grey", label="commit baseline (16)")
+    b.set_xscale("log", base=2)
+    b.set_xlabel("concurrent claimers")
+    b.set_ylabel("messages/s (claim + ack)")
+    b.set_title("throughput vs concurrency")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

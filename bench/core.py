@@ -1,0 +1,246 @@
+"""Library-level figures: the commit baseline, the core cycle, idle cost, scaling."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from shared.db import open_pool, transaction
+from shared.models import DispatchPayload, IssueRef
+from shared.orchestrators import register
+from shared.queue import AckItem, ack_many, claim, create_session, enqueue_dispatch, sweep
+from shared.settings import Settings
+from shared.sql import query
+
+SETTINGS = Settings(DEVPILOT_POOL_MAX=40)
+
+
+def run_threads(n: int, work: Callable[[int], int], seconds: float) -> float:
+    """Run `work(i)` in n threads until `seconds` pass; returns units of work per second."""
+    done = [0] * n
+    stop = time.monotonic() + seconds
+
+    def loop(i: int) -> None:
+        while time.monotonic() < stop:
+            done[i] += work(i)
+
+    ts = [threading.Thread(target=loop, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(done) / (time.monotonic() - t0)
+
+
+def commit_baseline(url: str, concurrency: int, seconds: float) -> float:
+    """Single-row INSERT transactions per second: the ceiling for anything that commits per message."""
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS bench_commit (id bigserial PRIMARY KEY, v text)")
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(concurrency)]
+
+    def one(i: int) -> int:
+        conns[i].execute("INSERT INTO bench_commit (v) VALUES ('x')")
+        return 1
+
+    rate = run_threads(concurrency, one, seconds)
+    for c in conns:
+        c.close()
+    return rate
+
+
+def enqueue_rate(url: str, concurrency: int, seconds: float) -> float:
+    pool = open_pool(url, SETTINGS, min_size=concurrency, max_size=concurrency + 2)
+    orch = register(pool, org_id="bench", linear_user_id="u", name="m")
+    iss = IssueRef(id="i", identifier="B-1", title="bench")
+    payload = DispatchPayload(issue=iss)
+
+    def one(i: int) -> int:
+        with transaction(pool) as tx:
+            sid = create_session(tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", issue=iss)
+            enqueue_dispatch(tx, org_id="bench", orchestrator_id=orch.id, session_id=sid, message=payload)
+        return 1
+
+    rate = run_threads(concurrency, one, seconds)
+    pool.close()
+    return rate
+
+
+def fill(url: str, n: int, orchestrators: int = 1, expired_fraction: float = 0.0) -> list[Any]:
+    """n queued rows spread over orchestrators, set-based (fast); some with expired leases."""
+    pool = open_pool(url, SETTINGS, max_size=2)
+    orchs = [
+        register(pool, org_id="bench", linear_user_id=f"u{i}", name=f"m{i}") for i in range(orchestrators)
+    ]
+    with transaction(pool) as tx:
+        for o in orchs:
+            per = n // orchestrators
+            tx.execute(
+                "WITH s AS (INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
+                " SELECT 'bench', %(o)s, 'queued', 'i' || g FROM generate_series(1, %(n)s) g RETURNING id)"
+                " INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, available_at)"
+                ' SELECT id, %(o)s, \'bench\', \'{"issue": {"id": "i", "identifier": "B-1"}}\','
+                " now() - interval '1 hour' FROM s",
+                {"o": o.id, "n": per},
+            )
+        tx.execute(
+            "UPDATE dispatch_sessions ds SET queue_id = q.id, message_id = q.message_id"
+            " FROM dispatch_queue q WHERE q.session_id = ds.id"
+        )
+        if expired_fraction:
+            tx.execute(
+                "UPDATE dispatch_queue SET attempts = 1, claim_token = gen_random_uuid(),"
+                " claimed_at = now() - interval '2 hours', lease_expires_at = now() - interval '1 hour'"
+                " WHERE id IN (SELECT id FROM dispatch_queue ORDER BY random() LIMIT %(k)s)",
+                {"k": int(n * expired_fraction)},
+            )
+    with pool.connection() as conn:
+        conn.execute("VACUUM ANALYZE dispatch_queue")
+        conn.execute("VACUUM ANALYZE dispatch_sessions")
+    pool.close()
+    return orchs
+
+
+def drain_rate(url: str, n: int, claimers: int, batch: int) -> float:
+    """Claim + batch-ack of n pre-filled rows of one orchestrator by `claimers` threads: messages/s."""
+    [orch] = fill(url, n)
+    pool = open_pool(url, SETTINGS, min_size=claimers, max_size=claimers + 2)
+    remaining = [n]
+    lock = threading.Lock()
+    done = [0] * claimers
+
+    def loop(i: int) -> None:
+        while True:
+            got = claim(pool, orch.id, max=batch, lease_seconds=600)
+            if not got:
+                with lock:
+                    if remaining[0] <= 0:
+                        return
+                continue
+            ack_many(pool, orch.id, [AckItem(m.queue_id, m.claim_token) for m in got])
+            done[i] += len(got)
+            with lock:
+                remaining[0] -= len(got)
+
+    ts = [threading.Thread(target=loop, args=(i,)) for i in range(claimers)]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    elapsed = time.monotonic() - t0
+    pool.close()
+    return sum(done) / elapsed
+
+
+def empty_claim_db_us(url: str, samples: int = 300) -> dict[str, float]:
+    """Database execution time of an empty claim (EXPLAIN ANALYZE), generic and custom plans."""
+    fill(url, 20000, orchestrators=4)
+    pool = open_pool(url, SETTINGS, max_size=2)
+    idle = register(pool, org_id="bench", linear_user_id="idle", name="idle")
+    out: dict[str, float] = {}
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        with pool.connection() as conn:
+            conn.execute(f"SET plan_cache_mode = {mode}")
+            times = []
+            for _ in range(samples):
+                with conn.transaction():
+                    plan = conn.execute(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + query("claim"),
+                        {"orchestrator_id": idle.id, "max": 10, "lease_seconds": 60, "now": None},
+                        prepare=True,
+                    ).fetchone()
+                assert plan is not None
+                p = plan["QUERY PLAN"][0]
+                times.append(p["Execution Time"] + p.get("Planning Time", 0.0))
+            times.sort()
+            out[mode] = times[len(times) // 2] * 1000.0
+    # wall time of the whole empty claim statement round trip, as a client sees it
+    t0 = time.perf_counter()
+    for _ in range(samples):
+        claim(pool, idle.id, max=10, lease_seconds=60)
+    out["client_round_trip_us"] = (time.perf_counter() - t0) / samples * 1e6
+    pool.close()
+    return out
+
+
+def scaling(url_for: Callable[[str], str], sizes: list[int]) -> list[dict[str, Any]]:
+    """Claim and sweep cost at growing table sizes (1% expired leases)."""
+    rows = []
+    for n in sizes:
+        url = url_for(f"scale{n}")
+        orchs = fill(url, n, orchestrators=100, expired_fraction=0.01)
+        pool = open_pool(url, SETTINGS, max_size=2)
+        t0 = time.perf_counter()
+        k = 200
+        for i in range(k):
+            got = claim(pool, orchs[i % len(orchs)].id, max=1, lease_seconds=600)
+            assert got
+        claim_ms = (time.perf_counter() - t0) / k * 1000
+        t0 = time.perf_counter()
+        result = sweep(pool, SETTINGS, now=datetime.now(UTC) + timedelta(seconds=1))
+        sweep_ms = (time.perf_counter() - t0) * 1000
+        with pool.connection() as conn:
+            size = conn.execute("SELECT pg_total_relation_size('dispatch_queue') AS b").fetchone()
+        rows.append(
+            {
+                "rows": n,
+                "claim_ms": round(claim_ms, 3),
+                "sweep_ms": round(sweep_ms, 1),
+                "expired": result.requeued + result.dead_lettered,
+                "sweep_us_per_expired": round(sweep_ms * 1000 / max(1, result.requeued), 1),
+                "table_mb": round((size["b"] if size else 0) / 2**20, 1),
+            }
+        )
+        pool.close()
+    return rows
+
+
+def bloat_after_cycles(url: str, cycles: int) -> dict[str, Any]:
+    """Table and index size after many enqueue -> claim -> ack cycles (the hot table stays small)."""
+    pool = open_pool(url, SETTINGS, min_size=4, max_size=6)
+    orch = register(pool, org_id="bench", linear_user_id="u", name="m")
+    batch = 500
+    done = 0
+    t0 = time.monotonic()
+    rates = []
+    while done < cycles:
+        with transaction(pool) as tx:
+            tx.execute(
+                "WITH s AS (INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
+                " SELECT 'bench', %(o)s, 'queued', 'i' FROM generate_series(1, %(n)s) RETURNING id)"
+                " INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload)"
+                ' SELECT id, %(o)s, \'bench\', \'{"issue": {"id": "i"}}\' FROM s',
+                {"o": orch.id, "n": batch},
+            )
+            tx.execute(
+                "UPDATE dispatch_sessions ds SET queue_id = q.id, message_id = q.message_id"
+                " FROM dispatch_queue q WHERE q.session_id = ds.id AND ds.queue_id IS NULL"
+            )
+        t1 = time.monotonic()
+        while got := claim(pool, orch.id, max=100, lease_seconds=600):
+            ack_many(pool, orch.id, [AckItem(m.queue_id, m.claim_token) for m in got])
+        rates.append(batch / (time.monotonic() - t1))
+        done += batch
+    with pool.connection() as conn:
+        size = conn.execute(
+            "SELECT pg_total_relation_size('dispatch_queue') AS b,"
+            " pg_relation_size('dispatch_queue_claim_idx') AS i"
+        ).fetchone()
+    pool.close()
+    assert size is not None
+    head = sum(rates[:5]) / min(5, len(rates))
+    tail = sum(rates[-5:]) / min(5, len(rates))
+    return {
+        "cycles": done,
+        "seconds": round(time.monotonic() - t0, 1),
+        "queue_table_kb": size["b"] // 1024,
+        "claim_index_kb": size["i"] // 1024,
+        "drain_rate_first": round(head),
+        "drain_rate_last": round(tail),
+    }

@@ -1,0 +1,152 @@
+"""HTTP figures through `devpilot serve`: webhooks/s, claim+ack cycles/s, pickup latency."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from shared.linear import sign
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN, SECRET = "bench-admin", "bench-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Serve:
+    def __init__(self, db_url: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "serve", "--port", str(self.port), "--sweep-every", "0"],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "DATABASE_URL": db_url,
+                "DEVPILOT_ADMIN_TOKEN": ADMIN,
+                "LINEAR_WEBHOOK_SECRET": SECRET,
+                "DEVPILOT_POOL_MAX": "20",
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+
+    def register(self, user: str = "u") -> tuple[str, str]:
+        r = httpx.post(
+            self.url + "/orchestrators",
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            json={"orgId": "bench", "linearUserId": user, "name": "bench"},
+        ).json()
+        return r["orchestratorId"], r["token"]
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=20)
+
+
+def loadgen(mode: str, url: str, secret: str, threads: int, seconds: float) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.loadgen", mode, url, secret, str(threads), str(seconds)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def http_rates(db_url: str, seconds: float, threads: int) -> dict[str, Any]:
+    s = Serve(db_url)
+    try:
+        _, token = s.register()
+        hooks = loadgen("webhook", s.url, SECRET, threads, seconds)
+        cycles = loadgen("cycle", s.url, token, threads, seconds)
+        return {"webhooks": hooks, "claim_ack_cycles": cycles}
+    finally:
+        s.close()
+
+
+def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -> list[float]:
+    """Webhook 200 -> `claimed` logged by a real devpilot-orchestrator process, in ms."""
+    s = Serve(db_url)
+    state = Path(tempfile.mkdtemp(prefix="bench-orch-"))
+    try:
+        _, token = s.register(user=f"lat-{transport}")
+        orch = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "--url",
+                s.url,
+                "--token",
+                token,
+                "--transport",
+                transport,
+                "--poll-interval",
+                str(interval),
+                "--state-dir",
+                str(state),
+                "--json-logs",
+                "--",
+                "true",
+            ],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1.5)
+        sent: dict[str, float] = {}
+        with httpx.Client(base_url=s.url) as c:
+            for i in range(n):
+                event = {
+                    "type": "Issue",
+                    "action": "create",
+                    "organizationId": "bench",
+                    "webhookTimestamp": int(time.time() * 1000),
+                    "data": {
+                        "id": f"lat-{i}-{uuid.uuid4().hex[:6]}",
+                        "identifier": f"L-{i}",
+                        "assigneeId": f"lat-{transport}",
+                        "updatedAt": "x",
+                    },
+                }
+                body = json.dumps(event).encode()
+                r = c.post("/webhook", content=body, headers={"Linear-Signature": sign(SECRET, body)})
+                sent[r.json()["messageId"]] = time.time()
+                time.sleep(0.05 if transport == "listen" else interval * 0.37)
+        time.sleep(interval * 1.5 + 0.5)
+        orch.send_signal(signal.SIGTERM)
+        _, err = orch.communicate(timeout=30)
+        got: dict[str, float] = {}
+        for line in err.splitlines():
+            if line.startswith("{"):
+                rec = json.loads(line)
+                if rec.get("event") == "claimed" and rec.get("messageId") in sent:
+                    got.setdefault(rec["messageId"], rec["ts"])
+        return sorted((got[m] - sent[m]) * 1000 for m in got)
+    finally:
+        s.close()
