@@ -103,7 +103,7 @@ def main() -> int:
         sizes = [10_000, 50_000] if q else [10_000, 100_000, 1_000_000]
         out["scaling"] = core.scaling(lambda label: s.fresh(label), sizes)
         print(f"scaling: {json.dumps(out['scaling'])}")
-        out["bloat"] = core.bloat_after_cycles(s.fresh("bloat"), 10_000 if q else 1_000_000)
+        out["bloat"] = core.bloat_after_cycles(s.fresh("bloat"), 10_000 if q else 300_000)
         print(f"after many cycles: {json.dumps(out['bloat'])}")
     finally:
         s.close()

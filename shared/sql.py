@@ -26,8 +26,10 @@ def _load(path: str) -> dict[str, str]:
     return parse(Path(path).read_text(encoding="utf-8"))
 
 
-def query(name: str, path: Path | None = None) -> LiteralString:
+QUERIES = str(Path(__file__).with_name("queries.sql"))
+
+
+def query(name: str, path: str = QUERIES) -> LiteralString:
     """The named statement from shared/queries.sql (a file we ship, hence LiteralString)."""
-    source = path or Path(__file__).with_name("queries.sql")
-    text: LiteralString = _load(str(source))[name]
+    text: LiteralString = _load(path)[name]
     return text

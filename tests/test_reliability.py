@@ -284,3 +284,42 @@ def test_a_header_that_never_ends_does_not_hold_the_server(api: Api, monkeypatch
             closed += 1
         s.close()
     assert closed == len(slow)
+
+
+def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    from shared.db import transaction
+    from shared.queue import ack, cancel_issue
+    from tests.conftest import issue
+
+    o = make_orchestrator()
+    n = 300
+    for i in range(n):
+        enqueue_one(pool, o, i)
+    msgs = claim(pool, o.id, max=1000, lease_seconds=600)
+    by_session = {m.session_id: m for m in msgs}
+    acked: dict[UUID, str] = {}
+    cancelled: list[UUID] = []
+    barrier = threading.Barrier(2)
+
+    def acker() -> None:
+        barrier.wait()
+        for m in msgs:
+            acked[m.session_id] = ack(pool, o.id, m.queue_id, m.claim_token)
+
+    def canceller() -> None:
+        barrier.wait()
+        for i in range(n):
+            with transaction(pool) as tx:
+                cancelled.extend(cancel_issue(tx, org_id=o.org_id, issue_id=issue(i, o.org_id).id,
+                                              linear_user_id=None, reason="race"))
+
+    ts = [threading.Thread(target=acker), threading.Thread(target=canceller)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert set(by_session) == set(acked)
+    for sid, outcome in acked.items():
+        assert (outcome == "acked") != (sid in cancelled)  # one or the other, never both or neither
+        assert outcome in ("acked", "not_found")
+    assert_invariant(pool)
