@@ -310,8 +310,15 @@ def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestra
         barrier.wait()
         for i in range(n):
             with transaction(pool) as tx:
-                cancelled.extend(cancel_issue(tx, org_id=o.org_id, issue_id=issue(i, o.org_id).id,
-                                              linear_user_id=None, reason="race"))
+                cancelled.extend(
+                    cancel_issue(
+                        tx,
+                        org_id=o.org_id,
+                        issue_id=issue(i, o.org_id).id,
+                        linear_user_id=None,
+                        reason="race",
+                    )
+                )
 
     ts = [threading.Thread(target=acker), threading.Thread(target=canceller)]
     for t in ts:
