@@ -12,6 +12,7 @@ import functions_framework
 
 from functions.bodies import AckBody, loose_uuid
 from functions.runtime import Runtime
+from functions.telemetry import ACKED
 from functions.web import ApiError, handler, json_body, note, reply, require_method, require_orchestrator
 from shared import queue
 
@@ -33,6 +34,7 @@ def ack(request: flask.Request, rt: Runtime) -> flask.Response:
             raise ApiError(400, "bad_request", "send either queueId/claimToken or acks, not both")
         items = [queue.AckItem(loose_uuid(a.queue_id), loose_uuid(a.claim_token)) for a in body.acks]
         results = queue.ack_many(rt.pool, orch.id, items)
+        ACKED.inc(results.count("acked"))
         note(queueId=",".join(a.queue_id for a in body.acks[:5]), acked=results.count("acked"))
         return reply(
             {
@@ -49,5 +51,6 @@ def ack(request: flask.Request, rt: Runtime) -> flask.Response:
     note(queueId=body.queue_id)
     result = queue.ack(rt.pool, orch.id, loose_uuid(body.queue_id), loose_uuid(body.claim_token))
     if result == "acked":
+        ACKED.inc()
         return reply({"status": "acked"})
     raise ApiError(STATUS[result], result, DETAIL[result])

@@ -16,6 +16,7 @@ import functions_framework
 
 from functions.bodies import ClaimBody
 from functions.runtime import Runtime
+from functions.telemetry import CLAIMED
 from functions.web import handler, json_body, note, reply, require_method, require_orchestrator
 from shared import queue
 from shared.models import TaskDispatchMessage
@@ -48,6 +49,7 @@ def claim(request: flask.Request, rt: Runtime) -> flask.Response:
                 woken.wait(min(left, RECHECK_SECONDS))
                 woken.clear()
                 messages = take()
+    CLAIMED.inc(len(messages))
     if messages:
         note(queueId=",".join(str(m.queue_id) for m in messages[:5]), claimed=len(messages))
     return reply({"messages": [m.wire() for m in messages]})

@@ -13,7 +13,9 @@ if _root not in sys.path:
 
 from functions.ack import ack  # noqa: E402
 from functions.claim import claim  # noqa: E402
+from functions.dashboard import dashboard  # noqa: E402
 from functions.healthz import healthz  # noqa: E402
+from functions.metrics import metrics  # noqa: E402
 from functions.orchestrators import orchestrators  # noqa: E402
 from functions.realtime_token import realtime_token  # noqa: E402
 from functions.release import release  # noqa: E402
@@ -32,5 +34,7 @@ TARGETS = {
     "orchestrators": orchestrators,
     "realtime_token": realtime_token,
     "healthz": healthz,
+    "metrics": metrics,
+    "dashboard": dashboard,
 }
 __all__ = ["TARGETS", *TARGETS]

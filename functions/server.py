@@ -16,11 +16,11 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from functions import runtime
 from functions.main import TARGETS
+from functions.sweep import run_sweep
 from functions.web import error, json_http_errors, setup_logging
 from shared.db import open_pool
 from shared.embedded import resolve
 from shared.migrate import migrate
-from shared.queue import sweep
 from shared.settings import get_settings
 from shared.wakeups import Wakeups
 
@@ -36,6 +36,8 @@ ROUTES: dict[str, str] = {
     "orchestrators": "orchestrators",
     "realtime-token": "realtime_token",
     "healthz": "healthz",
+    "metrics": "metrics",
+    "dashboard": "dashboard",
 }
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -49,7 +51,7 @@ def create_app(handlers: Mapping[str, Callable[[flask.Request], Any]] | None = N
     def dispatch(path: str) -> flask.Response:
         parts = path.split("/")
         target = ROUTES.get(parts[0])
-        if target is None or (len(parts) > 1 and target != "orchestrators"):
+        if target is None or (len(parts) > 1 and target not in ("orchestrators", "dashboard")):
             return error(404, "not_found", f"no route {flask.request.path}")
         return flask.make_response(table[target](flask.request))
 
@@ -84,13 +86,9 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     def sweeper() -> None:
         while not stop.wait(sweep_every):
             try:
-                r = sweep(pool, settings)
-                if r.requeued or r.dead_lettered:
-                    log.info(
-                        json.dumps(
-                            {"event": "sweep", "requeued": r.requeued, "deadLettered": r.dead_lettered}
-                        )
-                    )
+                r = run_sweep()  # counted in /metrics like a scheduled sweep
+                if r["requeued"] or r["deadLettered"]:
+                    log.info(json.dumps({"event": "sweep", **r}))
             except Exception as exc:  # the next round retries; the table keeps the truth
                 log.warning("sweep failed: %s", exc)
 

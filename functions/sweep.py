@@ -10,13 +10,17 @@ import flask
 import functions_framework
 
 from functions.runtime import Runtime, get_runtime
+from functions.telemetry import DEAD, REQUEUED, SWEEP_SECONDS
 from functions.web import handler, reply, require_admin, require_method
 from shared import queue
 
 
 def run_sweep() -> dict[str, int]:
     rt = get_runtime()
-    result = queue.sweep(rt.pool, rt.settings)
+    with SWEEP_SECONDS.time():
+        result = queue.sweep(rt.pool, rt.settings)
+    REQUEUED.inc(result.requeued)
+    DEAD.inc(result.dead_lettered)
     return {"requeued": result.requeued, "deadLettered": result.dead_lettered}
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
 from functions.runtime import Runtime, get_runtime
+from functions.telemetry import ROUTE_HISTOGRAMS
 from shared.linear import has_nul
 from shared.orchestrators import Orchestrator, authenticate
 from shared.settings import SettingsError
@@ -142,6 +143,9 @@ def handler(route: str) -> Callable[[Callable[[flask.Request, Runtime], flask.Re
             except Exception:
                 log.exception("unhandled error on %s", route)
                 resp = error(500, "internal", "unexpected server error")
+            elapsed = time.perf_counter() - started
+            if route in ROUTE_HISTOGRAMS:
+                ROUTE_HISTOGRAMS[route].observe(elapsed)
             fields = getattr(_ctx, "fields", {})
             log.info(
                 json.dumps(
@@ -149,7 +153,7 @@ def handler(route: str) -> Callable[[Callable[[flask.Request, Runtime], flask.Re
                         "route": route,
                         "method": request.method,
                         "status": resp.status_code,
-                        "ms": round((time.perf_counter() - started) * 1000, 2),
+                        "ms": round(elapsed * 1000, 2),
                         **fields,
                     },
                     separators=(",", ":"),
@@ -176,11 +180,42 @@ def json_http_errors(app: flask.Flask) -> flask.Flask:
     return app
 
 
+class StructuredFormatter(logging.Formatter):
+    """Every line structured: JSON objects when not on a terminal (request lines are already JSON;
+    other records are wrapped), `key=value` text on a terminal."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        try:
+            fields = json.loads(msg) if msg.startswith("{") else None
+        except json.JSONDecodeError:
+            fields = None
+        if not isinstance(fields, dict):
+            fields = {"msg": msg}
+        fields = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            **fields,
+        }
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        if self.as_json:
+            return json.dumps(fields, separators=(",", ":"), default=str)
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        rest = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("ts", "level", "logger", "msg"))
+        return f"{stamp} {fields['level']:<7} {fields.get('msg', '')} {rest}".rstrip()
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger("devpilot")
     if not root.handlers:
         h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(message)s"))
+        h.setFormatter(StructuredFormatter(as_json=not sys.stderr.isatty()))
         root.addHandler(h)
         root.setLevel(level)
         root.propagate = False

@@ -29,6 +29,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from shared.db import open_pool
+    from shared.status import snapshot
+    from shared.status_cli import show
+
+    settings = load_settings()
+    db = resolve(settings.database_url)
+    pool = open_pool(db.url, settings, max_size=1)
+    try:
+        show(snapshot(pool), as_json=args.json)
+    finally:
+        pool.close()
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from shared.demo import run_demo
 
@@ -49,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep-every", type=float, default=30.0, help="seconds between in-process sweeps; 0 = off"
     )
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("status", help="per orchestrator backlog, recent failures, last sweep")
+    p.add_argument("--json", action="store_true", help="JSON even on a terminal")
+    p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("demo", help="the whole loop in under 30 s on an embedded database, then clean up")
     p.set_defaults(func=_cmd_demo)

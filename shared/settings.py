@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     # calls, reached by Cloud Scheduler's OIDC token): the platform has authenticated the caller.
     sweep_platform_auth: bool = Field(default=False, validation_alias="DEVPILOT_SWEEP_PLATFORM_AUTH")
 
+    metrics_enabled: bool = Field(default=False, validation_alias="DEVPILOT_METRICS")
+
     supabase_url: str | None = Field(default=None, validation_alias="SUPABASE_URL")
     supabase_anon_key: str | None = Field(default=None, validation_alias="SUPABASE_ANON_KEY")
     supabase_jwt_secret: str | None = Field(default=None, validation_alias="SUPABASE_JWT_SECRET")

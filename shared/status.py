@@ -5,7 +5,7 @@ One snapshot feeds `devpilot status`, the dashboard and the metrics, so they alw
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -83,7 +83,7 @@ class Snapshot:
                 return [conv(x) for x in v]
             return str(v) if v is not None and not isinstance(v, int | float | str | bool) else v
 
-        return conv(
+        out: dict[str, Any] = conv(
             {
                 "takenAt": self.taken_at,
                 "totals": self.totals,
@@ -126,6 +126,7 @@ class Snapshot:
                 ],
             }
         )
+        return out
 
 
 def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -> Snapshot:
@@ -153,6 +154,3 @@ def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -
         now = conn.execute("SELECT now() AS t").fetchone()
     assert now is not None
     return Snapshot(orchs, failed, dict(sweep_row) if sweep_row else None, totals, history, now["t"])
-
-
-__all__ = ["OrchestratorRow", "Snapshot", "asdict", "snapshot"]

@@ -1,0 +1,190 @@
+"""`dashboard` target (GET /dashboard, admin): a small server-rendered page of the operators'
+figures, refreshing itself, with an inline SVG chart of queue depth and delivery latency over
+the last hour. No front-end build: one HTML response, no script.
+
+Auth: the admin bearer token in `Authorization`, or the login form (POST /dashboard/login), which
+sets a Secure, HttpOnly, SameSite=Strict cookie holding an HMAC of the admin token — never the
+token itself, and it stops working when the token is rotated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from html import escape
+from typing import Any
+
+import flask
+import functions_framework
+
+from functions.runtime import Runtime
+from functions.web import ApiError, bearer, handler, raw_body, require_admin
+from shared.status import Snapshot, snapshot
+
+COOKIE = "devpilot_dashboard"
+REFRESH_SECONDS = 10
+
+
+def _cookie_value(admin_token: str) -> str:
+    return hmac.new(admin_token.encode(), b"devpilot-dashboard-v1", hashlib.sha256).hexdigest()
+
+
+def _authorised(request: flask.Request, rt: Runtime) -> bool:
+    token = rt.settings.admin_token
+    if not token:
+        return False
+    given = bearer(request)
+    if given is not None:
+        return hmac.compare_digest(given.encode(), token.encode())
+    cookie = request.cookies.get(COOKIE, "")
+    return hmac.compare_digest(cookie.encode(), _cookie_value(token).encode())
+
+
+def _page(title: str, body: str, refresh: bool = False) -> str:
+    meta = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if refresh else ""
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">{meta}
+<title>{escape(title)}</title><style>
+body{{font:14px system-ui,sans-serif;margin:24px;color:#1d1d1f}} h1{{font-size:20px}} h2{{font-size:15px;margin-top:24px}}
+table{{border-collapse:collapse}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}
+th{{background:#f4f4f6}} .num{{text-align:right}} .bad{{color:#b00020}} .muted{{color:#777}}
+.cards span{{display:inline-block;margin-right:18px;padding:8px 12px;background:#f4f4f6;border-radius:6px}}
+</style></head><body>{body}</body></html>"""
+
+
+def login_form(message: str = "") -> str:
+    note = f'<p class="bad">{escape(message)}</p>' if message else ""
+    return _page(
+        "devpilot — sign in",
+        f"""<h1>devpilot dispatch</h1>{note}
+<form method="post" action="/dashboard/login"><label>Admin token
+<input type="password" name="token" id="token" autocomplete="current-password"></label>
+<button type="submit" id="signin">Sign in</button></form>""",
+    )
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    return f"{s // 3600}h {s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m {s % 60}s"
+
+
+def _chart(history: list[dict[str, Any]]) -> str:
+    w, h, pad = 640, 160, 30
+    n = max(1, len(history) - 1)
+    depth = [float(x["depth"] or 0) for x in history]
+    lat = [float(x["latency_s"]) if x["latency_s"] is not None else None for x in history]
+    dmax = max([*depth, 1.0])
+    lmax = max([v for v in lat if v is not None] + [1.0])
+
+    def pts(vals: list[float | None], vmax: float) -> str:
+        return " ".join(
+            f"{pad + i * (w - 2 * pad) / n:.1f},{h - pad - (v / vmax) * (h - 2 * pad):.1f}"
+            for i, v in enumerate(vals)
+            if v is not None
+        )
+
+    return f"""<svg id="chart" width="{w}" height="{h}" role="img" aria-label="queue depth and delivery latency, last hour">
+<rect x="0" y="0" width="{w}" height="{h}" fill="#fbfbfd" stroke="#ddd"/>
+<polyline fill="none" stroke="#3366cc" stroke-width="2" points="{pts(list(depth), dmax)}"/>
+<polyline fill="none" stroke="#dc7633" stroke-width="2" points="{pts(lat, lmax)}"/>
+<text x="{pad}" y="16" fill="#3366cc">queue depth (max {dmax:.0f})</text>
+<text x="{w - 260}" y="16" fill="#dc7633">delivery latency (max {lmax:.1f} s)</text>
+<text x="{pad}" y="{h - 8}" class="muted">−60 min</text><text x="{w - pad - 20}" y="{h - 8}">now</text></svg>"""
+
+
+def render(snap: Snapshot) -> str:
+    t = snap.totals
+    cards = "".join(
+        f'<span id="total-{k}">{escape(k)}: <b>{t.get(k, 0)}</b></span>'
+        for k in ("queued", "delivered", "failed", "cancelled")
+    )
+    rows = "".join(
+        f'<tr data-orchestrator="{escape(o.id)}"><td>{escape(o.name)}</td><td>{escape(o.org_id)}</td>'
+        f'<td>{escape(o.linear_user_id)}</td><td class="num queued">{o.queued}</td>'
+        f'<td class="num claimed">{o.claimed}</td><td class="num">{_age(o.oldest_due_s)}</td>'
+        f'<td class="num">{o.attempts}</td>'
+        f"<td>{escape(o.last_seen_at.isoformat(timespec='seconds')) if o.last_seen_at else 'never'}"
+        f"{'' if o.active else ' (revoked)'}</td></tr>"
+        for o in snap.orchestrators
+    )
+    failed = (
+        "".join(
+            f'<tr><td>{escape(f["issue_identifier"] or "")}</td><td class="bad">{escape(f["failure_reason"] or "")}</td>'
+            f"<td>{escape(f['updated_at'].isoformat(timespec='seconds'))}</td></tr>"
+            for f in snap.failed
+        )
+        or '<tr><td colspan="3" class="muted">none</td></tr>'
+    )
+    sw = snap.last_sweep
+    sweep = (
+        (
+            f"last sweep {escape(sw['ran_at'].isoformat(timespec='seconds'))}: requeued {sw['requeued']}, "
+            f"dead-lettered {sw['dead_lettered']}"
+        )
+        if sw
+        else "the sweep has not run yet"
+    )
+    return _page(
+        "devpilot — dispatch",
+        f"""<h1>devpilot dispatch</h1>
+<p class="muted">as of {escape(snap.taken_at.isoformat(timespec="seconds"))}; refreshes every {REFRESH_SECONDS} s</p>
+<div class="cards">{cards}</div>
+<h2>Orchestrators</h2><table id="orchestrators"><tr><th>machine</th><th>org</th><th>Linear user</th>
+<th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th></tr>{rows}</table>
+<h2>Last hour</h2>{_chart(snap.history)}
+<h2>Recent failures</h2><table id="failed"><tr><th>issue</th><th>reason</th><th>when</th></tr>{failed}</table>
+<p id="sweep">{sweep}</p>""",
+        refresh=True,
+    )
+
+
+def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> flask.Response:
+    resp = flask.Response(body, status=status, mimetype="text/html")
+    resp.headers["Cache-Control"] = "no-store"
+    resp.headers["Content-Security-Policy"] = (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"
+    )
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+@functions_framework.http
+@handler("dashboard")
+def dashboard(request: flask.Request, rt: Runtime) -> flask.Response:
+    path = request.path.rstrip("/")
+    if path.endswith("/login"):
+        if request.method == "GET":
+            return _html(login_form())
+        if request.method != "POST":
+            raise ApiError(405, "method_not_allowed", "use GET or POST", {"Allow": "GET, POST"})
+        from urllib.parse import parse_qs
+
+        form = parse_qs(raw_body(request).decode("utf-8", "replace"))
+        token = (form.get("token") or [""])[0]
+        expected = rt.settings.admin_token
+        if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
+            return _html(login_form("wrong token"), 401)
+        resp = _html("", 303, {"Location": "/dashboard"})
+        resp.set_cookie(
+            COOKIE,
+            _cookie_value(expected),
+            secure=True,
+            httponly=True,
+            samesite="Strict",
+            path="/dashboard",
+            max_age=12 * 3600,
+        )
+        return resp
+    if path.endswith("/logout"):
+        resp = _html("", 303, {"Location": "/dashboard/login"})
+        resp.delete_cookie(COOKIE, path="/dashboard")
+        return resp
+    if request.method not in ("GET", "HEAD"):
+        raise ApiError(405, "method_not_allowed", "use GET", {"Allow": "GET"})
+    if not _authorised(request, rt):
+        if bearer(request) is not None:
+            require_admin(request, rt)  # a wrong bearer gets the JSON 401 like every route
+        return _html(login_form(), 401)
+    return _html(render(snapshot(rt.pool)))

@@ -1,0 +1,56 @@
+"""`metrics` target (GET /metrics): Prometheus text, admin bearer, off unless DEVPILOT_METRICS=1.
+
+Counters and histograms are this instance's; queue depth by orchestrator is read from the table
+at scrape time, so every instance reports the same truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import flask
+import functions_framework
+from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from functions.runtime import Runtime, get_runtime
+from functions.telemetry import REGISTRY
+from functions.web import ApiError, handler, require_admin, require_method
+from shared.status import snapshot
+
+
+class QueueDepth(Collector):
+    def describe(self) -> list[Metric]:
+        return []  # so registering does not read the database at import time
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "devpilot_queue_depth",
+            "Live queue rows by orchestrator and state",
+            labels=["orchestrator_id", "orchestrator", "state"],
+        )
+        oldest = GaugeMetricFamily(
+            "devpilot_oldest_due_seconds",
+            "Age of the oldest due, unclaimed row",
+            labels=["orchestrator_id", "orchestrator"],
+        )
+        for o in snapshot(get_runtime().pool, failed_limit=0, with_history=False).orchestrators:
+            depth.add_metric([o.id, o.name, "queued"], o.queued)
+            depth.add_metric([o.id, o.name, "claimed"], o.claimed)
+            oldest.add_metric([o.id, o.name], o.oldest_due_s or 0.0)
+        yield depth
+        yield oldest
+
+
+REGISTRY.register(QueueDepth())
+
+
+@functions_framework.http
+@handler("metrics")
+def metrics(request: flask.Request, rt: Runtime) -> flask.Response:
+    require_method(request, "GET")
+    if not rt.settings.metrics_enabled:
+        raise ApiError(404, "not_found", "metrics are off; set DEVPILOT_METRICS=1")
+    require_admin(request, rt)
+    return flask.Response(generate_latest(REGISTRY), mimetype="text/plain; version=0.0.4")

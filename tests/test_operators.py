@@ -1,0 +1,183 @@
+"""Operators' view: `devpilot status`, /metrics and /dashboard on a seeded database."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from shared.status import snapshot
+from shared.status_cli import render
+from tests.api import ADMIN, Api, issue_event
+
+ROOT = Path(__file__).parent.parent
+
+
+def seed(api: Api) -> dict[str, Any]:
+    """Two machines: one with 3 queued + 1 claimed, one with a delivered and a dead-lettered session."""
+    a_id, a = api.register(user="alice", name="alice-laptop")
+    b_id, b = api.register(user="bob", name="bob-desktop")
+    for i in range(4):
+        api.webhook(issue_event(issue_id=f"a{i}", assignee="alice"))
+    api.post_as(a, "/claim", {"max": 1})
+    api.webhook(issue_event(issue_id="b-ok", assignee="bob"))
+    [m] = api.post_as(b, "/claim").json()["messages"]
+    api.post_as(b, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
+    api.webhook(issue_event(issue_id="b-dead", assignee="bob"))
+    [d] = api.post_as(b, "/claim").json()["messages"]
+    with api.pool.connection() as conn:  # make this its last attempt, then give it back
+        conn.execute("UPDATE dispatch_queue SET attempts = 5 WHERE id = %s", (d["queueId"],))
+    api.post_as(
+        b, "/release", {"queueId": d["queueId"], "claimToken": d["claimToken"], "reason": "disk full"}
+    )
+    api.http.post("/sweep", headers=api.admin())
+    return {"a": a_id, "b": b_id}
+
+
+def test_status_json_and_terminal(api: Api, db_url: str) -> None:
+    ids = seed(api)
+    r = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "status", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url},
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    by_id = {o["orchestratorId"]: o for o in out["orchestrators"]}
+    assert (by_id[ids["a"]]["queued"], by_id[ids["a"]]["claimed"], by_id[ids["a"]]["attempts"]) == (3, 1, 1)
+    assert by_id[ids["a"]]["oldestDueSeconds"] >= 0 and by_id[ids["a"]]["lastSeenAt"]
+    assert (by_id[ids["b"]]["queued"], by_id[ids["b"]]["claimed"]) == (0, 0)
+    assert out["totals"] == {"queued": 4, "delivered": 1, "failed": 1}
+    [failed] = out["recentFailed"]
+    assert "disk full" in failed["reason"] and failed["issue"] == "ENG-42"
+    assert out["lastSweep"] is not None and len(out["history"]) == 60
+    console = Console(record=True, width=160)
+    render(snapshot(api.pool), console)
+    text = console.export_text()
+    assert "alice-laptop" in text and "bob-desktop" in text and "disk full" in text and "last sweep:" in text
+
+
+def test_metrics(api: Api) -> None:
+    assert api.http.get("/metrics", headers=api.admin()).status_code == 404  # off by default
+    api.settings.__dict__["metrics_enabled"] = True
+    ids = seed(api)
+    assert api.http.get("/metrics").status_code == 401
+    r = api.http.get("/metrics", headers=api.admin())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert (
+        f'devpilot_queue_depth{{orchestrator="alice-laptop",orchestrator_id="{ids["a"]}",state="queued"}} 3.0'
+        in text
+    )
+    assert (
+        f'devpilot_queue_depth{{orchestrator="alice-laptop",orchestrator_id="{ids["a"]}",state="claimed"}} 1.0'
+        in text
+    )
+    for name in (
+        "devpilot_claimed_messages_total",
+        "devpilot_acked_messages_total",
+        "devpilot_released_messages_total",
+        "devpilot_dead_lettered_messages_total",
+        "devpilot_webhook_seconds_bucket",
+        "devpilot_claim_seconds_count",
+        "devpilot_sweep_seconds_count",
+    ):
+        assert name in text, name
+
+
+def test_dashboard_auth_and_figures(api: Api) -> None:
+    seed(api)
+    r = api.http.get("/dashboard")
+    assert r.status_code == 401 and "<form" in r.text and 'name="token"' in r.text
+    r = api.http.get("/dashboard", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    r = api.http.post(
+        "/dashboard/login",
+        content="token=wrong",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 401 and "wrong token" in r.text
+    r = api.http.post(
+        "/dashboard/login",
+        content=f"token={ADMIN}",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 303 and r.headers["location"] == "/dashboard"
+    cookie = r.headers["set-cookie"]
+    assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie and ADMIN not in cookie
+    value = cookie.split(";")[0].split("=", 1)[1]
+    page = api.http.get("/dashboard", headers={"Cookie": f"devpilot_dashboard={value}"})
+    assert page.status_code == 200 and "alice-laptop" in page.text and 'http-equiv="refresh"' in page.text
+    assert api.http.get("/dashboard", headers=api.admin()).status_code == 200
+    assert "<svg" in page.text and "disk full" in page.text
+
+
+def _chromium() -> tuple[str, str] | None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path) -> None:
+    found = _chromium()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install Debian's chromium and chromium-driver (.ci/run does)")
+        pytest.skip("no chromium/chromedriver here; `apt-get install chromium chromium-driver`")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    seed(api)
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = found[0]
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1100,900",
+    ):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=found[1]), options=opts)
+    try:
+        driver.get(api.url + "/dashboard")
+        driver.find_element(By.ID, "token").send_keys(ADMIN)
+        driver.find_element(By.ID, "signin").click()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "alice-laptop" not in driver.page_source:
+            time.sleep(0.2)
+        rows = driver.find_elements(By.CSS_SELECTOR, "#orchestrators tr[data-orchestrator]")
+        cells = {r.find_element(By.CSS_SELECTOR, "td").text: r for r in rows}
+        assert set(cells) == {"alice-laptop", "bob-desktop"}
+        assert cells["alice-laptop"].find_element(By.CSS_SELECTOR, ".queued").text == "3"
+        assert cells["alice-laptop"].find_element(By.CSS_SELECTOR, ".claimed").text == "1"
+        assert "disk full" in driver.find_element(By.ID, "failed").text
+        assert driver.find_element(By.ID, "total-queued").text == "queued: 4"
+        assert driver.find_element(By.ID, "chart").is_displayed()
+        shot = tmp_path / "dashboard.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        keep = os.environ.get("DEVPILOT_SCREENSHOT_DIR")
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(shot, Path(keep) / "dashboard.png")
+        print(f"dashboard screenshot: {shot}")
+    finally:
+        driver.quit()
