@@ -33,7 +33,8 @@ def ack(request: flask.Request, rt: Runtime) -> flask.Response:
         if body.queue_id is not None or body.claim_token is not None:
             raise ApiError(400, "bad_request", "send either queueId/claimToken or acks, not both")
         items = [queue.AckItem(loose_uuid(a.queue_id), loose_uuid(a.claim_token)) for a in body.acks]
-        results = queue.ack_many(rt.pool, orch.id, items)
+        results, notice_ids = queue.ack_many_noting(rt.pool, orch.id, items)
+        rt.send_soon(notice_ids)
         ACKED.inc(results.count("acked"))
         note(queueId=",".join(a.queue_id for a in body.acks[:5]), acked=results.count("acked"))
         return reply(
@@ -49,7 +50,10 @@ def ack(request: flask.Request, rt: Runtime) -> flask.Response:
     if body.queue_id is None or body.claim_token is None:
         raise ApiError(400, "bad_request", "queueId and claimToken are required (or an acks list)")
     note(queueId=body.queue_id)
-    result = queue.ack(rt.pool, orch.id, loose_uuid(body.queue_id), loose_uuid(body.claim_token))
+    [result], notice_ids = queue.ack_many_noting(
+        rt.pool, orch.id, [queue.AckItem(loose_uuid(body.queue_id), loose_uuid(body.claim_token))]
+    )
+    rt.send_soon(notice_ids)
     if result == "acked":
         ACKED.inc()
         return reply({"status": "acked"})

@@ -15,6 +15,7 @@ from functions.ack import ack  # noqa: E402
 from functions.claim import claim  # noqa: E402
 from functions.dashboard import dashboard  # noqa: E402
 from functions.healthz import healthz  # noqa: E402
+from functions.linear_credentials import linear_credentials  # noqa: E402
 from functions.metrics import metrics  # noqa: E402
 from functions.orchestrators import orchestrators  # noqa: E402
 from functions.realtime_token import realtime_token  # noqa: E402
@@ -36,5 +37,6 @@ TARGETS = {
     "healthz": healthz,
     "metrics": metrics,
     "dashboard": dashboard,
+    "linear_credentials": linear_credentials,
 }
 __all__ = ["TARGETS", *TARGETS]

@@ -9,6 +9,7 @@ import functions_framework
 from functions.ack import DETAIL, STATUS
 from functions.bodies import ReleaseBody, loose_uuid
 from functions.runtime import Runtime
+from functions.telemetry import DEAD, RELEASED
 from functions.web import ApiError, handler, json_body, note, reply, require_method, require_orchestrator
 from shared import queue
 
@@ -30,6 +31,9 @@ def release(request: flask.Request, rt: Runtime) -> flask.Response:
     )
     if r.status != "released":
         raise ApiError(STATUS[r.status], r.status, DETAIL[r.status])
+    RELEASED.inc()
+    DEAD.inc(int(r.dead_lettered))
+    rt.send_soon(list(r.notice_ids))
     return reply(
         {
             "status": "released",

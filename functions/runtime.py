@@ -7,11 +7,15 @@ committed transaction or none.
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from uuid import UUID
 
 from shared.db import Pool, open_pool
 from shared.embedded import Database, resolve
+from shared.notices import SendResult, send_pending
 from shared.settings import Settings, get_settings
 from shared.wakeups import Wakeups
 
@@ -22,6 +26,24 @@ class Runtime:
     database: Database
     pool: Pool
     wakeups: Wakeups
+    sender: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="devpilot-notices")
+    )
+
+    def send_soon(self, notice_ids: list[UUID]) -> Future[SendResult] | None:
+        """After commit, off the request path: post these Linear notices now. If this instance dies
+        first, they are still in the table and the sweep sends them."""
+        if not notice_ids:
+            return None
+
+        def run() -> SendResult:
+            try:
+                return send_pending(self.pool, self.settings, ids=notice_ids)
+            except Exception:
+                logging.getLogger("devpilot.notices").exception("sending notices failed; the sweep retries")
+                return SendResult(0, len(notice_ids))
+
+        return self.sender.submit(run)
 
 
 _lock = threading.Lock()

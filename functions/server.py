@@ -38,6 +38,7 @@ ROUTES: dict[str, str] = {
     "healthz": "healthz",
     "metrics": "metrics",
     "dashboard": "dashboard",
+    "linear-credentials": "linear_credentials",
 }
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -51,7 +52,9 @@ def create_app(handlers: Mapping[str, Callable[[flask.Request], Any]] | None = N
     def dispatch(path: str) -> flask.Response:
         parts = path.split("/")
         target = ROUTES.get(parts[0])
-        if target is None or (len(parts) > 1 and target not in ("orchestrators", "dashboard")):
+        if target is None or (
+            len(parts) > 1 and target not in ("orchestrators", "dashboard", "linear_credentials")
+        ):
             return error(404, "not_found", f"no route {flask.request.path}")
         return flask.make_response(table[target](flask.request))
 

@@ -33,7 +33,10 @@ def webhook(request: flask.Request, rt: Runtime) -> flask.Response:
         raise ApiError(400, "bad_request", str(exc)) from None
     if not linear.is_fresh(hook, int(time.time() * 1000), rt.settings.webhook_tolerance_seconds):
         raise ApiError(401, "stale_webhook", "webhookTimestamp is too far from now")
-    answer = intake.receive(rt.pool, hook, hook.delivery_key(request.headers.get("Linear-Delivery")))
+    answer, notice_ids = intake.receive_noting(
+        rt.pool, hook, hook.delivery_key(request.headers.get("Linear-Delivery"))
+    )
+    rt.send_soon(notice_ids)
     note(
         sessionId=answer.get("sessionId"),
         queueId=answer.get("queueId"),

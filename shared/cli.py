@@ -44,6 +44,25 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_linear_token(args: argparse.Namespace) -> int:
+    from shared.db import open_pool
+    from shared.notices import store_credentials
+
+    token = sys.stdin.readline().strip()
+    if not token:
+        print("devpilot linear-token: give the Linear access token on stdin", file=sys.stderr)
+        return 2
+    settings = load_settings()
+    db = resolve(settings.database_url)
+    pool = open_pool(db.url, settings, max_size=1)
+    try:
+        store_credentials(pool, settings, args.org_id, token)
+    finally:
+        pool.close()
+    print(f"stored the Linear token for org {args.org_id} (encrypted)")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from shared.demo import run_demo
 
@@ -68,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="per orchestrator backlog, recent failures, last sweep")
     p.add_argument("--json", action="store_true", help="JSON even on a terminal")
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("linear-token", help="store an org's Linear app access token (read from stdin)")
+    p.add_argument("org_id")
+    p.set_defaults(func=_cmd_linear_token)
 
     p = sub.add_parser("demo", help="the whole loop in under 30 s on an embedded database, then clean up")
     p.set_defaults(func=_cmd_demo)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from shared import notices as notices_mod
 from shared.db import Pool, Tx, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload
@@ -19,23 +20,29 @@ from shared.sql import query
 
 def receive(pool: Pool, hook: Webhook, delivery_key: str) -> dict[str, Any]:
     """Apply one verified, fresh webhook; returns the contract's answer body."""
+    return receive_noting(pool, hook, delivery_key)[0]
+
+
+def receive_noting(pool: Pool, hook: Webhook, delivery_key: str) -> tuple[dict[str, Any], list[UUID]]:
+    """As `receive`, and the ids of the Linear notices the same transaction wrote (to send now)."""
     plan = intent(hook)
+    notices: list[UUID] = []
     with transaction(pool) as tx:
         if tx.one(query("record_delivery"), {"key": delivery_key}) is None:
             seen = tx.one(query("delivery_session"), {"key": delivery_key})
             sid = seen["session_id"] if seen else None
-            return {"status": "duplicate", "sessionId": str(sid) if sid else None}
+            return {"status": "duplicate", "sessionId": str(sid) if sid else None}, []
 
-        answer = _apply(tx, hook, plan)
+        answer = _apply(tx, hook, plan, notices)
         session = answer.get("sessionId")
         tx.execute(
             query("finish_delivery"),
             {"key": delivery_key, "session_id": session, "outcome": answer["status"]},
         )
-        return answer
+        return answer, notices
 
 
-def _apply(tx: Tx, hook: Webhook, plan: Intent) -> dict[str, Any]:
+def _apply(tx: Tx, hook: Webhook, plan: Intent, notices: list[UUID]) -> dict[str, Any]:
     assert hook.org_id is not None or plan.kind == "ignore"
     cancelled: list[UUID] = []
     if plan.cancel_issue_id and hook.org_id:
@@ -64,6 +71,19 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent) -> dict[str, Any]:
                 session_id=sid,
                 message=DispatchPayload(issue=plan.issue, agent_session_id=plan.agent_session_id),
             )
+            if plan.agent_session_id:
+                row = tx.one(
+                    query("notice_dispatched"),
+                    {
+                        "org_id": hook.org_id,
+                        "session_id": sid,
+                        "agent_session_id": plan.agent_session_id,
+                        "issue_id": plan.issue.id,
+                        "orchestrator_id": orch,
+                    },
+                )
+                if row is not None:
+                    notices.append(row["id"])
             answer: dict[str, Any] = {
                 "status": "dispatched",
                 "sessionId": str(sid),
@@ -75,6 +95,18 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent) -> dict[str, Any]:
                 answer["cancelledSessionId"] = str(cancelled[0])
             return answer
         if not cancelled:
+            # Unroutable: tell the user in Linear that no machine is there to take it.
+            nid = notices_mod.write(
+                tx,
+                org_id=hook.org_id,
+                kind="failed",
+                session_id=None,
+                agent_session_id=plan.agent_session_id,
+                issue_id=plan.issue.id,
+                body="No machine is registered for you in devpilot; nothing was dispatched.",
+            )
+            if nid is not None:
+                notices.append(nid)
             return {"status": "ignored", "reason": "no_orchestrator"}
     if cancelled:
         return {"status": "cancelled", "sessionId": str(cancelled[0])}

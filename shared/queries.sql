@@ -76,9 +76,17 @@ WITH items AS (
     SET status = 'delivered', acked_claim_token = d.claim_token, delivered_at = now(), updated_at = now()
     FROM deleted d
     WHERE s.id = d.session_id AND s.status = 'queued'
-    RETURNING s.id
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id
+), notices AS (
+    -- "picked up by <machine>" for agent sessions of orgs that gave us Linear credentials
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT d.org_id, d.id, 'delivered', d.agent_session_id, d.issue_id, 'Picked up by ' || o.name
+    FROM delivered d JOIN orchestrators o ON o.id = d.orchestrator_id
+    WHERE d.agent_session_id IS NOT NULL
+      AND EXISTS (SELECT 1 FROM linear_credentials c WHERE c.org_id = d.org_id)
+    RETURNING id
 )
-SELECT id AS queue_id, claim_token FROM deleted;
+SELECT id AS queue_id, claim_token, (SELECT array_agg(id) FROM notices) AS notice_ids FROM deleted;
 
 -- name: ack_explain_miss
 -- After a compare-and-set missed: tells a repeated ack (session delivered by this very token) from a
@@ -108,7 +116,12 @@ WITH target AS (
     SET status = 'failed', updated_at = now(),
         failure_reason = 'released ' || %(max_attempts)s::text || ' times: ' || coalesce(%(reason)s, 'no reason given')
     FROM dead WHERE s.id = dead.session_id AND s.status = 'queued'
-    RETURNING s.id
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.failure_reason
+), notices AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT f.org_id, f.id, 'failed', f.agent_session_id, f.issue_id, 'No machine took this: ' || f.failure_reason
+    FROM failed f WHERE EXISTS (SELECT 1 FROM linear_credentials c WHERE c.org_id = f.org_id)
+    RETURNING id
 ), requeued AS (
     UPDATE dispatch_queue q
     SET lease_expires_at = NULL, claimed_at = NULL, last_error = %(reason)s,
@@ -120,7 +133,8 @@ WITH target AS (
 )
 SELECT (SELECT count(*) FROM target) AS matched,
        (SELECT available_at FROM requeued) AS available_at,
-       (SELECT count(*) FROM failed) AS failed;
+       (SELECT count(*) FROM failed) AS failed,
+       (SELECT array_agg(id) FROM notices) AS notice_ids;
 
 -- name: sweep
 -- One set-based statement over expired leases. Rows an ack (or release, or another sweep) is
@@ -144,7 +158,12 @@ WITH expired AS (
     SET status = 'failed', updated_at = now(),
         failure_reason = 'no ack after ' || %(max_attempts)s::text || ' delivery attempts'
     FROM dead WHERE s.id = dead.session_id AND s.status = 'queued'
-    RETURNING s.id
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.failure_reason
+), notices AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT f.org_id, f.id, 'failed', f.agent_session_id, f.issue_id, 'No machine took this: ' || f.failure_reason
+    FROM failed f WHERE EXISTS (SELECT 1 FROM linear_credentials c WHERE c.org_id = f.org_id)
+    RETURNING id
 ), requeued AS (
     UPDATE dispatch_queue q
     SET lease_expires_at = NULL, claimed_at = NULL, last_error = 'lease expired',
@@ -156,7 +175,8 @@ WITH expired AS (
 )
 SELECT (SELECT count(*) FROM requeued) AS requeued,
        (SELECT count(*) FROM dead) AS dead_lettered,
-       (SELECT count(*) FROM failed) AS failed;
+       (SELECT count(*) FROM failed) AS failed,
+       (SELECT count(*) FROM notices) AS notices;
 
 -- name: record_sweep
 -- Bookkeeping only: when the sweep ran and what it did (operators' view).
@@ -195,3 +215,49 @@ SELECT session_id, outcome FROM webhook_deliveries WHERE delivery_key = %(key)s;
 -- In the intake transaction: what the delivery did, committed with its rows.
 UPDATE webhook_deliveries SET session_id = %(session_id)s, outcome = %(outcome)s
 WHERE delivery_key = %(key)s;
+
+-- name: notice_insert
+-- In the caller's transaction: the notice commits with the state change that causes it, or not at all.
+INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+VALUES (%(org_id)s, %(session_id)s, %(kind)s, %(agent_session_id)s, %(issue_id)s, %(body)s)
+RETURNING id;
+
+-- name: notice_take
+-- Takes due, unsent notices (those named, or any when none are named) for sending: SKIP LOCKED and
+-- a short lease, so two senders never post the same notice at once.
+WITH due AS (
+    SELECT id FROM linear_notices
+    WHERE sent_at IS NULL AND available_at <= now()
+      AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+    ORDER BY available_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE linear_notices n SET lease_expires_at = now() + interval '30 seconds', attempts = n.attempts + 1
+FROM due WHERE n.id = due.id
+RETURNING n.id, n.org_id, n.kind, n.agent_session_id, n.issue_id, n.body, n.attempts,
+          (SELECT token_encrypted FROM linear_credentials c WHERE c.org_id = n.org_id) AS token_encrypted;
+
+-- name: notice_sent
+-- Compare-and-set: marks it sent once, with Linear's id; a second success changes nothing.
+UPDATE linear_notices SET sent_at = now(), linear_id = %(linear_id)s, lease_expires_at = NULL, last_error = NULL
+WHERE id = %(id)s AND sent_at IS NULL;
+
+-- name: notice_failed
+-- A failed send: due again after min(n² × base, cap); past the attempt limit it is given up
+-- (sent_at stays NULL, available_at far away) with the error kept for operators.
+UPDATE linear_notices
+SET lease_expires_at = NULL, last_error = %(error)s,
+    available_at = CASE WHEN attempts >= %(max_attempts)s THEN 'infinity'::timestamptz
+                        ELSE now() + make_interval(secs => least(attempts * attempts * %(base)s, %(cap)s)) END
+WHERE id = %(id)s AND sent_at IS NULL;
+
+-- name: notice_dispatched
+-- In the intake transaction: "queued for <machine>" for an agent session, when the org gave us
+-- Linear credentials (Linear shows the agent unresponsive without an activity within 10 s).
+INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+SELECT %(org_id)s, %(session_id)s, 'dispatched', %(agent_session_id)s, %(issue_id)s, 'Queued for ' || o.name
+FROM orchestrators o
+WHERE o.id = %(orchestrator_id)s AND EXISTS (SELECT 1 FROM linear_credentials c WHERE c.org_id = %(org_id)s)
+RETURNING id;

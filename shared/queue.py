@@ -171,6 +171,13 @@ def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> list[Ac
     """Deliver: delete each row and mark its session `delivered`, only if the token is the row's
     latest claim. Every write is in one statement (autocommit, so one transaction); only items that
     missed are then explained, read-only. Repeating a successful ack answers `acked` again."""
+    return ack_many_noting(pool, orchestrator_id, items)[0]
+
+
+def ack_many_noting(
+    pool: Pool, orchestrator_id: UUID, items: list[AckItem]
+) -> tuple[list[AckStatus], list[UUID]]:
+    """As `ack_many`, and the ids of the `delivered` Linear notices the same statement wrote."""
     with pool.connection() as conn:
         rows = conn.execute(
             query("ack"),
@@ -181,11 +188,12 @@ def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> list[Ac
             },
         ).fetchall()
         acked = {(r["queue_id"], r["claim_token"]) for r in rows}
+        notice_ids = list(rows[0]["notice_ids"] or []) if rows else []
         # An item listed twice is deleted once; its second copy is then judged a repeated ack.
         return [
             "acked" if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
             for i in items
-        ]
+        ], notice_ids
 
 
 def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) -> AckStatus:
@@ -198,6 +206,7 @@ class Released:
     status: Literal["released", "claim_superseded", "not_found"]
     available_at: datetime | None = None
     dead_lettered: bool = False
+    notice_ids: tuple[UUID, ...] = ()
 
 
 def release(
@@ -227,7 +236,9 @@ def release(
         assert row is not None
         if row["matched"]:
             if row["failed"]:
-                return Released("released", None, dead_lettered=True)
+                return Released(
+                    "released", None, dead_lettered=True, notice_ids=tuple(row["notice_ids"] or ())
+                )
             return Released("released", row["available_at"])
         miss = tx.one(query("ack_explain_miss"), params)
         assert miss is not None

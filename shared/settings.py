@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     # calls, reached by Cloud Scheduler's OIDC token): the platform has authenticated the caller.
     sweep_platform_auth: bool = Field(default=False, validation_alias="DEVPILOT_SWEEP_PLATFORM_AUTH")
 
+    linear_api_url: str = Field(default="https://api.linear.app/graphql", validation_alias="LINEAR_API_URL")
+    linear_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=60, validation_alias="DEVPILOT_LINEAR_TIMEOUT_SECONDS"
+    )
+    # Encrypts stored Linear tokens; defaults to a key derived from DEVPILOT_ADMIN_TOKEN.
+    credentials_key: str | None = Field(default=None, validation_alias="DEVPILOT_CREDENTIALS_KEY")
     metrics_enabled: bool = Field(default=False, validation_alias="DEVPILOT_METRICS")
 
     supabase_url: str | None = Field(default=None, validation_alias="SUPABASE_URL")
