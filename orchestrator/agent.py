@@ -228,13 +228,26 @@ class Orchestrator:
         self.log("started", f"started {name} (pid {proc.pid})", messageId=m["messageId"], pid=proc.pid)
 
     def _resume(self) -> None:
-        """A crash between ack and start: start what was acked but never started."""
+        """After a crash: finish what the journal shows was interrupted. A `journaled` entry is
+        acked again with its own token (a repeated ack answers `acked`), then started; an `acked`
+        one is started."""
         self._critical += 1
         try:
-            for entry in self.journal.pending_starts():
-                name = (entry.message.get("issue") or {}).get("identifier") or entry.message_id
+            for entry in self.journal.unfinished():
+                m = entry.message
+                name = (m.get("issue") or {}).get("identifier") or entry.message_id
+                if entry.state == "journaled":
+                    result = self._ack(m, name)
+                    if result == "abandoned":
+                        continue
+                    if result != "acked":
+                        self.journal.forget(entry.message_id)
+                        continue
+                    self.journal.mark(entry.message_id, "acked")
+                if self.stopping:
+                    return
                 self.log("resume", f"resuming {name}: acked before the last stop, not yet started")
-                self._start(entry.message, name)
+                self._start(m, name)
         finally:
             self._critical -= 1
 

@@ -3,7 +3,9 @@
 Order for every message: record (fsync) -> ack -> mark acked -> mark started (fsync) -> spawn.
 - a redelivered id that is already `started` is acked again and never started again;
 - an `acked` id not yet `started` (a crash between ack and start) is started on the next run;
-- a `journaled` id was never acked: it is acked when it comes back, or forgotten on 409/404.
+- a `journaled` id may or may not have been acked (a crash around the ack): on the next run it is
+  acked again with its claim token — the service answers `acked` again for a repeated ack — and
+  started; a 409 or 404 forgets it (a newer claim will redeliver it, or it was cancelled).
 The one window left is between marking `started` and the fork, a few microseconds: a crash there
 loses that start rather than doubling it (for coding agents a double start is the worse failure).
 """
@@ -91,11 +93,13 @@ class Journal:
                 "DELETE FROM journal WHERE message_id = ? AND state = 'journaled'", (message_id,)
             )
 
-    def pending_starts(self) -> list[Entry]:
+    def unfinished(self) -> list[Entry]:
+        """Entries a crash may have interrupted: journaled (the ack may or may not have reached the
+        service) and acked (not yet started), oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT message_id, queue_id, claim_token, state, message FROM journal WHERE state = 'acked'"
-                " ORDER BY updated_at"
+                "SELECT message_id, queue_id, claim_token, state, message FROM journal"
+                " WHERE state IN ('journaled', 'acked') ORDER BY updated_at"
             ).fetchall()
         return [Entry(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
 
