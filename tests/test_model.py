@@ -40,7 +40,9 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool, self.orch = pool, orch
         with pool.connection() as conn:
-            conn.execute("TRUNCATE dispatch_queue, dispatch_sessions, webhook_deliveries, sweep_runs")
+            conn.execute(
+                "TRUNCATE linear_notices, dispatch_queue, dispatch_sessions, webhook_deliveries, sweep_runs"
+            )
         self.now = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
         self.rows: list[Row] = []
         self.n = 0

@@ -17,7 +17,15 @@ from schemathesis.checks import (
 from tests.api import ADMIN, Api
 
 schema = schemathesis.openapi.from_path(str(Path(__file__).parent.parent / "infra" / "openapi.yaml"))
-ADMIN_OPS = {"listOrchestrators", "registerOrchestrator", "revokeOrchestrator", "sweep"}
+ADMIN_OPS = {
+    "listOrchestrators",
+    "registerOrchestrator",
+    "revokeOrchestrator",
+    "sweep",
+    "listLinearCredentials",
+    "storeLinearCredentials",
+    "metrics",
+}
 
 
 @schema.parametrize()
