@@ -7,6 +7,7 @@ about a second, so `devpilot serve` and the tests work on a machine with nothing
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ def start_embedded(data_dir: Path | None = None) -> Database:
 
     folder = data_dir or Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "pgdata"
     folder.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
+    with warnings.catch_warnings():  # platformdirs' note about XDG_RUNTIME_DIR is noise here
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
     return Database(url=server.get_uri(), embedded=True, handle=server)
 
 

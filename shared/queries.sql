@@ -57,8 +57,10 @@ RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.paylo
           q.claim_token, q.lease_expires_at, q.available_at, q.created_at;
 
 -- name: touch_orchestrator
--- Records that the orchestrator was seen (every claim); routing prefers the most recently seen.
-UPDATE orchestrators SET last_seen_at = now() WHERE id = %(orchestrator_id)s;
+-- Records that the orchestrator was seen; routing prefers the most recently seen. At most one
+-- write a second per machine, so idle polls and concurrent claimers cost a read, not a row update.
+UPDATE orchestrators SET last_seen_at = now()
+WHERE id = %(orchestrator_id)s AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second');
 
 -- name: ack
 -- One statement, so one atomic step: deletes each row only while it still carries the given claim

@@ -492,3 +492,15 @@ def test_sweep_behind_platform_auth_needs_no_admin_token(api: Api) -> None:
     """Cloud Run's sweep service: the platform verified the scheduler's OIDC token already."""
     assert api.http.post("/sweep").json() == {"requeued": 0, "deadLettered": 0}
     assert api.http.post("/orchestrators", json={}).status_code == 401  # only the sweep trusts the platform
+
+
+def test_routing_prefers_the_most_recently_seen_machine(api: Api) -> None:
+    a_id, a = api.register(user="same-user", name="old-laptop")
+    b_id, b = api.register(user="same-user", name="new-desktop")
+    api.post_as(a, "/claim")
+    assert api.webhook(issue_event(issue_id="r1", assignee="same-user")).json()["orchestratorId"] == a_id
+    time.sleep(0.05)
+    api.post_as(b, "/claim")
+    assert api.webhook(issue_event(issue_id="r2", assignee="same-user")).json()["orchestratorId"] == b_id
+    api.http.post(f"/orchestrators/{b_id}/revoke", headers=api.admin())
+    assert api.webhook(issue_event(issue_id="r3", assignee="same-user")).json()["orchestratorId"] == a_id
