@@ -151,3 +151,18 @@ def api(db_url: str, api_overrides: dict[str, object]) -> Iterator[Api]:
         yield Api(served.url, settings, p, client, served)
     served.close()
     p.close()
+
+
+ROW_COUNTS = """
+SELECT (SELECT count(*) FROM dispatch_sessions) AS sessions, (SELECT count(*) FROM dispatch_queue) AS queue,
+       (SELECT count(*) FROM webhook_deliveries) AS deliveries, (SELECT count(*) FROM orchestrators) AS orchestrators,
+       (SELECT count(*) FROM linear_notices) AS notices
+"""
+
+
+def row_counts(pool: Pool) -> dict[str, int]:
+    """How many rows each table holds: what "writes nothing" is checked against."""
+    with pool.connection() as conn:
+        row = conn.execute(ROW_COUNTS).fetchone()
+    assert row is not None
+    return {k: int(v) for k, v in row.items()}

@@ -19,7 +19,7 @@ from shared.migrate import migrate
 from shared.models import DispatchPayload
 from shared.queue import ack, claim, create_session, enqueue_dispatch, sweep
 from shared.settings import Settings
-from tests.conftest import MakeOrch, Orch, fill_queue, issue
+from tests.conftest import MakeOrch, Orch, fill_queue, issue, row_counts
 from tests.pg import Server
 
 ROOT = Path(__file__).parent.parent
@@ -47,12 +47,8 @@ def bulk_enqueue(pool: Pool, orch: Orch, n: int) -> list[UUID]:
 
 
 def table_counts(pool: Pool) -> tuple[int, int]:
-    with pool.connection() as conn:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM dispatch_sessions) AS s, (SELECT count(*) FROM dispatch_queue) AS q"
-        ).fetchone()
-    assert row is not None
-    return row["s"], row["q"]
+    c = row_counts(pool)
+    return c["sessions"], c["queue"]
 
 
 @pytest.mark.parametrize("point", ["before-commit", "after-commit"])

@@ -13,18 +13,11 @@ import httpx
 import pytest
 
 from tests.api import Api, agent_session_event, issue_event, now_ms
+from tests.conftest import row_counts
 
 
-def rows(api: Api) -> dict[str, Any]:
-    with api.pool.connection() as conn:
-        r = conn.execute(
-            "SELECT (SELECT count(*) FROM dispatch_sessions) AS sessions,"
-            " (SELECT count(*) FROM dispatch_queue) AS queue,"
-            " (SELECT count(*) FROM webhook_deliveries) AS deliveries,"
-            " (SELECT count(*) FROM orchestrators) AS orchestrators"
-        ).fetchone()
-    assert r is not None
-    return dict(r)
+def rows(api: Api) -> dict[str, int]:
+    return row_counts(api.pool)
 
 
 def status_of(api: Api, sid: str) -> str:

@@ -13,18 +13,15 @@ from shared.db import Pool, connect, transaction
 from shared.models import DispatchPayload
 from shared.queue import AckItem, ack, ack_many, claim, create_session, enqueue_dispatch, release, sweep
 from shared.settings import Settings
-from tests.conftest import MakeOrch, enqueue_one, issue
+from tests.conftest import MakeOrch, enqueue_one, issue, row_counts
 
 # A fixed instant after every row the test enqueues (enqueue uses the database clock).
 T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
 
 
 def counts(pool: Pool) -> tuple[int, int]:
-    with pool.connection() as conn:
-        s = conn.execute("SELECT count(*) AS n FROM dispatch_sessions").fetchone()
-        q = conn.execute("SELECT count(*) AS n FROM dispatch_queue").fetchone()
-    assert s is not None and q is not None
-    return s["n"], q["n"]
+    c = row_counts(pool)
+    return c["sessions"], c["queue"]
 
 
 def session_status(pool: Pool, sid: UUID) -> tuple[str, str | None]:

@@ -24,7 +24,7 @@ from shared.orchestrators import register, revoke
 from shared.queue import claim, release, sweep
 from shared.settings import Settings
 from tests.api import ADMIN, SECRET, Api, issue_event
-from tests.conftest import MakeOrch, enqueue_one
+from tests.conftest import MakeOrch, enqueue_one, row_counts
 
 ROOT = Path(__file__).parent.parent
 INVARIANT = """
@@ -43,13 +43,8 @@ def assert_invariant(pool: Pool) -> None:
 
 
 def snapshot(pool: Pool) -> dict[str, int]:
-    with pool.connection() as conn:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM dispatch_sessions) AS s, (SELECT count(*) FROM dispatch_queue) AS q,"
-            " (SELECT count(*) FROM webhook_deliveries) AS d"
-        ).fetchone()
-    assert row is not None
-    return dict(row)
+    c = row_counts(pool)
+    return {"s": c["sessions"], "q": c["queue"], "d": c["deliveries"]}
 
 
 def test_killed_after_each_statement_of_the_intake_transaction(pool: Pool, db_url: str) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from shared.linear import sign
 from tests.api import ADMIN, SECRET, Api, issue_event
+from tests.conftest import row_counts
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -53,14 +54,8 @@ FUZZ = settings(
 )
 
 
-def counts(api: Api) -> tuple[int, ...]:
-    with api.pool.connection() as conn:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM dispatch_sessions), (SELECT count(*) FROM dispatch_queue),"
-            " (SELECT count(*) FROM webhook_deliveries), (SELECT count(*) FROM orchestrators)"
-        ).fetchone()
-    assert row is not None
-    return tuple(row.values())
+def counts(api: Api) -> dict[str, int]:
+    return row_counts(api.pool)
 
 
 @FUZZ
