@@ -8,6 +8,7 @@ first argument: a `psycopg.Connection`, a pool or `None` is a mypy error, and at
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, LiteralString
@@ -58,6 +59,7 @@ class Tx:
 
 
 _MINT = object()
+_POOL_SETTINGS: weakref.WeakKeyDictionary[Pool, Settings] = weakref.WeakKeyDictionary()
 
 
 def require_tx(tx: object, caller: str) -> Tx:
@@ -73,17 +75,17 @@ def require_tx(tx: object, caller: str) -> Tx:
 
 
 @contextmanager
-def transaction(source: Pool | Conn, *, pooled_settings: Settings | None = None) -> Iterator[Tx]:
+def transaction(source: Pool | Conn) -> Iterator[Tx]:
     """Open a transaction: commits when the block ends normally, rolls back on an exception.
 
-    Behind a transaction-mode pooler session settings do not stick, so the statement timeout is
-    then set per transaction (pass the settings to enable that).
+    Behind a transaction-mode pooler session settings do not stick, so on a pool opened for one
+    (DEVPILOT_TRANSACTION_POOLER) the statement timeout is set per transaction instead.
     """
     if isinstance(source, ConnectionPool):
-        with source.connection() as conn, _open(conn, pooled_settings) as tx:
+        with source.connection() as conn, _open(conn, _POOL_SETTINGS.get(source)) as tx:
             yield tx
     else:
-        with _open(source, pooled_settings) as tx:
+        with _open(source, None) as tx:
             yield tx
 
 
@@ -140,6 +142,7 @@ def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int 
         open=False,
         name="devpilot",
     )
+    _POOL_SETTINGS[pool] = settings
     try:
         pool.open(wait=True, timeout=settings.connect_timeout_seconds)
     except BaseException:

@@ -352,3 +352,23 @@ def test_batch_ack_with_one_row_twice(pool: Pool, make_orchestrator: MakeOrch) -
         ],
     )
     assert results == ["claim_superseded", "acked", "acked"]
+
+
+def test_transaction_pooler_mode_sets_the_timeout_per_transaction(db_url: str) -> None:
+    from shared.db import open_pool
+
+    settings = Settings(DEVPILOT_TRANSACTION_POOLER=True, DEVPILOT_STATEMENT_TIMEOUT_MS=1234)
+    with open_pool(db_url, settings, max_size=1) as p:
+        with transaction(p) as tx:
+            row = tx.one("SHOW statement_timeout")
+            assert row is not None and row["statement_timeout"] == "1234ms"
+        with p.connection() as conn:
+            assert conn.prepare_threshold is None  # no server-side prepared statements
+            row = conn.execute("SHOW statement_timeout").fetchone()
+            assert row is not None and row["statement_timeout"] == "0"  # nothing stuck to the session
+    with (
+        open_pool(db_url, Settings(DEVPILOT_STATEMENT_TIMEOUT_MS=4321), max_size=1) as p,
+        p.connection() as conn,
+    ):
+        row = conn.execute("SHOW statement_timeout").fetchone()
+        assert row is not None and row["statement_timeout"] == "4321ms"
