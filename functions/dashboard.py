@@ -19,7 +19,7 @@ import functions_framework
 
 from functions.runtime import Runtime
 from functions.web import ApiError, bearer, handler, raw_body, require_admin
-from shared.status import Snapshot, snapshot
+from shared.status import Snapshot, format_age, snapshot
 
 COOKIE = "devpilot_dashboard"
 REFRESH_SECONDS = 10
@@ -62,13 +62,6 @@ def login_form(message: str = "") -> str:
     )
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    s = int(seconds)
-    return f"{s // 3600}h {s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m {s % 60}s"
-
-
 def _chart(history: list[dict[str, Any]]) -> str:
     w, h, pad = 640, 160, 30
     n = max(1, len(history) - 1)
@@ -102,7 +95,7 @@ def render(snap: Snapshot) -> str:
     rows = "".join(
         f'<tr data-orchestrator="{escape(o.id)}"><td>{escape(o.name)}</td><td>{escape(o.org_id)}</td>'
         f'<td>{escape(o.linear_user_id)}</td><td class="num queued">{o.queued}</td>'
-        f'<td class="num claimed">{o.claimed}</td><td class="num">{_age(o.oldest_due_s)}</td>'
+        f'<td class="num claimed">{o.claimed}</td><td class="num">{format_age(o.oldest_due_s)}</td>'
         f'<td class="num">{o.attempts}</td>'
         f"<td>{escape(o.last_seen_at.isoformat(timespec='seconds')) if o.last_seen_at else 'never'}"
         f"{'' if o.active else ' (revoked)'}</td></tr>"

@@ -50,6 +50,14 @@ ORDER BY m.m"""
 TOTALS = "SELECT status, count(*) AS n FROM dispatch_sessions GROUP BY status"
 
 
+def format_age(seconds: float | None) -> str:
+    """How long the oldest due row has waited, as people read it ("4m 05s", "2h 10m")."""
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
 @dataclass(frozen=True)
 class OrchestratorRow:
     id: str

@@ -8,14 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from shared.status import Snapshot
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+from shared.status import Snapshot, format_age
 
 
 def render(snap: Snapshot, console: Console) -> None:
@@ -34,7 +27,7 @@ def render(snap: Snapshot, console: Console) -> None:
             o.linear_user_id,
             str(o.queued),
             str(o.claimed),
-            _age(o.oldest_due_s),
+            format_age(o.oldest_due_s),
             str(o.attempts),
             o.last_seen_at.isoformat(timespec="seconds") if o.last_seen_at else "never",
         )
