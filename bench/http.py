@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from bench.loadgen import assignment
 from shared.linear import sign
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,18 +123,7 @@ def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -
         sent: dict[str, float] = {}
         with httpx.Client(base_url=s.url) as c:
             for i in range(n):
-                event = {
-                    "type": "Issue",
-                    "action": "create",
-                    "organizationId": "bench",
-                    "webhookTimestamp": int(time.time() * 1000),
-                    "data": {
-                        "id": f"lat-{i}-{uuid.uuid4().hex[:6]}",
-                        "identifier": f"L-{i}",
-                        "assigneeId": f"lat-{transport}",
-                        "updatedAt": "x",
-                    },
-                }
+                event = assignment(f"lat-{i}-{uuid.uuid4().hex[:6]}", f"L-{i}", f"lat-{transport}")
                 body = json.dumps(event).encode()
                 r = c.post("/webhook", content=body, headers={"Linear-Signature": sign(SECRET, body)})
                 sent[r.json()["messageId"]] = time.time()

@@ -18,6 +18,23 @@ import httpx
 from shared.linear import sign
 
 
+def assignment(issue_id: str, identifier: str, assignee: str) -> dict[str, object]:
+    """A Linear "issue created and assigned" webhook body, as the bench sends it."""
+    return {
+        "type": "Issue",
+        "action": "create",
+        "organizationId": "bench",
+        "webhookTimestamp": int(time.time() * 1000),
+        "data": {
+            "id": issue_id,
+            "identifier": identifier,
+            "title": "bench",
+            "assigneeId": assignee,
+            "updatedAt": "x",
+        },
+    }
+
+
 def main() -> None:
     mode, url, secret, threads, seconds = (
         sys.argv[1],
@@ -34,20 +51,7 @@ def main() -> None:
     def webhook() -> None:
         with httpx.Client(base_url=url, timeout=30) as c:
             while time.monotonic() < stop:
-                event = {
-                    "type": "Issue",
-                    "action": "create",
-                    "organizationId": "bench",
-                    "webhookTimestamp": int(time.time() * 1000),
-                    "data": {
-                        "id": uuid.uuid4().hex,
-                        "identifier": "B-1",
-                        "title": "bench",
-                        "assigneeId": "u",
-                        "updatedAt": "x",
-                    },
-                }
-                body = json.dumps(event).encode()
+                body = json.dumps(assignment(uuid.uuid4().hex, "B-1", "u")).encode()
                 t0 = time.perf_counter()
                 r = c.post(
                     "/webhook",
