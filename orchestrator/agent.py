@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,21 @@ from orchestrator.log import Log
 Transport = Literal["poll", "listen", "realtime"]
 LONG_POLL_SECONDS = 20
 REALTIME_BACKSTOP_SECONDS = 30.0
+
+
+# Runs in the child before COMMAND: puts the message file on stdin, records durably that the start
+# happened (the marker), then becomes COMMAND. Independent of the orchestrator once forked.
+LAUNCHER = """
+import os, sys
+marker, message = sys.argv[1], sys.argv[2]
+fd = os.open(message, os.O_RDONLY)
+os.dup2(fd, 0)
+os.close(fd)
+fd = os.open(marker, os.O_CREAT | os.O_WRONLY, 0o600)
+os.fsync(fd)
+os.close(fd)
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
 
 
 class Shutdown(Exception):
@@ -162,7 +178,9 @@ class Orchestrator:
             queueId=m["queueId"],
             attempt=m["attempt"],
         )
-        if seen is not None and seen.state == "started":
+        if seen is not None and (
+            seen.state == "started" or (seen.state == "starting" and self._marker(m["messageId"]).exists())
+        ):
             self._ack(m, name)  # the earlier ack was lost; never start twice
             self.log(
                 "duplicate",
@@ -200,32 +218,49 @@ class Orchestrator:
                     return "abandoned"  # still journaled: the redelivery after restart acks it
                 time.sleep(self._next_backoff())
 
+    def _marker(self, message_id: str) -> Path:
+        return self.cfg.state_dir / "started" / message_id
+
     def _start(self, m: dict[str, Any], name: str) -> None:
+        mid = m["messageId"]
+        if self._marker(mid).exists():  # the launcher ran before a crash: never start twice
+            self.journal.mark(mid, "started")
+            self.log("duplicate", f"{name} was already started before the last stop", messageId=mid)
+            return
         issue = m.get("issue") or {}
         env = {
             **os.environ,
-            "DEVPILOT_MESSAGE_ID": m["messageId"],
+            "DEVPILOT_MESSAGE_ID": mid,
             "DEVPILOT_SESSION_ID": m["sessionId"],
             "DEVPILOT_QUEUE_ID": m["queueId"],
             "DEVPILOT_ISSUE_ID": str(issue.get("id") or ""),
             "DEVPILOT_ISSUE_IDENTIFIER": str(issue.get("identifier") or ""),
             "DEVPILOT_ISSUE_URL": str(issue.get("url") or ""),
         }
-        self.journal.mark(m["messageId"], "started")
+        # The message goes to a file the launcher puts on COMMAND's stdin, so COMMAND gets it whole
+        # even if this process dies right after the fork.
+        msg_file = self.cfg.state_dir / "messages" / f"{mid}.json"
+        msg_file.parent.mkdir(parents=True, exist_ok=True)
+        self._marker(mid).parent.mkdir(parents=True, exist_ok=True)
+        with open(msg_file, "w", encoding="utf-8") as f:
+            f.write(json.dumps(m))
+            f.flush()
+            os.fsync(f.fileno())
+        self.journal.mark(mid, "starting")
         try:
-            proc = subprocess.Popen(self.cfg.command, stdin=subprocess.PIPE, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", LAUNCHER, str(self._marker(mid)), str(msg_file), *self.cfg.command],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
-            self.log("error", f"could not start {name}: {exc}", messageId=m["messageId"])
+            self.log("error", f"could not start {name}: {exc}", messageId=mid)
             return
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(json.dumps(m).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        self.running[m["messageId"]] = proc
-        self.names[m["messageId"]] = name
-        self.log("started", f"started {name} (pid {proc.pid})", messageId=m["messageId"], pid=proc.pid)
+        self.journal.mark(mid, "started")
+        self.running[mid] = proc
+        self.names[mid] = name
+        self.log("started", f"started {name} (pid {proc.pid})", messageId=mid, pid=proc.pid)
 
     def _resume(self) -> None:
         """After a crash: finish what the journal shows was interrupted. A `journaled` entry is

@@ -1,13 +1,16 @@
 """The start journal: which message ids this machine has taken, acked and started.
 
-Order for every message: record (fsync) -> ack -> mark acked -> mark started (fsync) -> spawn.
+Order for every message: record (fsync) -> ack -> mark acked -> write the message file -> mark
+starting -> spawn a tiny launcher that creates a `started/<messageId>` marker, then execs COMMAND
+with the message file on stdin -> mark started.
 - a redelivered id that is already `started` is acked again and never started again;
 - an `acked` id not yet `started` (a crash between ack and start) is started on the next run;
 - a `journaled` id may or may not have been acked (a crash around the ack): on the next run it is
   acked again with its claim token — the service answers `acked` again for a repeated ack — and
   started; a 409 or 404 forgets it (a newer claim will redeliver it, or it was cancelled).
-The one window left is between marking `started` and the fork, a few microseconds: a crash there
-loses that start rather than doubling it (for coding agents a double start is the worse failure).
+- a `starting` id is started on the next run only if its marker does not exist: the launcher, a
+  child in its own session, writes the marker before COMMAND runs and survives the orchestrator's
+  death, so a crash anywhere around the fork neither loses nor doubles the start.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-State = Literal["journaled", "acked", "started"]
+State = Literal["journaled", "acked", "starting", "started"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (
@@ -29,7 +32,7 @@ CREATE TABLE IF NOT EXISTS journal (
     claim_token TEXT NOT NULL,
     identifier  TEXT,
     message     TEXT NOT NULL,
-    state       TEXT NOT NULL CHECK (state IN ('journaled', 'acked', 'started')),
+    state       TEXT NOT NULL CHECK (state IN ('journaled', 'acked', 'starting', 'started')),
     updated_at  REAL NOT NULL
 )"""
 
@@ -99,7 +102,7 @@ class Journal:
         with self._lock:
             rows = self._db.execute(
                 "SELECT message_id, queue_id, claim_token, state, message FROM journal"
-                " WHERE state IN ('journaled', 'acked') ORDER BY updated_at"
+                " WHERE state IN ('journaled', 'acked', 'starting') ORDER BY updated_at"
             ).fetchall()
         return [Entry(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
 
