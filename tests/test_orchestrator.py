@@ -339,3 +339,36 @@ def test_realtime_joins_with_the_token_and_claims_on_an_event(db_url: str, tmp_p
         served.close()
         pool.close()
         standin.close()
+
+
+@pytest.mark.parametrize("marker", [True, False])
+def test_resume_of_an_interrupted_start_uses_the_marker(api: Api, orch_factory: Any, marker: bool) -> None:
+    """A crash between 'starting' and the fork: on the next run the start happens exactly when the
+    launcher's marker says it did not happen yet."""
+    from orchestrator.journal import Journal
+
+    o = orch_factory("poll", interval=30)
+    api.webhook(issue_event(issue_id="interrupted"))
+    [m] = api.post_as(o.args[o.args.index("--token") + 1], "/claim").json()["messages"]
+    api.post_as(
+        o.args[o.args.index("--token") + 1], "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]}
+    )
+    j = Journal(o.state / "journal.sqlite3")
+    j.record(m)
+    j.mark(m["messageId"], "starting")
+    j.close()
+    (o.state / "messages").mkdir(parents=True, exist_ok=True)
+    (o.state / "messages" / f"{m['messageId']}.json").write_text(json.dumps(m))
+    if marker:
+        (o.state / "started").mkdir(parents=True, exist_ok=True)
+        (o.state / "started" / m["messageId"]).touch()
+    o.start()
+    if marker:
+        wait_for(lambda: "already started before the last stop" in o.log(), what="the marker honoured")
+        time.sleep(0.5)
+        assert o.starts() == []
+    else:
+        wait_for(lambda: len(o.starts()) == 1, what="the interrupted start resumed")
+        assert o.starts()[0]["messageId"] == m["messageId"]
+        assert (o.state / "started" / m["messageId"]).exists()
+    assert o.stop() == 0
