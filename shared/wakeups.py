@@ -42,10 +42,6 @@ class Wakeups:
     def stop(self) -> None:
         self._stop.set()
 
-    @property
-    def listening(self) -> bool:
-        return self._listening.is_set()
-
     def wait_until_listening(self, timeout: float) -> bool:
         self.start()
         return self._listening.wait(timeout)
@@ -66,10 +62,6 @@ class Wakeups:
                     waiters.discard(event)
                     if not waiters:
                         del self._waiters[orchestrator_id]
-
-    def waiting(self) -> int:
-        with self._lock:
-            return sum(len(v) for v in self._waiters.values())
 
     def _wake(self, orchestrator_id: str) -> None:
         with self._lock:

@@ -147,6 +147,15 @@ def test_work_queued_while_offline_is_taken_on_start(api: Api, orch_factory: Any
     assert o.stop() == 0
 
 
+# A 1 s lease and 1 s backoff, so a frozen or killed orchestrator's claims come back within seconds.
+SHORT_LEASE = {
+    "DEVPILOT_LEASE_SECONDS": 1,
+    "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
+    "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
+    "DEVPILOT_MAX_ATTEMPTS": 50,
+}
+
+
 def _stress(api: Api, o: Orch, disrupt: Any, n: int = 24) -> None:
     """Send n webhooks over time while `disrupt(o)` freezes or kills the orchestrator; sweep often."""
     stop = threading.Event()
@@ -176,17 +185,7 @@ def _stress(api: Api, o: Orch, disrupt: Any, n: int = 24) -> None:
     assert len(ids) == n and len(set(ids)) == n, "a message was started twice or not at all"
 
 
-@pytest.mark.parametrize(
-    "api_overrides",
-    [
-        {
-            "DEVPILOT_LEASE_SECONDS": 1,
-            "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-            "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-            "DEVPILOT_MAX_ATTEMPTS": 50,
-        }
-    ],
-)
+@pytest.mark.parametrize("api_overrides", [SHORT_LEASE])
 def test_frozen_past_the_lease_starts_each_message_once(api: Api, orch_factory: Any) -> None:
     def freeze(o: Orch, rng: random.Random) -> None:
         o.signal(signal.SIGSTOP)
@@ -198,17 +197,7 @@ def test_frozen_past_the_lease_starts_each_message_once(api: Api, orch_factory: 
     assert o.stop() == 0
 
 
-@pytest.mark.parametrize(
-    "api_overrides",
-    [
-        {
-            "DEVPILOT_LEASE_SECONDS": 1,
-            "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-            "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-            "DEVPILOT_MAX_ATTEMPTS": 50,
-        }
-    ],
-)
+@pytest.mark.parametrize("api_overrides", [SHORT_LEASE])
 def test_sigkilled_and_restarted_starts_each_message_once(api: Api, orch_factory: Any) -> None:
     def kill(o: Orch, rng: random.Random) -> None:
         time.sleep(rng.uniform(0.0, 0.3))
