@@ -61,7 +61,8 @@ need() {
   fi
 }
 
-TARGETS=(webhook claim ack release sweep orchestrators realtime_token healthz)
+# The deployed rows of the one route table, as "<target> <public|scheduler>" lines.
+mapfile -t ROUTE_LINES < <("$PY" -m functions.routes --deployed)
 
 cloudrun() {
   need GCP_PROJECT GCP_REGION
@@ -77,10 +78,12 @@ cloudrun() {
 
   run gcloud services enable run.googleapis.com cloudbuild.googleapis.com cloudscheduler.googleapis.com \
     secretmanager.googleapis.com --project "$p"
-  for t in "${TARGETS[@]}"; do
+  local line t exposure
+  for line in "${ROUTE_LINES[@]}"; do
+    read -r t exposure <<<"$line"
     local name="devpilot-${t//_/-}"
     local auth=--allow-unauthenticated extra_env=$envs
-    if [ "$t" = sweep ]; then
+    if [ "$exposure" = scheduler ]; then
       auth=--no-allow-unauthenticated
       # Cloud Run verified the scheduler's OIDC token before the request reaches the app.
       extra_env="$envs,DEVPILOT_SWEEP_PLATFORM_AUTH=1"
@@ -119,8 +122,8 @@ case "$target" in
   migrate)
     url=${MIGRATE_DATABASE_URL:-${DATABASE_URL:-}}
     [ -n "$url" ] || { echo "deploy.sh migrate: missing settings: MIGRATE_DATABASE_URL or DATABASE_URL" >&2; exit 2; }
-    if [ "$dry" = 1 ]; then echo "DATABASE_URL=<MIGRATE_DATABASE_URL> $PY -m shared.cli migrate"
-    else DATABASE_URL=$url "$PY" -m shared.cli migrate; fi
+    if [ "$dry" = 1 ]; then echo "DATABASE_URL=<MIGRATE_DATABASE_URL> $PY -m devpilot migrate"
+    else DATABASE_URL=$url "$PY" -m devpilot migrate; fi
     ;;
   -h|--help|help) usage ;;
   "") usage >&2; exit 2 ;;

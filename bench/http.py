@@ -34,7 +34,7 @@ class Serve:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "serve", "--port", str(self.port), "--sweep-every", "0"],
+            [sys.executable, "-m", "devpilot", "serve", "--port", str(self.port), "--sweep-every", "0"],
             cwd=ROOT,
             env={
                 **os.environ,

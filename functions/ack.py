@@ -1,4 +1,4 @@
-"""`ack` target (POST /ack): the orchestrator has journaled the message; the row is delivered.
+"""`ack` (POST /ack): the orchestrator has journaled the message; the row is delivered.
 
 Fenced by the claim token: only the latest claim's token acks (even after its lease expired and
 the row was re-queued, as long as no newer claim exists). Batch form: one transaction, each item
@@ -8,13 +8,11 @@ judged as the single form would judge it.
 from __future__ import annotations
 
 import flask
-import functions_framework
 
 from functions.bodies import AckBody, loose_uuid
-from functions.runtime import Runtime
 from functions.telemetry import ACKED
-from functions.web import ApiError, handler, json_body, note, reply, require_method, require_orchestrator
-from shared import queue
+from functions.web import ApiError, Call, note, reply
+from shared.queue import AckItem
 
 STATUS = {"acked": 200, "claim_superseded": 409, "not_found": 404}
 DETAIL = {
@@ -23,18 +21,13 @@ DETAIL = {
 }
 
 
-@functions_framework.http
-@handler("ack")
-def ack(request: flask.Request, rt: Runtime) -> flask.Response:
-    require_method(request, "POST")
-    orch = require_orchestrator(request, rt)
-    body = json_body(request, AckBody)
+def ack(call: Call) -> flask.Response:
+    body = call.body(AckBody)
     if body.acks is not None:
         if body.queue_id is not None or body.claim_token is not None:
             raise ApiError(400, "bad_request", "send either queueId/claimToken or acks, not both")
-        items = [queue.AckItem(loose_uuid(a.queue_id), loose_uuid(a.claim_token)) for a in body.acks]
-        results, notice_ids = queue.ack_many_noting(rt.pool, orch.id, items)
-        rt.send_soon(notice_ids)
+        items = [AckItem(loose_uuid(a.queue_id), loose_uuid(a.claim_token)) for a in body.acks]
+        results = call.service.ack(call.orch.id, items)
         ACKED.inc(results.count("acked"))
         note(queueId=",".join(a.queue_id for a in body.acks[:5]), acked=results.count("acked"))
         return reply(
@@ -50,10 +43,9 @@ def ack(request: flask.Request, rt: Runtime) -> flask.Response:
     if body.queue_id is None or body.claim_token is None:
         raise ApiError(400, "bad_request", "queueId and claimToken are required (or an acks list)")
     note(queueId=body.queue_id)
-    [result], notice_ids = queue.ack_many_noting(
-        rt.pool, orch.id, [queue.AckItem(loose_uuid(body.queue_id), loose_uuid(body.claim_token))]
+    [result] = call.service.ack(
+        call.orch.id, [AckItem(loose_uuid(body.queue_id), loose_uuid(body.claim_token))]
     )
-    rt.send_soon(notice_ids)
     if result == "acked":
         ACKED.inc()
         return reply({"status": "acked"})

@@ -1,4 +1,5 @@
-"""AWS Lambda entry points: one handler per target (`functions.aws.webhook`, ...).
+"""AWS Lambda entry points: one handler per row of the route table (`functions.aws.webhook`, ...),
+and `functions.aws.api` for every route on one URL.
 
 Each takes Lambda Function URL events (payload format 2.0) through apig-wsgi, a maintained
 WSGI-on-Lambda adapter, over the same functions-framework app that Cloud Run serves; nothing in
@@ -15,8 +16,8 @@ from typing import Any
 import functions_framework
 from apig_wsgi import make_lambda_handler
 
-from functions.sweep import run_sweep
-from functions.web import json_http_errors
+from functions.app import json_http_errors
+from functions.routes import BY_NAME
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 SOURCE = str(Path(__file__).with_name("main.py"))
@@ -34,33 +35,26 @@ def _handler_for(target: str) -> LambdaHandler:
         return _handlers[target]
 
 
+def _is_http(event: dict[str, Any]) -> bool:
+    return isinstance(event, dict) and "requestContext" in event and "http" in event.get("requestContext", {})
+
+
 def _entry(target: str) -> LambdaHandler:
     def handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        if target == "sweep" and not _is_http(event):
+            # A scheduled event (EventBridge), not HTTP: IAM allowed only the scheduler to invoke.
+            from functions.sweep import run_sweep
+
+            return run_sweep()
         return _handler_for(target)(event, context)
 
     handle.__name__ = target
     return handle
 
 
-def _is_http(event: dict[str, Any]) -> bool:
-    return isinstance(event, dict) and "requestContext" in event and "http" in event.get("requestContext", {})
-
-
-webhook = _entry("webhook")
-claim = _entry("claim")
-ack = _entry("ack")
-release = _entry("release")
-orchestrators = _entry("orchestrators")
-realtime_token = _entry("realtime_token")
-healthz = _entry("healthz")
-_sweep_http = _entry("sweep")
-
-
-def sweep(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """HTTP (admin bearer, via the Function URL) or a scheduled event (no HTTP, trusted by IAM)."""
-    if _is_http(event):
-        return _sweep_http(event, context)
-    return run_sweep()
-
-
-TARGETS = ("webhook", "claim", "ack", "release", "sweep", "orchestrators", "realtime_token", "healthz")
+def __getattr__(name: str) -> LambdaHandler:
+    if name in BY_NAME or name == "api":
+        handler = _entry(name)
+        globals()[name] = handler
+        return handler
+    raise AttributeError(name)

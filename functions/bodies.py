@@ -52,3 +52,8 @@ class RegisterBody(Body):
         if not v.strip():
             raise ValueError("must not be blank")
         return v
+
+
+class CredentialsBody(Body):
+    org_id: StrictStr = Field(alias="orgId", min_length=1, max_length=200)
+    access_token: StrictStr = Field(alias="accessToken", min_length=1, max_length=4000)

@@ -13,12 +13,12 @@ import hashlib
 import hmac
 from html import escape
 from typing import Any
+from urllib.parse import parse_qs
 
 import flask
-import functions_framework
 
 from functions.runtime import Runtime
-from functions.web import ApiError, bearer, handler, raw_body, require_admin
+from functions.web import Call, bearer, raw_body, require_admin
 from shared.status import Snapshot, format_age, snapshot
 
 COOKIE = "devpilot_dashboard"
@@ -51,7 +51,7 @@ th{{background:#f4f4f6}} .num{{text-align:right}} .bad{{color:#b00020}} .muted{{
 </style></head><body>{body}</body></html>"""
 
 
-def login_form(message: str = "") -> str:
+def login_page(message: str = "") -> str:
     note = f'<p class="bad">{escape(message)}</p>' if message else ""
     return _page(
         "devpilot — sign in",
@@ -143,41 +143,38 @@ def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -
     return resp
 
 
-@functions_framework.http
-@handler("dashboard")
-def dashboard(request: flask.Request, rt: Runtime) -> flask.Response:
-    path = request.path.rstrip("/")
-    if path.endswith("/login"):
-        if request.method == "GET":
-            return _html(login_form())
-        if request.method != "POST":
-            raise ApiError(405, "method_not_allowed", "use GET or POST", {"Allow": "GET, POST"})
-        from urllib.parse import parse_qs
+def login_form(call: Call) -> flask.Response:
+    return _html(login_page())
 
-        form = parse_qs(raw_body(request).decode("utf-8", "replace"))
-        token = (form.get("token") or [""])[0]
-        expected = rt.settings.admin_token
-        if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
-            return _html(login_form("wrong token"), 401)
-        resp = _html("", 303, {"Location": "/dashboard"})
-        resp.set_cookie(
-            COOKIE,
-            _cookie_value(expected),
-            secure=True,
-            httponly=True,
-            samesite="Strict",
-            path="/dashboard",
-            max_age=12 * 3600,
-        )
-        return resp
-    if path.endswith("/logout"):
-        resp = _html("", 303, {"Location": "/dashboard/login"})
-        resp.delete_cookie(COOKIE, path="/dashboard")
-        return resp
-    if request.method not in ("GET", "HEAD"):
-        raise ApiError(405, "method_not_allowed", "use GET", {"Allow": "GET"})
-    if not _authorised(request, rt):
-        if bearer(request) is not None:
-            require_admin(request, rt)  # a wrong bearer gets the JSON 401 like every route
-        return _html(login_form(), 401)
-    return _html(render(snapshot(rt.pool)))
+
+def login(call: Call) -> flask.Response:
+    form = parse_qs(raw_body(call.request).decode("utf-8", "replace"))
+    token = (form.get("token") or [""])[0]
+    expected = call.rt.settings.admin_token
+    if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
+        return _html(login_page("wrong token"), 401)
+    resp = _html("", 303, {"Location": "/dashboard"})
+    resp.set_cookie(
+        COOKIE,
+        _cookie_value(expected),
+        secure=True,
+        httponly=True,
+        samesite="Strict",
+        path="/dashboard",
+        max_age=12 * 3600,
+    )
+    return resp
+
+
+def logout(call: Call) -> flask.Response:
+    resp = _html("", 303, {"Location": "/dashboard/login"})
+    resp.delete_cookie(COOKIE, path="/dashboard")
+    return resp
+
+
+def dashboard(call: Call) -> flask.Response:
+    if not _authorised(call.request, call.rt):
+        if bearer(call.request) is not None:
+            require_admin(call.request, call.rt)  # a wrong bearer gets the JSON 401 like every route
+        return _html(login_page(), 401)
+    return _html(render(snapshot(call.rt.pool)))

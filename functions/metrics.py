@@ -9,14 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import flask
-import functions_framework
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from functions.runtime import Runtime, get_runtime
+from functions.runtime import get_runtime
 from functions.telemetry import REGISTRY
-from functions.web import ApiError, handler, require_admin, require_method
+from functions.web import ApiError, Call
 from shared.status import snapshot
 
 
@@ -46,11 +45,7 @@ class QueueDepth(Collector):
 REGISTRY.register(QueueDepth())
 
 
-@functions_framework.http
-@handler("metrics")
-def metrics(request: flask.Request, rt: Runtime) -> flask.Response:
-    require_method(request, "GET")
-    if not rt.settings.metrics_enabled:
+def metrics(call: Call) -> flask.Response:
+    if not call.rt.settings.metrics_enabled:
         raise ApiError(404, "not_found", "metrics are off; set DEVPILOT_METRICS=1")
-    require_admin(request, rt)
     return flask.Response(generate_latest(REGISTRY), mimetype="text/plain; version=0.0.4")

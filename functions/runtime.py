@@ -1,4 +1,5 @@
-"""Process-wide state of a function instance: settings, the connection pool, the wake-up listener.
+"""Process-wide state of a function instance: settings, the connection pool, the wake-up listener,
+and the service layer over them.
 
 Nothing else survives between requests. Everything is made lazily on first use and shared by the
 threads of the instance; a reclaimed instance loses nothing, because every request's effect is one
@@ -7,15 +8,12 @@ committed transaction or none.
 
 from __future__ import annotations
 
-import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from uuid import UUID
 
 from shared.db import Pool, open_pool
+from shared.dispatch import Dispatch
 from shared.embedded import Database, resolve
-from shared.notices import SendResult, send_pending
 from shared.settings import Settings, get_settings
 from shared.wakeups import Wakeups
 
@@ -26,24 +24,10 @@ class Runtime:
     database: Database
     pool: Pool
     wakeups: Wakeups
-    sender: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="devpilot-notices")
-    )
+    service: Dispatch = field(init=False)
 
-    def send_soon(self, notice_ids: list[UUID]) -> Future[SendResult] | None:
-        """After commit, off the request path: post these Linear notices now. If this instance dies
-        first, they are still in the table and the sweep sends them."""
-        if not notice_ids:
-            return None
-
-        def run() -> SendResult:
-            try:
-                return send_pending(self.pool, self.settings, ids=notice_ids)
-            except Exception:
-                logging.getLogger("devpilot.notices").exception("sending notices failed; the sweep retries")
-                return SendResult(0, len(notice_ids))
-
-        return self.sender.submit(run)
+    def __post_init__(self) -> None:
+        self.service = Dispatch(self.pool, self.settings, self.wakeups)
 
 
 _lock = threading.Lock()
@@ -68,12 +52,3 @@ def install(runtime: Runtime | None) -> None:
     global _runtime
     with _lock:
         _runtime = runtime
-
-
-def reset() -> None:
-    global _runtime
-    with _lock:
-        if _runtime is not None:
-            _runtime.wakeups.stop()
-            _runtime.pool.close()
-        _runtime = None

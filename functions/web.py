@@ -1,33 +1,24 @@
-"""What every handler shares: JSON errors, body limits, bearer auth, one log line per request."""
+"""What every view shares: the call it is given, JSON errors, body limits, bearer auth."""
 
 from __future__ import annotations
 
-import functools
 import hmac
 import json
-import logging
-import sys
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import flask
-import psycopg
-import psycopg_pool
 from pydantic import BaseModel, ValidationError
-from werkzeug.exceptions import HTTPException
 
-from functions.runtime import Runtime, get_runtime
-from functions.telemetry import ROUTE_HISTOGRAMS
+from functions.runtime import Runtime
+from shared.dispatch import Dispatch
 from shared.linear import has_nul
 from shared.orchestrators import Orchestrator, authenticate
-from shared.settings import SettingsError
 
 MAX_BODY = 1024 * 1024  # 1 MiB
 
-log = logging.getLogger("devpilot.request")
-Handler = Callable[[flask.Request], flask.Response]
 M = TypeVar("M", bound=BaseModel)
 _ctx = threading.local()
 
@@ -112,110 +103,27 @@ def require_orchestrator(request: flask.Request, rt: Runtime) -> Orchestrator:
     return orch
 
 
-def require_method(request: flask.Request, *methods: str) -> None:
-    if request.method not in methods:
-        raise ApiError(
-            405, "method_not_allowed", f"use {' or '.join(methods)}", {"Allow": ", ".join(methods)}
-        )
+@dataclass(frozen=True)
+class Call:
+    """One request as a view sees it: already routed and authorised (functions/app.py)."""
+
+    request: flask.Request
+    rt: Runtime
+    args: Mapping[str, Any] = field(default_factory=dict)  # path parameters of the matched rule
+    caller: Orchestrator | None = None  # set on orchestrator routes
+
+    @property
+    def orch(self) -> Orchestrator:
+        if self.caller is None:
+            raise RuntimeError("this route is not an orchestrator route")
+        return self.caller
+
+    @property
+    def service(self) -> Dispatch:
+        return self.rt.service
+
+    def body(self, model: type[M], *, empty_ok: bool = False) -> M:
+        return json_body(self.request, model, empty_ok=empty_ok)
 
 
-def handler(route: str) -> Callable[[Callable[[flask.Request, Runtime], flask.Response]], Handler]:
-    """Wrap a route: contract errors as JSON, the database's absence as 503, one log line."""
-
-    def wrap(fn: Callable[[flask.Request, Runtime], flask.Response]) -> Handler:
-        @functools.wraps(fn)
-        def run(request: flask.Request) -> flask.Response:
-            started = time.perf_counter()
-            _ctx.fields = {}
-            try:
-                resp = fn(request, get_runtime())
-            except ApiError as exc:
-                resp = error(exc.status, exc.code, exc.detail, exc.headers)
-            except psycopg.DataError as exc:  # a value Postgres cannot store: the client's input
-                resp = error(400, "bad_request", f"unstorable value: {type(exc).__name__}")
-            except (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.QueryCanceled) as exc:
-                log.warning("database unavailable on %s: %s", route, type(exc).__name__)
-                resp = error(
-                    503, "db_unavailable", "the database did not answer; retry", {"Retry-After": "2"}
-                )
-            except SettingsError as exc:
-                resp = error(503, "not_configured", str(exc))
-            except Exception:
-                log.exception("unhandled error on %s", route)
-                resp = error(500, "internal", "unexpected server error")
-            elapsed = time.perf_counter() - started
-            if route in ROUTE_HISTOGRAMS:
-                ROUTE_HISTOGRAMS[route].observe(elapsed)
-            fields = getattr(_ctx, "fields", {})
-            log.info(
-                json.dumps(
-                    {
-                        "route": route,
-                        "method": request.method,
-                        "status": resp.status_code,
-                        "ms": round(elapsed * 1000, 2),
-                        **fields,
-                    },
-                    separators=(",", ":"),
-                )
-            )
-            return resp
-
-        return run
-
-    return wrap
-
-
-def json_http_errors(app: flask.Flask) -> flask.Flask:
-    """Errors raised by Flask/Werkzeug itself (a path no rule matches, a malformed request) answer in
-    the contract's JSON shape too, never an HTML page."""
-
-    def as_json(exc: HTTPException) -> flask.Response:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(
-            exc.code or 400, "bad_request"
-        )
-        return error(exc.code or 400, code, exc.description or exc.name)
-
-    app.register_error_handler(HTTPException, as_json)
-    return app
-
-
-class StructuredFormatter(logging.Formatter):
-    """Every line structured: JSON objects when not on a terminal (request lines are already JSON;
-    other records are wrapped), `key=value` text on a terminal."""
-
-    def __init__(self, as_json: bool) -> None:
-        super().__init__()
-        self.as_json = as_json
-
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage()
-        try:
-            fields = json.loads(msg) if msg.startswith("{") else None
-        except json.JSONDecodeError:
-            fields = None
-        if not isinstance(fields, dict):
-            fields = {"msg": msg}
-        fields = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            **fields,
-        }
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
-        if self.as_json:
-            return json.dumps(fields, separators=(",", ":"), default=str)
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        rest = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("ts", "level", "logger", "msg"))
-        return f"{stamp} {fields['level']:<7} {fields.get('msg', '')} {rest}".rstrip()
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    root = logging.getLogger("devpilot")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(StructuredFormatter(as_json=not sys.stderr.isatty()))
-        root.addHandler(h)
-        root.setLevel(level)
-        root.propagate = False
+View = Callable[[Call], flask.Response]

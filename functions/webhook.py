@@ -1,8 +1,8 @@
-"""`webhook` target: Linear webhook intake (POST /webhook).
+"""`webhook` (POST /webhook): Linear webhook intake.
 
-Verifies the signature over the raw body before reading it, rejects stale timestamps, then one
-transaction records the delivery id with whatever the event causes, so Linear's retries (same
-delivery) are answered `duplicate` and two concurrent copies dispatch once.
+Verifies the signature over the raw body before reading it and rejects stale timestamps; the
+service then records the delivery id with whatever the event causes in one transaction, so
+Linear's retries (same delivery) are answered `duplicate` and two concurrent copies dispatch once.
 """
 
 from __future__ import annotations
@@ -10,33 +10,27 @@ from __future__ import annotations
 import time
 
 import flask
-import functions_framework
 
-from functions.runtime import Runtime
-from functions.web import ApiError, handler, note, raw_body, reply, require_method
-from shared import intake, linear
+from functions.web import ApiError, Call, note, raw_body, reply
+from shared import linear
 
 
-@functions_framework.http
-@handler("webhook")
-def webhook(request: flask.Request, rt: Runtime) -> flask.Response:
-    require_method(request, "POST")
-    secret = rt.settings.linear_webhook_secret
+def webhook(call: Call) -> flask.Response:
+    secret = call.rt.settings.linear_webhook_secret
     if not secret:
         raise ApiError(503, "not_configured", "LINEAR_WEBHOOK_SECRET is not set on this server")
-    body = raw_body(request)
-    if not linear.signature_ok(secret, body, request.headers.get("Linear-Signature")):
+    body = raw_body(call.request)
+    if not linear.signature_ok(secret, body, call.request.headers.get("Linear-Signature")):
         raise ApiError(401, "bad_signature", "Linear-Signature does not match the body")
     try:
         hook = linear.parse(body)
     except linear.BadWebhook as exc:
         raise ApiError(400, "bad_request", str(exc)) from None
-    if not linear.is_fresh(hook, int(time.time() * 1000), rt.settings.webhook_tolerance_seconds):
+    if not linear.is_fresh(hook, int(time.time() * 1000), call.rt.settings.webhook_tolerance_seconds):
         raise ApiError(401, "stale_webhook", "webhookTimestamp is too far from now")
-    answer, notice_ids = intake.receive_noting(
-        rt.pool, hook, hook.delivery_key(request.headers.get("Linear-Delivery"))
+    answer = call.service.receive_webhook(
+        hook, hook.delivery_key(call.request.headers.get("Linear-Delivery"))
     )
-    rt.send_soon(notice_ids)
     note(
         sessionId=answer.get("sessionId"),
         queueId=answer.get("queueId"),

@@ -23,10 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from functions.routes import ROUTES
+
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "devpilot"
-TARGETS = ("webhook", "claim", "ack", "release", "sweep", "orchestrators", "realtime_token", "healthz")
-PUBLIC = tuple(t for t in TARGETS if t != "sweep")  # the app checks bearer tokens and Linear signatures
+# Every deployed row of the one route table; all are public URLs (the app checks bearer tokens and
+# Linear signatures) except scheduler-only routes, which IAM guards.
+TARGETS = tuple(r.name for r in ROUTES if r.deployed)
+PUBLIC = tuple(r.name for r in ROUTES if r.deployed and not r.scheduler_only)
 RUNTIME = "python3.12"
 LAMBDA_TRUST = {
     "Version": "2012-10-17",
@@ -119,6 +123,7 @@ def build_zip(out: Path, *, skip_dependencies: bool = False) -> Path:
             shutil.copytree(ROOT / package, build / package, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(ROOT / "infra" / "migrations", build / "infra" / "migrations")
         shutil.copytree(ROOT / "infra" / "supabase", build / "infra" / "supabase")
+        shutil.copy(ROOT / "infra" / "__init__.py", build / "infra" / "__init__.py")  # the schema's package
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
             for path in sorted(build.rglob("*")):
                 if path.is_file():

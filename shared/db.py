@@ -20,6 +20,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from shared.settings import Settings
+from shared.sql import query
 
 Conn = psycopg.Connection[DictRow]
 Pool = ConnectionPool[Conn]
@@ -95,11 +96,7 @@ def _open(conn: Conn, settings: Settings | None) -> Iterator[Tx]:
         tx = Tx(conn, _MINT)
         try:
             if settings is not None and settings.database_transaction_pooler:
-                conn.execute(
-                    sql.SQL("SET LOCAL statement_timeout = {}").format(
-                        sql.Literal(settings.statement_timeout_ms)
-                    )
-                )
+                conn.execute(query("set_local_timeout"), {"ms": settings.statement_timeout_ms})
             yield tx
         finally:
             tx._active = False
@@ -125,10 +122,7 @@ def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int 
 
     def configure(conn: Conn) -> None:
         if not settings.database_transaction_pooler:
-            conn.execute(
-                sql.SQL("SET statement_timeout = {}").format(sql.Literal(settings.statement_timeout_ms))
-            )
-            conn.execute("SET idle_in_transaction_session_timeout = 30000")
+            conn.execute(query("set_session_timeouts"), {"ms": settings.statement_timeout_ms})
 
     pool: Pool = ConnectionPool(
         url,

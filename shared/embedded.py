@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.settings import SettingsError
+
 
 @dataclass
 class Database:
@@ -40,7 +42,13 @@ def redact(url: str) -> str:
 
 def start_embedded(data_dir: Path | None = None) -> Database:
     """Start (or join) the embedded Postgres whose data lives in `data_dir` (default ./.devpilot/pgdata)."""
-    import pgserver
+    try:
+        import pgserver
+    except ImportError:
+        raise SettingsError(
+            "DATABASE_URL is not set and the embedded Postgres is not installed: set DATABASE_URL, "
+            "or install the 'embedded' extra (pip install 'devpilot-dispatch[embedded]')"
+        ) from None
 
     folder = data_dir or Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "pgdata"
     folder.mkdir(parents=True, exist_ok=True)

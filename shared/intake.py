@@ -6,6 +6,7 @@ of it does, so a crash mid-request leaves Linear's retry to find nothing recorde
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -18,32 +19,36 @@ from shared.routing import route
 from shared.sql import query
 
 
-def receive(pool: Pool, hook: Webhook, delivery_key: str) -> dict[str, Any]:
-    """Apply one verified, fresh webhook; returns the contract's answer body."""
-    return receive_noting(pool, hook, delivery_key)[0]
+@dataclass(frozen=True)
+class Received:
+    answer: dict[str, Any]  # the contract's answer body
+    notice_ids: list[UUID] = field(default_factory=list)  # Linear notices written, to send after commit
 
 
-def receive_noting(pool: Pool, hook: Webhook, delivery_key: str) -> tuple[dict[str, Any], list[UUID]]:
-    """As `receive`, and the ids of the Linear notices the same transaction wrote (to send now)."""
+def receive(pool: Pool, hook: Webhook, delivery_key: str) -> Received:
+    """Apply one verified, fresh webhook in one transaction."""
     plan = intent(hook)
-    notices: list[UUID] = []
     with transaction(pool) as tx:
         if tx.one(query("record_delivery"), {"key": delivery_key}) is None:
             seen = tx.one(query("delivery_session"), {"key": delivery_key})
             sid = seen["session_id"] if seen else None
-            return {"status": "duplicate", "sessionId": str(sid) if sid else None}, []
+            return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
 
-        answer = _apply(tx, hook, plan, notices)
-        session = answer.get("sessionId")
+        received = _apply(tx, hook, plan)
         tx.execute(
             query("finish_delivery"),
-            {"key": delivery_key, "session_id": session, "outcome": answer["status"]},
+            {
+                "key": delivery_key,
+                "session_id": received.answer.get("sessionId"),
+                "outcome": received.answer["status"],
+            },
         )
-        return answer, notices
+        return received
 
 
-def _apply(tx: Tx, hook: Webhook, plan: Intent, notices: list[UUID]) -> dict[str, Any]:
+def _apply(tx: Tx, hook: Webhook, plan: Intent) -> Received:
     assert hook.org_id is not None or plan.kind == "ignore"
+    notices: list[UUID] = []
     cancelled: list[UUID] = []
     if plan.cancel_issue_id and hook.org_id:
         cancelled = cancel_issue(
@@ -93,7 +98,7 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, notices: list[UUID]) -> dict[str
             }
             if cancelled:
                 answer["cancelledSessionId"] = str(cancelled[0])
-            return answer
+            return Received(answer, notices)
         if not cancelled:
             # Unroutable: tell the user in Linear that no machine is there to take it.
             nid = notices_mod.write(
@@ -105,11 +110,9 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, notices: list[UUID]) -> dict[str
                 issue_id=plan.issue.id,
                 body="No machine is registered for you in devpilot; nothing was dispatched.",
             )
-            if nid is not None:
-                notices.append(nid)
-            return {"status": "ignored", "reason": "no_orchestrator"}
+            return Received({"status": "ignored", "reason": "no_orchestrator"}, [] if nid is None else [nid])
     if cancelled:
-        return {"status": "cancelled", "sessionId": str(cancelled[0])}
+        return Received({"status": "cancelled", "sessionId": str(cancelled[0])})
     if plan.kind == "cancel":
-        return {"status": "ignored", "reason": "nothing_to_cancel"}
-    return {"status": "ignored", "reason": plan.reason or "not_routable"}
+        return Received({"status": "ignored", "reason": "nothing_to_cancel"})
+    return Received({"status": "ignored", "reason": plan.reason or "not_routable"})

@@ -36,13 +36,6 @@ COMMENT = """mutation CommentCreate($input: CommentCreateInput!) {
   commentCreate(input: $input) { success comment { id } }
 }"""
 
-UPSERT_CREDENTIALS = """
-INSERT INTO linear_credentials (org_id, token_encrypted) VALUES (%(org_id)s, %(token)s)
-ON CONFLICT (org_id) DO UPDATE SET token_encrypted = excluded.token_encrypted, updated_at = now()"""
-LIST_CREDENTIALS = "SELECT org_id, created_at, updated_at FROM linear_credentials ORDER BY org_id"
-DELETE_CREDENTIALS = "DELETE FROM linear_credentials WHERE org_id = %(org_id)s RETURNING org_id"
-HAS_CREDENTIALS = "SELECT EXISTS (SELECT 1 FROM linear_credentials WHERE org_id = %(org_id)s) AS ok"
-
 
 def _fernet(settings: Settings) -> Fernet:
     secret = settings.credentials_key or settings.admin_token
@@ -56,18 +49,19 @@ def _fernet(settings: Settings) -> Fernet:
 def store_credentials(pool: Pool, settings: Settings, org_id: str, access_token: str) -> None:
     with pool.connection() as conn:
         conn.execute(
-            UPSERT_CREDENTIALS, {"org_id": org_id, "token": _fernet(settings).encrypt(access_token.encode())}
+            query("credentials_upsert"),
+            {"org_id": org_id, "token": _fernet(settings).encrypt(access_token.encode())},
         )
 
 
 def list_credentials(pool: Pool) -> list[dict[str, Any]]:
     with pool.connection() as conn:
-        return [dict(r) for r in conn.execute(LIST_CREDENTIALS)]
+        return [dict(r) for r in conn.execute(query("credentials_list"))]
 
 
 def delete_credentials(pool: Pool, org_id: str) -> bool:
     with pool.connection() as conn:
-        return conn.execute(DELETE_CREDENTIALS, {"org_id": org_id}).fetchone() is not None
+        return conn.execute(query("credentials_delete"), {"org_id": org_id}).fetchone() is not None
 
 
 def write(
@@ -80,11 +74,8 @@ def write(
     agent_session_id: str | None,
     issue_id: str | None,
 ) -> UUID | None:
-    """In the caller's transaction; only for orgs that gave us credentials (else nothing to send)."""
+    """In the caller's transaction; only for orgs Linear is told about (else nothing is written)."""
     tx = require_tx(tx, "notices.write")
-    has = tx.one(HAS_CREDENTIALS, {"org_id": org_id})
-    if not has or not has["ok"]:
-        return None
     row = tx.one(
         query("notice_insert"),
         {

@@ -14,24 +14,9 @@ from datetime import datetime
 from uuid import UUID
 
 from shared.db import Pool, transaction
+from shared.sql import query
 
 TOKEN_PREFIX = "dpo_"
-
-INSERT = """
-INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)
-VALUES (%(org_id)s, %(linear_user_id)s, %(name)s, %(token_hash)s)
-RETURNING id"""
-# Active orchestrators only: a revoked token authenticates nothing.
-BY_TOKEN = """
-SELECT id, org_id, linear_user_id, name FROM orchestrators
-WHERE token_hash = %(token_hash)s AND revoked_at IS NULL"""
-LIST = """
-SELECT id, org_id, linear_user_id, name, created_at, last_seen_at, revoked_at
-FROM orchestrators ORDER BY created_at, id"""
-# Idempotent: revoking twice keeps the first revocation time.
-REVOKE = """
-UPDATE orchestrators SET revoked_at = coalesce(revoked_at, now())
-WHERE id = %(id)s RETURNING id, revoked_at"""
 
 
 @dataclass(frozen=True)
@@ -60,7 +45,7 @@ def register(pool: Pool, *, org_id: str, linear_user_id: str, name: str) -> Regi
     token = new_token()
     with transaction(pool) as tx:
         row = tx.one(
-            INSERT,
+            query("orchestrator_insert"),
             {
                 "org_id": org_id,
                 "linear_user_id": linear_user_id,
@@ -74,7 +59,7 @@ def register(pool: Pool, *, org_id: str, linear_user_id: str, name: str) -> Regi
 
 def authenticate(pool: Pool, token: str) -> Orchestrator | None:
     with pool.connection() as conn:
-        row = conn.execute(BY_TOKEN, {"token_hash": hash_token(token)}).fetchone()
+        row = conn.execute(query("orchestrator_by_token"), {"token_hash": hash_token(token)}).fetchone()
     if row is None:
         return None
     return Orchestrator(row["id"], row["org_id"], row["linear_user_id"], row["name"])
@@ -93,9 +78,16 @@ class Listed:
 
 def list_all(pool: Pool) -> list[Listed]:
     with pool.connection() as conn:
-        return [Listed(**r) for r in conn.execute(LIST).fetchall()]
+        return [Listed(**r) for r in conn.execute(query("orchestrator_list")).fetchall()]
 
 
 def revoke(pool: Pool, orchestrator_id: UUID) -> bool:
     with transaction(pool) as tx:
-        return tx.one(REVOKE, {"id": orchestrator_id}) is not None
+        return tx.one(query("orchestrator_revoke"), {"id": orchestrator_id}) is not None
+
+
+def touch(pool: Pool, orchestrator_id: UUID) -> None:
+    """Record last-seen, in its own short autocommit statement so claims of one orchestrator never
+    queue behind each other on the orchestrators row."""
+    with pool.connection() as conn:
+        conn.execute(query("touch_orchestrator"), {"orchestrator_id": orchestrator_id})

@@ -1,21 +1,18 @@
 """The dispatch queue: the table is the delivery guarantee; this module is every write to it.
 
-States of a `dispatch_queue` row and the transitions this module performs (River-style):
+The states of a queue row, and which statement moves a row out of each, are listed at the top of
+`shared/queries/queue.sql`, beside the statements themselves. In short: AVAILABLE --claim-->
+CLAIMED --ack--> deleted (session delivered); CLAIMED --release/sweep--> AVAILABLE after
+min(n² × base, cap), or deleted with the session failed at the attempt limit; AVAILABLE or CLAIMED
+--cancel--> deleted (session cancelled).
 
-    (none) --enqueue_dispatch--> AVAILABLE   lease_expires_at NULL; claimable once available_at <= now
-    AVAILABLE --claim--> CLAIMED              attempts += 1, new claim_token, lease_expires_at set
-    CLAIMED --ack--> (deleted)                session -> delivered (same transaction)
-    CLAIMED --release / sweep (expired)--> AVAILABLE at now + min(n² × base, cap)   (n = attempts)
-    CLAIMED --release / sweep, n >= max--> (deleted)   session -> failed (same statement)
-    AVAILABLE/CLAIMED --cancel_issue--> (deleted)      session -> cancelled (caller's transaction)
+Every write after the claim is a compare-and-set on the token and state it expects; zero rows
+changed means another party won, and the caller is told so instead of overwriting. Session state
+mirrors the row: a session is `queued` exactly while its row exists, and the database enforces
+that at every commit (a deferred constraint trigger, migration 0001).
 
-A re-queued row keeps the claim token of its latest claim, so that claim can still ack (a laptop
-that wakes late still delivers) until a newer claim replaces the token. Every write after the
-claim is a compare-and-set on the token and state it expects; zero rows changed means another
-party won, and the caller is told so instead of overwriting.
-
-Session state mirrors the row: a session is `queued` exactly while its row exists. The database
-enforces that at every commit (a deferred constraint trigger, migration 0001).
+These functions are the transaction level: each returns what its transaction wrote for after the
+commit (Linear notice ids); `shared.dispatch` is the service level that sends them.
 """
 
 from __future__ import annotations
@@ -142,13 +139,6 @@ def claim(
     ]
 
 
-def touch_orchestrator(pool: Pool, orchestrator_id: UUID) -> None:
-    """Record last-seen, in its own short autocommit statement so claims of one orchestrator never
-    queue behind each other on the orchestrators row."""
-    with pool.connection() as conn:
-        conn.execute(query("touch_orchestrator"), {"orchestrator_id": orchestrator_id})
-
-
 @dataclass(frozen=True)
 class AckItem:
     queue_id: UUID
@@ -167,17 +157,16 @@ def _explain_miss(conn: Conn, orchestrator_id: UUID, item: AckItem) -> AckStatus
     return "not_found"
 
 
-def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> list[AckStatus]:
+@dataclass(frozen=True)
+class AckResult:
+    statuses: list[AckStatus]
+    notice_ids: list[UUID]  # the `delivered` Linear notices the same statement wrote
+
+
+def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> AckResult:
     """Deliver: delete each row and mark its session `delivered`, only if the token is the row's
     latest claim. Every write is in one statement (autocommit, so one transaction); only items that
     missed are then explained, read-only. Repeating a successful ack answers `acked` again."""
-    return ack_many_noting(pool, orchestrator_id, items)[0]
-
-
-def ack_many_noting(
-    pool: Pool, orchestrator_id: UUID, items: list[AckItem]
-) -> tuple[list[AckStatus], list[UUID]]:
-    """As `ack_many`, and the ids of the `delivered` Linear notices the same statement wrote."""
     with pool.connection() as conn:
         rows = conn.execute(
             query("ack"),
@@ -188,17 +177,17 @@ def ack_many_noting(
             },
         ).fetchall()
         acked = {(r["queue_id"], r["claim_token"]) for r in rows}
-        notice_ids = list(rows[0]["notice_ids"] or []) if rows else []
         # An item listed twice is deleted once; its second copy is then judged a repeated ack.
-        return [
+        statuses: list[AckStatus] = [
             "acked" if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
             for i in items
-        ], notice_ids
+        ]
+    return AckResult(statuses, list(rows[0]["notice_ids"] or []) if rows else [])
 
 
 def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) -> AckStatus:
     """The single form: judged exactly as one item of the batch form."""
-    return ack_many(pool, orchestrator_id, [AckItem(queue_id, claim_token)])[0]
+    return ack_many(pool, orchestrator_id, [AckItem(queue_id, claim_token)]).statuses[0]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Settings from the environment, named and defaulted exactly as CONTRACT.md fixes them."""
+"""Settings from the environment, named and defaulted as the README's configuration section says."""
 
 from __future__ import annotations
 
@@ -69,10 +69,6 @@ class Settings(BaseSettings):
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("DEVPILOT_BACKOFF_CAP_SECONDS must be >= DEVPILOT_BACKOFF_BASE_SECONDS")
         return self
-
-    @property
-    def listen_url(self) -> str | None:
-        return self.database_listen_url or self.database_url
 
     @property
     def realtime_enabled(self) -> bool:

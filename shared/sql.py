@@ -1,4 +1,12 @@
-"""Loads `queries.sql` into named statements (one `-- name:` block each)."""
+"""Every SQL statement of the product lives in `shared/queries/*.sql`, one named block each:
+
+    -- name: claim
+    -- what the statement guarantees
+    WITH due AS (...)
+
+A line `-- include: <name>` is replaced by that named block (a shared CTE chain, written once).
+Names are unique across the files; `query(name)` returns the statement.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +16,50 @@ from pathlib import Path
 from typing import LiteralString
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
+FOLDER = Path(__file__).with_name("queries")
 
 
-def parse(text: str) -> dict[str, str]:
-    """Split a queries file into {name: statement}; the header comments stay with their query."""
+class QueryFileError(ValueError):
+    """A queries file is malformed: a name defined twice, or an include of an unknown block."""
+
+
+def parse(text: str, into: dict[str, str] | None = None) -> dict[str, str]:
+    """Split queries text into {name: statement} (added to `into`); the header comments stay with
+    their query. Includes are resolved by `resolve`, once every file is read."""
+    queries = {} if into is None else into
     parts = _HEADER.split(text)
-    queries: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
-            raise ValueError(f"query {name!r} defined twice")
+            raise QueryFileError(f"query {name!r} defined twice")
         queries[name] = body.strip()
     return queries
 
 
+def resolve(queries: dict[str, str]) -> dict[str, str]:
+    def expand(name: str, seen: tuple[str, ...]) -> str:
+        if name in seen:
+            raise QueryFileError(f"query {name!r} includes itself")
+
+        def one(m: re.Match[str]) -> str:
+            if m.group(1) not in queries:
+                raise QueryFileError(f"query {name!r} includes unknown {m.group(1)!r}")
+            return expand(m.group(1), (*seen, name))
+
+        return _INCLUDE.sub(one, queries[name])
+
+    return {name: expand(name, ()) for name in queries}
+
+
 @cache
-def _load(path: str) -> dict[str, str]:
-    return parse(Path(path).read_text(encoding="utf-8"))
+def load(folder: Path = FOLDER) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for path in sorted(folder.glob("*.sql")):
+        parse(path.read_text(encoding="utf-8"), into=queries)
+    return resolve(queries)
 
 
-QUERIES = str(Path(__file__).with_name("queries.sql"))
-
-
-def query(name: str, path: str = QUERIES) -> LiteralString:
-    """The named statement from shared/queries.sql (a file we ship, hence LiteralString)."""
-    text: LiteralString = _load(path)[name]
+def query(name: str) -> LiteralString:
+    """The named statement (from files we ship, hence LiteralString)."""
+    text: LiteralString = load()[name]
     return text

@@ -10,44 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from shared.db import Pool
-
-# Per orchestrator: live rows by state, how long the oldest due row has waited, attempts so far.
-# Reads the queue through its orchestrator index; the hot table holds only live work.
-PER_ORCHESTRATOR = """
-SELECT o.id, o.org_id, o.linear_user_id, o.name, o.last_seen_at, o.revoked_at,
-       count(q.id) FILTER (WHERE q.lease_expires_at IS NULL) AS queued,
-       count(q.id) FILTER (WHERE q.lease_expires_at IS NOT NULL) AS claimed,
-       extract(epoch FROM now() - min(q.available_at)
-               FILTER (WHERE q.lease_expires_at IS NULL AND q.available_at <= now()))::float AS oldest_due_s,
-       coalesce(sum(q.attempts), 0) AS attempts
-FROM orchestrators o
-LEFT JOIN dispatch_queue q ON q.orchestrator_id = o.id
-GROUP BY o.id
-ORDER BY count(q.id) DESC, o.last_seen_at DESC NULLS LAST, o.created_at"""
-# The most recent failures (dead letters, releases at the limit), newest first.
-RECENT_FAILED = """
-SELECT s.id, s.org_id, s.orchestrator_id, s.issue_identifier, s.failure_reason, s.updated_at
-FROM dispatch_sessions s
-WHERE s.status = 'failed'
-ORDER BY s.updated_at DESC
-LIMIT %(limit)s"""
-LAST_SWEEP = "SELECT ran_at, requeued, dead_lettered FROM sweep_runs ORDER BY id DESC LIMIT 1"
-# Minute by minute over the last hour, derived from the sessions themselves: how many were
-# undelivered at the end of each minute, and the mean webhook-to-ack time of those acked in it.
-HISTORY = """
-WITH minutes AS (
-    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
-                           date_trunc('minute', now()), interval '1 minute') AS m
-)
-SELECT m.m AS minute,
-       (SELECT count(*) FROM dispatch_sessions s
-         WHERE s.created_at < m.m + interval '1 minute'
-           AND (s.status = 'queued' OR s.updated_at >= m.m + interval '1 minute')) AS depth,
-       (SELECT avg(extract(epoch FROM s.delivered_at - s.created_at))::float FROM dispatch_sessions s
-         WHERE s.delivered_at >= m.m AND s.delivered_at < m.m + interval '1 minute') AS latency_s
-FROM minutes m
-ORDER BY m.m"""
-TOTALS = "SELECT status, count(*) AS n FROM dispatch_sessions GROUP BY status"
+from shared.sql import query
 
 
 def format_age(seconds: float | None) -> str:
@@ -139,7 +102,7 @@ class Snapshot:
 
 def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -> Snapshot:
     with pool.connection() as conn, conn.transaction():
-        conn.execute("SET TRANSACTION READ ONLY")
+        conn.execute(query("read_only"))
         orchs = [
             OrchestratorRow(
                 str(r["id"]),
@@ -153,12 +116,12 @@ def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -
                 int(r["attempts"]),
                 r["last_seen_at"],
             )
-            for r in conn.execute(PER_ORCHESTRATOR)
+            for r in conn.execute(query("status_per_orchestrator"))
         ]
-        failed = [dict(r) for r in conn.execute(RECENT_FAILED, {"limit": failed_limit})]
-        sweep_row = conn.execute(LAST_SWEEP).fetchone()
-        totals = {r["status"]: int(r["n"]) for r in conn.execute(TOTALS)}
-        history = [dict(r) for r in conn.execute(HISTORY)] if with_history else []
-        now = conn.execute("SELECT now() AS t").fetchone()
+        failed = [dict(r) for r in conn.execute(query("status_recent_failed"), {"limit": failed_limit})]
+        sweep_row = conn.execute(query("status_last_sweep")).fetchone()
+        totals = {r["status"]: int(r["n"]) for r in conn.execute(query("status_totals"))}
+        history = [dict(r) for r in conn.execute(query("status_history"))] if with_history else []
+        now = conn.execute(query("status_now")).fetchone()
     assert now is not None
     return Snapshot(orchs, failed, dict(sweep_row) if sweep_row else None, totals, history, now["t"])

@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 from werkzeug.serving import make_server
 
+from devpilot.serve import QuietHandler
 from functions import runtime
-from functions.server import QuietHandler, create_app
+from functions.app import create_app
 from shared.db import Pool
 from shared.embedded import Database
 from shared.linear import sign

@@ -13,7 +13,7 @@ ROOT = Path(__file__).parent.parent
 def test_demo_shows_the_timeline(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
     r = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "demo"],
+        [sys.executable, "-m", "devpilot", "demo"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -122,7 +122,8 @@ def test_a_crash_between_commit_and_send_loses_nothing(api: Api, httpserver: HTT
     # the library path commits the notice with the dispatch, but nobody sends it: as if the
     # instance died right after the commit
     body = json.dumps(agent_session_event(creator="creator-1", session_id="as-crash")).encode()
-    answer, ids = intake.receive_noting(api.pool, linear.parse(body), "crash-delivery")
+    received = intake.receive(api.pool, linear.parse(body), "crash-delivery")
+    answer, ids = received.answer, received.notice_ids
     assert answer["status"] == "dispatched" and len(ids) == 1
     time.sleep(0.3)
     assert stand_in.calls == []

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from devpilot.status_view import render
 from shared.status import snapshot
-from shared.status_cli import render
 from tests.api import ADMIN, Api, issue_event
 
 ROOT = Path(__file__).parent.parent
@@ -45,7 +45,7 @@ def seed(api: Api) -> dict[str, Any]:
 def test_status_json_and_terminal(api: Api, db_url: str) -> None:
     ids = seed(api)
     r = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "status", "--json"],
+        [sys.executable, "-m", "devpilot", "status", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -214,7 +214,8 @@ def test_sigkilled_and_restarted_starts_each_message_once(api: Api, orch_factory
 def test_service_down_and_back(api: Api, orch_factory: Any) -> None:
     from werkzeug.serving import make_server
 
-    from functions.server import QuietHandler, create_app
+    from devpilot.serve import QuietHandler
+    from functions.app import create_app
 
     o = orch_factory("poll", interval=0.2)
     o.start()

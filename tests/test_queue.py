@@ -258,7 +258,7 @@ def test_batch_ack_judges_each_item(pool: Pool, make_orchestrator: MakeOrch) -> 
             AckItem(uuid4(), m[2].claim_token),
             AckItem(m[0].queue_id, m[0].claim_token),
         ],
-    )
+    ).statuses
     assert results == ["acked", "claim_superseded", "not_found", "acked"]
     assert counts(pool) == (3, 2)
 
@@ -350,7 +350,7 @@ def test_batch_ack_with_one_row_twice(pool: Pool, make_orchestrator: MakeOrch) -
             AckItem(m.queue_id, m.claim_token),
             AckItem(m.queue_id, m.claim_token),
         ],
-    )
+    ).statuses
     assert results == ["claim_superseded", "acked", "acked"]
 
 

@@ -103,7 +103,7 @@ def _free_port() -> int:
 
 def _start_serve(db_url: str, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "serve", "--port", str(port), "--sweep-every", "0"],
+        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
         cwd=ROOT,
         env={
             **os.environ,
@@ -259,7 +259,7 @@ def test_claim_racing_revoke(api: Api) -> None:
 
 
 def test_a_header_that_never_ends_does_not_hold_the_server(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    from functions.server import QuietHandler
+    from devpilot.serve import QuietHandler
 
     monkeypatch.setattr(QuietHandler, "timeout", 2)
     host, port = api.url.removeprefix("http://").split(":")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).parent.parent
 
 def start_serve(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "serve", "--port", "0", "--sweep-every", "1"],
+        [sys.executable, "-m", "devpilot", "serve", "--port", "0", "--sweep-every", "1"],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         stdout=subprocess.PIPE,
@@ -87,7 +87,7 @@ def test_serve_prints_url_and_database_and_stops_on_sigterm(
 def test_serve_without_database_url_uses_embedded_postgres(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "devpilot", "serve", "--port", "0"],
         cwd=tmp_path,
         env={**env, "PYTHONPATH": str(ROOT), "DEVPILOT_ADMIN_TOKEN": ADMIN},
         stdout=subprocess.PIPE,
@@ -172,8 +172,9 @@ def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> 
 def test_healthz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
     from werkzeug.serving import make_server
 
+    from devpilot.serve import QuietHandler
     from functions import runtime
-    from functions.server import QuietHandler, create_app
+    from functions.app import create_app
     from shared.settings import get_settings
 
     monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1")

@@ -33,7 +33,7 @@ def main() -> None:
 
     db.Tx.execute = counting  # type: ignore[method-assign]
     pool = db.open_pool(url, Settings(), max_size=1)
-    answer = receive(pool, parse(body.encode()), key)
+    answer = receive(pool, parse(body.encode()), key).answer
     print(json.dumps({"statements": count[0], "answer": answer}), flush=True)
 
 

@@ -69,7 +69,7 @@ def run_demo() -> int:
     print(f"demo: starting devpilot serve on {url} with an embedded Postgres in {home}")
     try:
         server = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "devpilot", "serve", "--port", str(port)],
             cwd=home,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -24,15 +24,15 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from functions.server import serve
+    from devpilot.serve import serve
 
     return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from devpilot.status_view import show
     from shared.db import open_pool
     from shared.status import snapshot
-    from shared.status_cli import show
 
     settings = load_settings()
     db = resolve(settings.database_url)
@@ -64,7 +64,7 @@ def _cmd_linear_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from shared.demo import run_demo
+    from devpilot.demo import run_demo
 
     return run_demo()
 

@@ -1,5 +1,5 @@
-"""`devpilot serve`: every target on one port, through one small dispatcher over the same handler
-functions that functions-framework serves one by one, plus the in-process sweep."""
+"""`devpilot serve`: every route on one port (the same app as the `api` target, reading the one
+route table), plus the in-process sweep."""
 
 from __future__ import annotations
 
@@ -7,17 +7,14 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any
 
-import flask
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from functions import runtime
-from functions.main import TARGETS
+from functions.app import create_app
+from functions.logs import setup_logging
 from functions.sweep import run_sweep
-from functions.web import error, json_http_errors, setup_logging
 from shared.db import open_pool
 from shared.embedded import resolve
 from shared.migrate import migrate
@@ -25,40 +22,6 @@ from shared.settings import get_settings
 from shared.wakeups import Wakeups
 
 log = logging.getLogger("devpilot.serve")
-
-# URL path (first segment) -> target. Only /orchestrators has sub-paths.
-ROUTES: dict[str, str] = {
-    "webhook": "webhook",
-    "claim": "claim",
-    "ack": "ack",
-    "release": "release",
-    "sweep": "sweep",
-    "orchestrators": "orchestrators",
-    "realtime-token": "realtime_token",
-    "healthz": "healthz",
-    "metrics": "metrics",
-    "dashboard": "dashboard",
-    "linear-credentials": "linear_credentials",
-}
-ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-
-
-def create_app(handlers: Mapping[str, Callable[[flask.Request], Any]] | None = None) -> flask.Flask:
-    table = handlers or TARGETS
-    app = flask.Flask("devpilot")
-
-    @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
-    @app.route("/<path:path>", methods=ALL_METHODS)
-    def dispatch(path: str) -> flask.Response:
-        parts = path.split("/")
-        target = ROUTES.get(parts[0])
-        if target is None or (
-            len(parts) > 1 and target not in ("orchestrators", "dashboard", "linear_credentials")
-        ):
-            return error(404, "not_found", f"no route {flask.request.path}")
-        return flask.make_response(table[target](flask.request))
-
-    return json_http_errors(app)
 
 
 class QuietHandler(WSGIRequestHandler):

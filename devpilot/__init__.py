@@ -1,0 +1,1 @@
+"""The `devpilot` command line: migrate, serve (every route on one port), status, demo."""

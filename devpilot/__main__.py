@@ -1,0 +1,5 @@
+import sys
+
+from devpilot.cli import main
+
+sys.exit(main())

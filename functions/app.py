@@ -1,0 +1,154 @@
+"""Requests to views, through the one route table: routing (Werkzeug's), authorisation, JSON
+errors for everything that goes wrong, and one structured log line per request.
+
+- `serve_request(request)` routes by path across every route: `devpilot serve` and the `api` target.
+- `target(name)` is one route as its own function: the functions-framework target and the Lambda
+  handler of that name. It answers at its own URL's root and under its path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from functools import cache
+
+import flask
+import psycopg
+import psycopg_pool
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+from werkzeug.routing import Map, Rule
+
+from functions.routes import BY_NAME, ROUTES, Auth, Endpoint, Route
+from functions.runtime import Runtime, get_runtime
+from functions.telemetry import ROUTE_HISTOGRAMS
+from functions.web import ApiError, Call, View, _ctx, error, require_admin, require_orchestrator
+from shared.orchestrators import Orchestrator
+from shared.settings import SettingsError
+
+log = logging.getLogger("devpilot.request")
+Handler = Callable[[flask.Request], flask.Response]
+HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+def _url_map(routes: Iterable[Route], *, at_root: bool) -> tuple[Map, dict[str, tuple[Route, Endpoint]]]:
+    rules: list[Rule] = []
+    endpoints: dict[str, tuple[Route, Endpoint]] = {}
+    for route in routes:
+        for i, ep in enumerate(route.endpoints):
+            key = f"{route.name}:{i}"
+            endpoints[key] = (route, ep)
+            paths = [route.path + ep.rule] + ([ep.rule or "/"] if at_root else [])
+            rules += [Rule(p, endpoint=key, methods=list(ep.methods)) for p in paths]
+    return Map(rules, strict_slashes=False, merge_slashes=False), endpoints
+
+
+@cache
+def _view(route: Route, ep: Endpoint) -> View:
+    """Imported on first use, so a target loads only its own module and what that needs."""
+    view: View = getattr(importlib.import_module(route.module), ep.view)
+    return view
+
+
+def _authorise(auth: Auth, request: flask.Request, rt: Runtime) -> Orchestrator | None:
+    if auth == "orchestrator":
+        return require_orchestrator(request, rt)
+    if auth == "admin" or (auth == "scheduler" and not rt.settings.sweep_platform_auth):
+        # (A scheduler-only service runs with DEVPILOT_SWEEP_PLATFORM_AUTH=1: the platform has
+        # already verified the scheduler's identity before the request reaches us.)
+        require_admin(request, rt)
+    # "public": anyone; "dashboard": the view answers its login form to a caller without a session.
+    return None
+
+
+def _answer(
+    url_map: Map, endpoints: dict[str, tuple[Route, Endpoint]], request: flask.Request
+) -> flask.Response:
+    started = time.perf_counter()
+    _ctx.fields = {}
+    name = "-"
+    try:
+        key, args = url_map.bind_to_environ(request.environ).match()
+        route, ep = endpoints[key]
+        name = route.name
+        rt = get_runtime()
+        resp = _view(route, ep)(Call(request, rt, args, _authorise(ep.auth, request, rt)))
+    except ApiError as exc:
+        resp = error(exc.status, exc.code, exc.detail, exc.headers)
+    except HTTPException as exc:  # no such path, or not this method
+        headers = {}
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+            headers["Allow"] = ", ".join(exc.valid_methods)
+        code = exc.code or 400
+        detail = f"no route {request.path}" if code == 404 else (exc.description or exc.name)
+        resp = error(code, HTTP_ERROR_CODES.get(code, "bad_request"), detail, headers)
+    except psycopg.DataError as exc:  # a value Postgres cannot store: the client's input
+        resp = error(400, "bad_request", f"unstorable value: {type(exc).__name__}")
+    except (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.QueryCanceled) as exc:
+        log.warning("database unavailable on %s: %s", name, type(exc).__name__)
+        resp = error(503, "db_unavailable", "the database did not answer; retry", {"Retry-After": "2"})
+    except SettingsError as exc:
+        resp = error(503, "not_configured", str(exc))
+    except Exception:
+        log.exception("unhandled error on %s", name)
+        resp = error(500, "internal", "unexpected server error")
+    elapsed = time.perf_counter() - started
+    if name in ROUTE_HISTOGRAMS:
+        ROUTE_HISTOGRAMS[name].observe(elapsed)
+    line = {
+        "route": name,
+        "method": request.method,
+        "status": resp.status_code,
+        "ms": round(elapsed * 1000, 2),
+    }
+    log.info(json.dumps({**line, **getattr(_ctx, "fields", {})}, separators=(",", ":")))
+    return resp
+
+
+_ALL = _url_map(ROUTES, at_root=False)
+
+
+def serve_request(request: flask.Request) -> flask.Response:
+    """Every route, by path (`devpilot serve`, the `api` target)."""
+    return _answer(*_ALL, request)
+
+
+@cache
+def target(name: str) -> Handler:
+    """One route as its own function (functions-framework target, Lambda handler)."""
+    url_map, endpoints = _url_map([BY_NAME[name]], at_root=True)
+
+    def handle(request: flask.Request) -> flask.Response:
+        return _answer(url_map, endpoints, request)
+
+    handle.__name__ = handle.__qualname__ = name
+    return handle
+
+
+def json_http_errors(app: flask.Flask) -> flask.Flask:
+    """Errors raised by Flask/Werkzeug itself before a view runs (a malformed request, a path
+    functions-framework keeps for itself) answer in the contract's JSON shape too, never HTML."""
+
+    def as_json(exc: HTTPException) -> flask.Response:
+        code = exc.code or 400
+        return error(code, HTTP_ERROR_CODES.get(code, "bad_request"), exc.description or exc.name)
+
+    app.register_error_handler(HTTPException, as_json)
+    return app
+
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def create_app() -> flask.Flask:
+    """The one-URL WSGI app: every route by path."""
+    app = flask.Flask("devpilot")
+
+    @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
+    @app.route("/<path:path>", methods=ALL_METHODS)
+    def dispatch(path: str) -> flask.Response:
+        return serve_request(flask.request)
+
+    return json_http_errors(app)

@@ -1,0 +1,110 @@
+"""The one route table. Every entry point reads it: the functions-framework targets
+(`functions/main.py`), `devpilot serve` and the `api` target (every route by path on one URL), the
+Lambda handlers (`functions/aws.py`), `deploy.sh` (`python -m functions.routes`), and the OpenAPI
+and deploy tests.
+
+Adding a route = one handler module `functions/<name>.py` with its view functions + one row below.
+
+A row: the target name (functions-framework `--target`, Lambda handler `functions.aws.<name>`,
+Cloud Run service `devpilot-<name>`), the path it is mounted at on the one-URL app, its endpoints
+(a Werkzeug rule under that path, methods, who may call, the view function), and whether the
+deploy script deploys it. On a cloud, each target is its own URL and serves its endpoints at that
+URL's root as well as under its path.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+# Who may call: anyone (the view may still check a signature), the operators' bearer token, a
+# registered machine's bearer token, the scheduler (admin bearer, or the platform's own check on a
+# scheduler-only service), or the operators' dashboard session.
+Auth = Literal["public", "admin", "orchestrator", "scheduler", "dashboard"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    rule: str  # Werkzeug rule under the route's path; "" is the path itself
+    methods: tuple[str, ...]
+    auth: Auth
+    view: str  # a function of the route's module
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    path: str
+    endpoints: tuple[Endpoint, ...]
+    deployed: bool = True
+
+    @property
+    def module(self) -> str:
+        return f"functions.{self.name}"
+
+    @property
+    def scheduler_only(self) -> bool:
+        """Deployed without public access: only the platform's scheduler may invoke it."""
+        return all(e.auth == "scheduler" for e in self.endpoints)
+
+
+def one(name: str, path: str, methods: tuple[str, ...], auth: Auth, *, deployed: bool = True) -> Route:
+    """A route with a single endpoint whose view is named like the route."""
+    return Route(name, path, (Endpoint("", methods, auth, name),), deployed)
+
+
+ROUTES: tuple[Route, ...] = (
+    one("webhook", "/webhook", ("POST",), "public"),  # Linear's signature is checked by the view
+    one("claim", "/claim", ("POST",), "orchestrator"),
+    one("ack", "/ack", ("POST",), "orchestrator"),
+    one("release", "/release", ("POST",), "orchestrator"),
+    one("sweep", "/sweep", ("POST",), "scheduler"),
+    Route(
+        "orchestrators",
+        "/orchestrators",
+        (
+            Endpoint("", ("GET",), "admin", "list_orchestrators"),
+            Endpoint("", ("POST",), "admin", "register"),
+            Endpoint("/<uuid:orchestrator_id>/revoke", ("POST",), "admin", "revoke"),
+        ),
+    ),
+    one("realtime_token", "/realtime-token", ("POST",), "orchestrator"),
+    one("healthz", "/healthz", ("GET", "HEAD"), "public"),
+    one("metrics", "/metrics", ("GET",), "admin", deployed=False),
+    Route(
+        "dashboard",
+        "/dashboard",
+        (
+            Endpoint("", ("GET", "HEAD"), "dashboard", "dashboard"),
+            Endpoint("/login", ("GET",), "public", "login_form"),
+            Endpoint("/login", ("POST",), "public", "login"),
+            Endpoint("/logout", ("POST",), "public", "logout"),
+        ),
+        deployed=False,
+    ),
+    Route(
+        "linear_credentials",
+        "/linear-credentials",
+        (
+            Endpoint("", ("GET",), "admin", "list_credentials"),
+            Endpoint("", ("POST",), "admin", "store"),
+            Endpoint("/<org_id>", ("DELETE",), "admin", "forget"),
+        ),
+        deployed=False,
+    ),
+)
+BY_NAME = {r.name: r for r in ROUTES}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m functions.routes [--deployed]`: one line per target, `<name> <public|scheduler>`
+    (what deploy.sh reads)."""
+    for r in ROUTES:
+        if r.deployed or "--deployed" not in argv:
+            print(r.name, "scheduler" if r.scheduler_only else "public")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

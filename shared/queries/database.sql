@@ -1,0 +1,42 @@
+-- Connection-level statements: health, timeouts, and the migration ledger.
+
+-- name: ping
+-- Health: the database answers.
+SELECT 1;
+
+-- name: read_only
+-- Inside a transaction: it may not write (operators' snapshots).
+SET TRANSACTION READ ONLY;
+
+-- name: set_session_timeouts
+-- On a direct connection, once per connection: no statement runs longer than the setting, and no
+-- transaction sits idle holding locks near the queue.
+SELECT set_config('statement_timeout', %(ms)s::text, false),
+       set_config('idle_in_transaction_session_timeout', '30000', false);
+
+-- name: set_local_timeout
+-- Behind a transaction-mode pooler session settings do not stick: per transaction instead.
+SELECT set_config('statement_timeout', %(ms)s::text, true);
+
+-- name: migrations_lock
+-- Serialises concurrent `devpilot migrate` runs for the rest of the transaction.
+SELECT pg_advisory_xact_lock(%(key)s);
+
+-- name: migrations_ledger
+CREATE TABLE IF NOT EXISTS devpilot_migrations (
+    version     text PRIMARY KEY,
+    checksum    text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_applied
+SELECT version, checksum FROM devpilot_migrations;
+
+-- name: migrations_record
+-- In the transaction that applied the file: a failed file leaves no record and is retried.
+INSERT INTO devpilot_migrations (version, checksum) VALUES (%(version)s, %(checksum)s);
+
+-- name: migrations_has_supabase
+-- Supabase's schemas are there: its Realtime publication and row-level security apply.
+SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'realtime')
+       AND EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'authenticated') AS ok;

@@ -1,0 +1,200 @@
+-- The dispatch queue: every statement that writes `dispatch_queue`, one named block each
+-- (`-- name: <name>`), in the style of Procrastinate's queries.sql. The lines under each name say
+-- what the statement guarantees. Parameters are psycopg named placeholders; `now` is NULL in
+-- production (the database clock) and a fixed instant in tests that drive the clock.
+--
+-- States of a queue row (the session is `queued` exactly while its row exists; the deferred
+-- invariant trigger of migration 0001 checks that at every commit):
+--
+--   AVAILABLE  lease_expires_at IS NULL. Claimable once available_at <= now.
+--              leaves by: claim (-> CLAIMED), cancel_open_issue (-> deleted, session cancelled)
+--   CLAIMED    lease_expires_at IS NOT NULL; claim_token is the fencing token of the latest claim.
+--              leaves by: ack (-> deleted, session delivered),
+--                         release / sweep, attempts < max (-> AVAILABLE after the backoff),
+--                         release / sweep, attempts >= max (-> deleted, session failed),
+--                         cancel_open_issue (-> deleted, session cancelled)
+--
+-- A re-queued row keeps the claim token of its latest claim, so that claim can still ack (a laptop
+-- that wakes late still delivers) until a newer claim replaces the token.
+
+-- name: insert_session
+-- Creates the session in state `queued`; the deferred invariant trigger requires its queue row to
+-- be inserted in the same transaction (enqueue) before commit.
+INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
+                               issue_identifier, agent_session_id)
+VALUES (%(id)s, %(org_id)s, %(orchestrator_id)s, 'queued', %(linear_user_id)s, %(issue_id)s,
+        %(issue_identifier)s, %(agent_session_id)s)
+RETURNING id;
+
+-- name: enqueue
+-- (none) -> AVAILABLE. Inserts the queue row and copies its ids onto the session, in the caller's
+-- transaction; the NOTIFY is delivered by Postgres only if that transaction commits, so rolled-back
+-- work wakes no one.
+WITH q AS (
+    INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, available_at)
+    VALUES (%(session_id)s, %(orchestrator_id)s, %(org_id)s, %(payload)s,
+            coalesce(%(now)s::timestamptz, now()))
+    RETURNING id, message_id, session_id, orchestrator_id
+), s AS (
+    -- By primary key only (the org and state are checked by the caller on what it returns), so the
+    -- planner cannot wander into another index of a freshly filled, not yet analysed table.
+    UPDATE dispatch_sessions ds SET queue_id = q.id, message_id = q.message_id
+    FROM q WHERE ds.id = %(session_id)s
+    RETURNING ds.org_id, ds.status, ds.orchestrator_id
+)
+SELECT q.id AS queue_id, q.message_id, s.org_id AS session_org_id, s.status AS session_status,
+       s.orchestrator_id = q.orchestrator_id AS same_orchestrator,
+       pg_notify('devpilot_dispatch', q.orchestrator_id::text) AS notified
+FROM q LEFT JOIN s ON true;
+
+-- name: claim
+-- AVAILABLE -> CLAIMED, exactly once: locks up to `max` due, unclaimed rows of one orchestrator
+-- (skipping rows another claimer holds), in due order, and gives each a fresh claim token and lease
+-- in the same statement. The CTE pins the LIMIT so the UPDATE touches no more rows than were selected.
+WITH due AS (
+    SELECT id
+    FROM dispatch_queue
+    WHERE orchestrator_id = %(orchestrator_id)s
+      AND lease_expires_at IS NULL
+      AND available_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY available_at, id
+    LIMIT %(max)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE dispatch_queue q
+SET attempts = q.attempts + 1,
+    claim_token = gen_random_uuid(),
+    claimed_at = coalesce(%(now)s::timestamptz, now()),
+    lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s)
+FROM due
+WHERE q.id = due.id
+RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.payload, q.attempts,
+          q.claim_token, q.lease_expires_at, q.available_at, q.created_at;
+
+-- name: ack
+-- CLAIMED -> deleted, session `delivered`. One statement, so one atomic step: deletes each row only
+-- while it still carries the given claim token (compare-and-set; zero rows means gone or superseded,
+-- never an overwrite) and marks the sessions of exactly the deleted rows `delivered`. Serves the
+-- single and the batch form.
+WITH items AS (
+    SELECT * FROM unnest(%(queue_ids)s::uuid[], %(claim_tokens)s::uuid[]) AS t(queue_id, claim_token)
+), deleted AS (
+    DELETE FROM dispatch_queue q
+    USING items i
+    WHERE q.id = i.queue_id AND q.orchestrator_id = %(orchestrator_id)s AND q.claim_token = i.claim_token
+    RETURNING q.id, q.session_id, q.claim_token
+), delivered AS (
+    UPDATE dispatch_sessions s
+    SET status = 'delivered', acked_claim_token = d.claim_token, delivered_at = now(), updated_at = now()
+    FROM deleted d
+    WHERE s.id = d.session_id AND s.status = 'queued'
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id
+), notices AS (
+    -- "picked up by <machine>" for agent sessions of orgs that Linear is told about
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT d.org_id, d.id, 'delivered', d.agent_session_id, d.issue_id, 'Picked up by ' || o.name
+    FROM delivered d JOIN orchestrators o ON o.id = d.orchestrator_id
+    WHERE d.agent_session_id IS NOT NULL AND devpilot_notifies(d.org_id)
+    RETURNING id
+)
+SELECT id AS queue_id, claim_token, (SELECT array_agg(id) FROM notices) AS notice_ids FROM deleted;
+
+-- name: ack_explain_miss
+-- After a compare-and-set missed: tells a repeated ack (session delivered by this very token) from a
+-- superseded token (the row, or its delivery, belongs to a newer claim) and from a row this
+-- orchestrator never had. Scoped to the orchestrator, so another's row reads as none. Read-only.
+SELECT q.claim_token AS live_token, q.available_at AS live_available_at,
+       s.status AS session_status, s.acked_claim_token AS acked_token
+FROM (SELECT 1) AS one
+LEFT JOIN dispatch_queue q ON q.id = %(queue_id)s AND q.orchestrator_id = %(orchestrator_id)s
+LEFT JOIN dispatch_sessions s ON s.queue_id = %(queue_id)s AND s.orchestrator_id = %(orchestrator_id)s;
+
+-- name: end_claims
+-- A fragment, included by `release` and `sweep` after their `ending` CTE (id, session_id, attempts,
+-- last_error, failure_reason: the locked CLAIMED rows whose claim ends without an ack). In their one
+-- statement: attempts < max -> AVAILABLE at now + devpilot_backoff(attempts); attempts >= max ->
+-- deleted, the session `failed` with its reason, and Linear told (for orgs it is told about).
+dead AS (
+    DELETE FROM dispatch_queue q USING ending e
+    WHERE q.id = e.id AND e.attempts >= %(max_attempts)s
+    RETURNING q.session_id, e.failure_reason
+), failed AS (
+    UPDATE dispatch_sessions s
+    SET status = 'failed', updated_at = now(), failure_reason = dead.failure_reason
+    FROM dead WHERE s.id = dead.session_id AND s.status = 'queued'
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.failure_reason
+), notices AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT f.org_id, f.id, 'failed', f.agent_session_id, f.issue_id, 'No machine took this: ' || f.failure_reason
+    FROM failed f WHERE devpilot_notifies(f.org_id)
+    RETURNING id
+), requeued AS (
+    UPDATE dispatch_queue q
+    SET lease_expires_at = NULL, claimed_at = NULL, last_error = e.last_error,
+        available_at = coalesce(%(now)s::timestamptz, now())
+                       + make_interval(secs => devpilot_backoff(e.attempts, %(base)s, %(cap)s))
+    FROM ending e
+    WHERE q.id = e.id AND e.attempts < %(max_attempts)s
+    RETURNING q.id, q.available_at
+)
+
+-- name: release
+-- CLAIMED -> AVAILABLE (with backoff) or deleted (at the limit), now, as a failed attempt.
+-- Compare-and-set: only the live claim of this token ends; any other token changes nothing.
+WITH ending AS (
+    SELECT id, session_id, attempts, %(reason)s::text AS last_error,
+           'released ' || %(max_attempts)s::text || ' times: '
+               || coalesce(%(reason)s::text, 'no reason given') AS failure_reason
+    FROM dispatch_queue
+    WHERE id = %(queue_id)s AND orchestrator_id = %(orchestrator_id)s
+      AND claim_token = %(claim_token)s AND lease_expires_at IS NOT NULL
+    FOR UPDATE
+),
+-- include: end_claims
+SELECT (SELECT count(*) FROM ending) AS matched,
+       (SELECT available_at FROM requeued) AS available_at,
+       (SELECT count(*) FROM failed) AS failed,
+       (SELECT array_agg(id) FROM notices) AS notice_ids;
+
+-- name: sweep
+-- CLAIMED with an expired lease -> AVAILABLE (with backoff) or deleted (at the limit). One
+-- set-based statement over expired leases. Rows an ack (or release, or another sweep) is touching
+-- are skipped (SKIP LOCKED), so a sweep and an ack never both win and two sweeps never count a row
+-- twice.
+WITH ending AS (
+    SELECT id, session_id, attempts, 'lease expired' AS last_error,
+           'no ack after ' || %(max_attempts)s::text || ' delivery attempts' AS failure_reason
+    FROM dispatch_queue
+    WHERE lease_expires_at IS NOT NULL
+      AND lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+),
+-- include: end_claims
+SELECT (SELECT count(*) FROM requeued) AS requeued,
+       (SELECT count(*) FROM dead) AS dead_lettered,
+       (SELECT count(*) FROM failed) AS failed,
+       (SELECT count(*) FROM notices) AS notices;
+
+-- name: record_sweep
+-- Bookkeeping only: when the sweep ran and what it did (operators' view).
+INSERT INTO sweep_runs (requeued, dead_lettered) VALUES (%(requeued)s, %(dead_lettered)s);
+
+-- name: cancel_open_issue
+-- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: the issue's
+-- still-undelivered dispatch (not yet acked). Locks the queue row first, in the same order as ack,
+-- sweep and release, so a racing ack either wins (nothing is cancelled) or finds the row gone
+-- (404); never a deadlock, never both.
+WITH q AS (
+    DELETE FROM dispatch_queue dq
+    USING dispatch_sessions s
+    WHERE dq.session_id = s.id
+      AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
+      AND (%(linear_user_id)s::text IS NULL OR s.linear_user_id = %(linear_user_id)s::text)
+    RETURNING dq.session_id
+)
+UPDATE dispatch_sessions ds
+SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
+FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
+RETURNING ds.id;

@@ -1,0 +1,100 @@
+"""The pure parts, no database: the SQL file parser, request bodies, settings, webhook intent."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from functions.bodies import AckBody, ClaimBody, RegisterBody, loose_uuid
+from shared import sql
+from shared.linear import BadWebhook, intent, parse
+from shared.settings import Settings, SettingsError, load_settings
+
+
+def test_sql_blocks_includes_and_errors() -> None:
+    text = "-- name: a\n-- says what\nSELECT 1;\n\n-- name: frag\nx AS (SELECT 2)\n\n-- name: b\nWITH\n-- include: frag\nSELECT * FROM x;\n"
+    q = sql.resolve(sql.parse(text))
+    assert q["a"] == "-- says what\nSELECT 1;"
+    assert q["b"] == "WITH\nx AS (SELECT 2)\nSELECT * FROM x;"
+    with pytest.raises(sql.QueryFileError, match="twice"):
+        sql.parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+    with pytest.raises(sql.QueryFileError, match="unknown"):
+        sql.resolve(sql.parse("-- name: a\n-- include: nope\n"))
+    with pytest.raises(sql.QueryFileError, match="itself"):
+        sql.resolve(sql.parse("-- name: a\n-- include: a\n"))
+
+
+def test_shipped_queries_load_and_the_dead_letter_chain_is_written_once() -> None:
+    queries = sql.load()
+    assert {"claim", "ack", "release", "sweep", "enqueue", "route", "notice_take"} <= set(queries)
+    text = "".join(p.read_text() for p in sql.FOLDER.glob("*.sql"))
+    assert text.count("SET status = 'failed'") == 1  # release and sweep both include end_claims
+    assert "SET status = 'failed'" in queries["release"] and "SET status = 'failed'" in queries["sweep"]
+    assert (
+        text.count("secs => devpilot_backoff(") == 2 and "attempts * attempts" not in text
+    )  # queue, notices
+
+
+def test_request_bodies() -> None:
+    assert ClaimBody.model_validate({}).max == 10
+    for bad in ({"max": 0}, {"max": 101}, {"max": "5"}, {"waitSeconds": 26}, {"waitSeconds": -1}):
+        with pytest.raises(ValidationError):
+            ClaimBody.model_validate(bad)
+    assert AckBody.model_validate({"acks": [{"queueId": "a", "claimToken": "b"}]}).acks
+    with pytest.raises(ValidationError):
+        AckBody.model_validate({"acks": []})
+    with pytest.raises(ValidationError):
+        RegisterBody.model_validate({"orgId": " ", "linearUserId": "u", "name": "n"})
+    assert loose_uuid("not-a-uuid").int == 0
+
+
+def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings()
+    assert (s.lease_seconds, s.backoff_base_seconds, s.backoff_cap_seconds, s.max_attempts) == (
+        60,
+        60,
+        900,
+        5,
+    )
+    assert s.webhook_tolerance_seconds == 60 and not s.realtime_enabled
+    monkeypatch.setenv("DEVPILOT_LEASE_SECONDS", "soon")
+    with pytest.raises(SettingsError, match="DEVPILOT_LEASE_SECONDS"):
+        load_settings()
+    monkeypatch.setenv("DEVPILOT_LEASE_SECONDS", "60")
+    monkeypatch.setenv("DEVPILOT_BACKOFF_CAP_SECONDS", "10")
+    with pytest.raises(SettingsError, match="CAP"):
+        load_settings()
+
+
+def hook(body: dict[str, Any]) -> Any:
+    return parse(
+        json.dumps({"webhookTimestamp": int(time.time() * 1000), "organizationId": "o", **body}).encode()
+    )
+
+
+def test_webhook_intent() -> None:
+    data = {"id": "i1", "assigneeId": "u1"}
+    assert intent(hook({"type": "Issue", "action": "create", "data": data})).user_id == "u1"
+    assert intent(hook({"type": "Issue", "action": "create", "data": {"id": "i1"}})).reason == "unassigned"
+    moved = intent(
+        hook({"type": "Issue", "action": "update", "data": data, "updatedFrom": {"assigneeId": "u0"}})
+    )
+    assert (moved.kind, moved.user_id, moved.cancel_issue_id) == ("dispatch", "u1", "i1")
+    unassigned = {"type": "Issue", "action": "update", "data": {"id": "i1", "assigneeId": None}}
+    assert intent(hook({**unassigned, "updatedFrom": {"assigneeId": "u0"}})).kind == "cancel"
+    assert (
+        intent(hook({"type": "Issue", "action": "update", "data": data, "updatedFrom": {"title": "x"}})).kind
+        == "ignore"
+    )
+    assert intent(hook({"type": "Issue", "action": "remove", "data": data})).kind == "cancel"
+    agent = {"id": "as1", "creatorId": "u2", "issue": {"id": "i2"}}
+    started = intent(hook({"type": "AgentSessionEvent", "action": "created", "agentSession": agent}))
+    assert (started.kind, started.user_id, started.agent_session_id) == ("dispatch", "u2", "as1")
+    assert intent(hook({"type": "Comment", "action": "create", "data": {"id": "c"}})).kind == "ignore"
+    for bad in (b"[]", b"{}", b'{"type":"Issue","action":"create","webhookTimestamp":"1","data":{}}'):
+        with pytest.raises(BadWebhook):
+            parse(bad)
