@@ -24,7 +24,7 @@ from werkzeug.routing import Map, Rule
 from functions.routes import BY_NAME, ROUTES, Auth, Endpoint, Route
 from functions.runtime import Runtime, get_runtime
 from functions.telemetry import ROUTE_HISTOGRAMS
-from functions.web import ApiError, Call, View, _ctx, error, require_admin, require_orchestrator
+from functions.web import ApiError, Call, View, error, notes, require_admin, require_orchestrator, start_notes
 from shared.orchestrators import Orchestrator
 from shared.settings import SettingsError
 
@@ -67,7 +67,7 @@ def _answer(
     url_map: Map, endpoints: dict[str, tuple[Route, Endpoint]], request: flask.Request
 ) -> flask.Response:
     started = time.perf_counter()
-    _ctx.fields = {}
+    start_notes()
     name = "-"
     try:
         key, args = url_map.bind_to_environ(request.environ).match()
@@ -103,7 +103,7 @@ def _answer(
         "status": resp.status_code,
         "ms": round(elapsed * 1000, 2),
     }
-    log.info(json.dumps({**line, **getattr(_ctx, "fields", {})}, separators=(",", ":")))
+    log.info(json.dumps({**line, **notes()}, separators=(",", ":")))
     return resp
 
 

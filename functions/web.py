@@ -40,6 +40,16 @@ def error(status: int, code: str, detail: str, headers: dict[str, str] | None = 
     return reply({"error": code, "detail": detail}, status, headers)
 
 
+def start_notes() -> None:
+    _ctx.fields = {}
+
+
+def notes() -> dict[str, Any]:
+    """The correlation ids noted for this request's log line."""
+    fields: dict[str, Any] = getattr(_ctx, "fields", {})
+    return fields
+
+
 def note(**fields: Any) -> None:
     """Add correlation ids (sessionId, queueId, ...) to this request's log line."""
     extra: dict[str, Any] = getattr(_ctx, "fields", {})

@@ -31,7 +31,7 @@ from shared.sql import query
 
 AckStatus = Literal["acked", "claim_superseded", "not_found"]
 
-NOTIFY_CHANNEL = "devpilot_dispatch"
+NOTIFY_CHANNEL = "devpilot_dispatch"  # the channel `enqueue` notifies and the `listen` query joins
 SWEEP_BATCH = 1000
 
 

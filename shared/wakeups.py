@@ -17,9 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
-from psycopg import sql
 
-from shared.queue import NOTIFY_CHANNEL
+from shared.sql import query
 
 log = logging.getLogger("devpilot.wakeups")
 
@@ -79,7 +78,7 @@ class Wakeups:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._url, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+                    conn.execute(query("listen"))
                     self._listening.set()
                     # Anything committed while we were not listening: let every waiter re-check.
                     self._wake_all()

@@ -14,8 +14,8 @@ from shared.db import Pool
 from shared.embedded import Database
 from shared.linear import sign
 from shared.wakeups import Wakeups
-from tests.api import ADMIN, SECRET, issue_event
-from tests.conftest import api_settings
+from tests.helpers.api import ADMIN, SECRET, issue_event
+from tests.helpers.data import api_settings
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from shared.migrate import migrate
 from shared.models import DispatchPayload
 from shared.queue import ack, claim, create_session, enqueue_dispatch, sweep
 from shared.settings import Settings
-from tests.conftest import MakeOrch, Orch, fill_queue, issue, row_counts
-from tests.pg import Server
+from tests.helpers.data import MakeOrch, Orch, fill_queue, issue, row_counts
+from tests.helpers.pg import Server
 
 ROOT = Path(__file__).parent.parent
 T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)

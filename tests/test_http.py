@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api import Api, agent_session_event, issue_event, now_ms
-from tests.conftest import row_counts
+from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
+from tests.helpers.data import row_counts
 
 
 def rows(api: Api) -> dict[str, int]:

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from shared.db import Pool
 from shared.queue import ack, claim, release, sweep
 from shared.settings import Settings
-from tests.conftest import MakeOrch, Orch, enqueue_one
+from tests.helpers.data import MakeOrch, Orch, enqueue_one
 from tests.test_reliability import assert_invariant
 
 LEASE = 60

@@ -13,7 +13,7 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from shared import intake, linear
-from tests.api import Api, agent_session_event, issue_event
+from tests.helpers.api import Api, agent_session_event, issue_event
 
 TOKEN = "lin_app_token_for_tests"
 

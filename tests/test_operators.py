@@ -16,7 +16,7 @@ from rich.console import Console
 
 from devpilot.status_view import render
 from shared.status import snapshot
-from tests.api import ADMIN, Api, issue_event
+from tests.helpers.api import ADMIN, Api, issue_event
 
 ROOT = Path(__file__).parent.parent
 

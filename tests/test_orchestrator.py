@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.api import Api, issue_event
+from tests.helpers.api import Api, issue_event
 
 ROOT = Path(__file__).parent.parent
 
@@ -285,9 +285,9 @@ def test_realtime_joins_with_the_token_and_claims_on_an_event(db_url: str, tmp_p
     import jwt
 
     from shared.db import open_pool
-    from tests.api import Api as ApiT
-    from tests.api import Served
-    from tests.conftest import api_settings
+    from tests.helpers.api import Api as ApiT
+    from tests.helpers.api import Served
+    from tests.helpers.data import api_settings
     from tests.helpers.phoenix_standin import PhoenixStandIn
 
     standin = PhoenixStandIn()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.pg import Server
+from tests.helpers.pg import Server
 
 ROOT = Path(__file__).parent.parent
 

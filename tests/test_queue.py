@@ -13,7 +13,7 @@ from shared.db import Pool, connect, transaction
 from shared.models import DispatchPayload
 from shared.queue import AckItem, ack, ack_many, claim, create_session, enqueue_dispatch, release, sweep
 from shared.settings import Settings
-from tests.conftest import MakeOrch, enqueue_one, issue, row_counts
+from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
 
 # A fixed instant after every row the test enqueues (enqueue uses the database clock).
 T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)

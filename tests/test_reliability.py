@@ -23,8 +23,8 @@ from shared.db import Pool
 from shared.orchestrators import register, revoke
 from shared.queue import claim, release, sweep
 from shared.settings import Settings
-from tests.api import ADMIN, SECRET, Api, issue_event
-from tests.conftest import MakeOrch, enqueue_one, row_counts
+from tests.helpers.api import ADMIN, SECRET, Api, issue_event
+from tests.helpers.data import MakeOrch, enqueue_one, row_counts
 
 ROOT = Path(__file__).parent.parent
 INVARIANT = """
@@ -284,7 +284,7 @@ def test_a_header_that_never_ends_does_not_hold_the_server(api: Api, monkeypatch
 def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestrator: MakeOrch) -> None:
     from shared.db import transaction
     from shared.queue import ack, cancel_issue
-    from tests.conftest import issue
+    from tests.helpers.data import issue
 
     o = make_orchestrator()
     n = 300

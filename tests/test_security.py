@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.linear import sign
-from tests.api import ADMIN, SECRET, Api, issue_event
-from tests.conftest import row_counts
+from tests.helpers.api import ADMIN, SECRET, Api, issue_event
+from tests.helpers.data import row_counts
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

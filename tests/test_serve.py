@@ -16,7 +16,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.api import ADMIN, SECRET, Api, issue_event
+from tests.helpers.api import ADMIN, SECRET, Api, issue_event
 
 ROOT = Path(__file__).parent.parent
 

@@ -17,8 +17,8 @@ from shared.db import open_pool
 from shared.migrate import migrate
 from shared.realtime import mint
 from shared.settings import Settings
-from tests.conftest import Orch, enqueue_one
-from tests.pg import Server
+from tests.helpers.data import Orch, enqueue_one
+from tests.helpers.pg import Server
 
 
 def test_plain_postgres_gets_no_supabase_sql(db_url: str) -> None:

@@ -40,3 +40,8 @@ INSERT INTO devpilot_migrations (version, checksum) VALUES (%(version)s, %(check
 -- Supabase's schemas are there: its Realtime publication and row-level security apply.
 SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'realtime')
        AND EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'authenticated') AS ok;
+
+-- name: listen
+-- On the one direct (or session-mode) connection per instance: the `enqueue` statement's NOTIFY
+-- on this channel wakes long-polls. A hint only; the table stays the truth.
+LISTEN devpilot_dispatch;

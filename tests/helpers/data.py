@@ -1,0 +1,95 @@
+"""Test data helpers shared by the suite: orchestrators, issues, enqueued rows, row counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from uuid import UUID
+
+from shared.db import Pool, transaction
+from shared.models import DispatchPayload, Enqueued, IssueRef
+from shared.queue import create_session, enqueue_dispatch
+from shared.settings import Settings
+
+
+@dataclass
+class Orch:
+    id: UUID
+    token: str
+    org_id: str
+    linear_user_id: str
+
+
+MakeOrch = Callable[..., Orch]
+
+
+def issue(n: int = 1, org: str = "org-a") -> IssueRef:
+    return IssueRef(
+        id=f"issue-{org}-{n}",
+        identifier=f"ENG-{n}",
+        title=f"Fix thing {n}",
+        url=f"https://linear.app/acme/issue/ENG-{n}",
+        description="details",
+    )
+
+
+def enqueue_one(pool: Pool, orch: Orch, n: int = 1) -> tuple[UUID, Enqueued]:
+    """A session and its queue row, committed together."""
+    iss = issue(n, orch.org_id)
+    with transaction(pool) as tx:
+        sid = create_session(
+            tx, org_id=orch.org_id, orchestrator_id=orch.id, linear_user_id=orch.linear_user_id, issue=iss
+        )
+        enq = enqueue_dispatch(
+            tx,
+            org_id=orch.org_id,
+            orchestrator_id=orch.id,
+            session_id=sid,
+            message=DispatchPayload(issue=iss),
+        )
+    return sid, enq
+
+
+FILL_SQL = """
+WITH s AS (
+    INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)
+    SELECT %(org)s, %(orch)s, 'queued', 'bulk-' || g FROM generate_series(1, %(n)s) g
+    RETURNING id
+)
+INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, available_at)
+SELECT s.id, %(orch)s, %(org)s, '{"issue": {"id": "bulk"}}', now() - interval '1 minute' FROM s
+"""
+SYNC_SESSIONS_SQL = """
+UPDATE dispatch_sessions ds SET queue_id = q.id, message_id = q.message_id
+FROM dispatch_queue q WHERE q.session_id = ds.id AND ds.queue_id IS NULL
+"""
+
+
+def fill_queue(pool: Pool, orch: Orch, n: int) -> None:
+    """Set-based test data: n queued sessions with their rows, for plan and scale checks."""
+    with transaction(pool) as tx:
+        tx.execute(FILL_SQL, {"org": orch.org_id, "orch": orch.id, "n": n})
+        tx.execute(SYNC_SESSIONS_SQL)
+
+
+def api_settings(**overrides: object) -> Settings:
+    from tests.helpers.api import ADMIN, SECRET
+
+    values: dict[str, object] = {"DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+ROW_COUNTS = """
+SELECT (SELECT count(*) FROM dispatch_sessions) AS sessions, (SELECT count(*) FROM dispatch_queue) AS queue,
+       (SELECT count(*) FROM webhook_deliveries) AS deliveries, (SELECT count(*) FROM orchestrators) AS orchestrators,
+       (SELECT count(*) FROM linear_notices) AS notices
+"""
+
+
+def row_counts(pool: Pool) -> dict[str, int]:
+    """How many rows each table holds: what "writes nothing" is checked against."""
+    with pool.connection() as conn:
+        row = conn.execute(ROW_COUNTS).fetchone()
+    assert row is not None
+    return {k: int(v) for k, v in row.items()}
