@@ -15,16 +15,27 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
 from orchestrator.client import Api, Rejected, Unreachable
-from orchestrator.journal import Journal
+from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
 
 Transport = Literal["poll", "listen", "realtime"]
+TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"
+
+
+def is_uuid(value: object) -> bool:
+    if not isinstance(value, str) or len(value) != 36:
+        return False
+    try:
+        return str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
 LONG_POLL_SECONDS = 20
 REALTIME_BACKSTOP_SECONDS = 30.0
 
@@ -70,7 +81,7 @@ class Orchestrator:
         self.cfg = cfg
         self.log = Log(cfg.json_logs)
         self.api = Api(cfg.url, cfg.token)
-        self.journal = Journal(cfg.state_dir / "journal.sqlite3")
+        self.journal = Journal(private_dir(cfg.state_dir) / "journal.sqlite3")
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
         self._critical = 0  # > 0 while an ack is in flight: SIGTERM waits for it
@@ -169,6 +180,11 @@ class Orchestrator:
             self._critical -= 1  # if SIGTERM came meanwhile, the loop sees `stopping`
 
     def _process_inner(self, m: dict[str, Any]) -> None:
+        if not is_uuid(m.get("messageId")):
+            # The id names files in the state dir: anything but a UUID (a path, a NUL byte) is
+            # refused before it is written anywhere or started; the loop goes on.
+            self.log("refused", f"refused a message whose messageId is not a UUID: {m.get('messageId')!r:.80}")
+            return
         name = (m.get("issue") or {}).get("identifier") or m["messageId"]
         seen = self.journal.get(m["messageId"])
         self.log(
@@ -229,7 +245,8 @@ class Orchestrator:
             return
         issue = m.get("issue") or {}
         env = {
-            **os.environ,
+            # Everything this process has, except the machine's own token: COMMAND never holds it.
+            **{k: v for k, v in os.environ.items() if k != TOKEN_ENV and v != self.cfg.token},
             "DEVPILOT_MESSAGE_ID": mid,
             "DEVPILOT_SESSION_ID": m["sessionId"],
             "DEVPILOT_QUEUE_ID": m["queueId"],
@@ -239,10 +256,9 @@ class Orchestrator:
         }
         # The message goes to a file the launcher puts on COMMAND's stdin, so COMMAND gets it whole
         # even if this process dies right after the fork.
-        msg_file = self.cfg.state_dir / "messages" / f"{mid}.json"
-        msg_file.parent.mkdir(parents=True, exist_ok=True)
-        self._marker(mid).parent.mkdir(parents=True, exist_ok=True)
-        with open(msg_file, "w", encoding="utf-8") as f:
+        msg_file = private_dir(self.cfg.state_dir / "messages") / f"{mid}.json"
+        private_dir(self._marker(mid).parent)
+        with open(os.open(msg_file, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
             f.write(json.dumps(m))
             f.flush()
             os.fsync(f.fileno())

@@ -1,4 +1,7 @@
-"""`devpilot-orchestrator --url URL --token TOKEN [--transport poll|listen|realtime] -- COMMAND...`"""
+"""`devpilot-orchestrator --url URL [--token TOKEN] [--transport poll|listen|realtime] -- COMMAND...`
+
+The token comes from DEVPILOT_ORCHESTRATOR_TOKEN (preferred: the process list shows --token).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.agent import Config, Orchestrator, default_state_dir
+from orchestrator.agent import TOKEN_ENV, Config, Orchestrator, default_state_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="base URL of the service (devpilot serve or the functions)")
     p.add_argument(
         "--token",
-        default=os.environ.get("DEVPILOT_ORCHESTRATOR_TOKEN"),
-        help="orchestrator bearer token (or DEVPILOT_ORCHESTRATOR_TOKEN)",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"orchestrator bearer token; prefer {TOKEN_ENV} (the process list shows --token)",
     )
     p.add_argument("--transport", choices=["poll", "listen", "realtime"], default="poll")
     p.add_argument("--poll-interval", type=float, default=5.0, help="seconds between polls (jittered)")

@@ -16,6 +16,7 @@ with the message file on stdin -> mark started.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -37,6 +38,13 @@ CREATE TABLE IF NOT EXISTS journal (
 )"""
 
 
+def private_dir(path: Path) -> Path:
+    """A folder only this user can enter: the state holds issue texts and claim tokens."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)  # also when an older version made it with the default mode
+    return path
+
+
 @dataclass(frozen=True)
 class Entry:
     message_id: str
@@ -48,7 +56,10 @@ class Entry:
 
 class Journal:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        # Owner-only before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        os.chmod(path, 0o600)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -63,4 +63,8 @@ def migrate(url: str) -> list[str]:
             tx.execute(sql.SQL(m.text))  # our own shipped file, not input
             tx.execute(query("migrations_record"), {"version": m.version, "checksum": m.checksum})
             applied_now.append(m.version)
+        if has_supabase and has_supabase["ok"]:
+            # Every run, after every migration: row-level security on every table, and Supabase's
+            # client roles granted nothing but the one policy-filtered SELECT Realtime needs.
+            tx.execute(sql.SQL((SCHEMA / "supabase" / "lockdown.sql").read_text(encoding="utf-8")))
     return applied_now

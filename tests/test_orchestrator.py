@@ -30,7 +30,9 @@ class Orch:
         transport: str = "poll",
         interval: float = 0.3,
         extra: list[str] | None = None,
+        token_in_env: bool = False,
     ) -> None:
+        self.token_env = {"DEVPILOT_ORCHESTRATOR_TOKEN": token} if token_in_env else {}
         self.started_file = tmp / "started.jsonl"
         self.state = tmp / "state"
         self.log_file = tmp / "orchestrator.log"
@@ -40,8 +42,7 @@ class Orch:
             "orchestrator.cli",
             "--url",
             api_url,
-            "--token",
-            token,
+            *([] if token_in_env else ["--token", token]),
             "--transport",
             transport,
             "--poll-interval",
@@ -59,7 +60,11 @@ class Orch:
     def start(self) -> None:
         log = open(self.log_file, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
-            self.args, cwd=ROOT, stderr=log, stdout=log, env={**os.environ, "PYTHONPATH": str(ROOT)}
+            self.args,
+            cwd=ROOT,
+            stderr=log,
+            stdout=log,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **self.token_env},
         )
 
     def signal(self, sig: int) -> None:
@@ -361,4 +366,86 @@ def test_resume_of_an_interrupted_start_uses_the_marker(api: Api, orch_factory: 
         wait_for(lambda: len(o.starts()) == 1, what="the interrupted start resumed")
         assert o.starts()[0]["messageId"] == m["messageId"]
         assert (o.state / "started" / m["messageId"]).exists()
+    assert o.stop() == 0
+
+
+def test_token_from_the_environment_never_reaches_command_and_state_is_private(
+    api: Api, tmp_path: Path
+) -> None:
+    """The token is read from DEVPILOT_ORCHESTRATOR_TOKEN (not on the command line, which the
+    process list shows); COMMAND's environment holds neither the variable nor its value; the state
+    folder is the user's alone (0700) and every file in it 0600."""
+    _, token = api.register()
+    o = Orch(api.url, token, tmp_path, token_in_env=True)
+    o.start()
+    assert o.proc is not None
+    assert token not in " ".join(o.args)
+    api.webhook(issue_event(issue_id="secret-env"))
+    wait_for(lambda: len(o.starts()) == 1, what="one start")
+    assert o.stop() == 0
+    [start] = o.starts()
+    assert "DEVPILOT_ORCHESTRATOR_TOKEN" not in start["env"] and token not in json.dumps(start)
+    assert (o.state.stat().st_mode & 0o777) == 0o700
+    files = [p for p in o.state.rglob("*")]
+    assert any(p.name == "journal.sqlite3" for p in files) and any(p.suffix == ".json" for p in files)
+    for p in files:
+        assert (p.stat().st_mode & 0o777) == (0o700 if p.is_dir() else 0o600), p
+
+
+def test_a_message_id_that_is_not_a_uuid_is_never_written_nor_started(
+    httpserver: Any, tmp_path: Path
+) -> None:
+    """A service (or whoever answers in its place) handing out `../../x`, an absolute path or a NUL
+    byte as messageId: logged, nothing written outside (or inside) the state folder, never started,
+    and the orchestrator goes on to the next message — and starts cleanly again afterwards."""
+    from uuid import uuid4
+
+    from werkzeug import Response
+
+    def message(mid: str) -> dict[str, Any]:
+        return {
+            "messageId": mid,
+            "queueId": str(uuid4()),
+            "sessionId": str(uuid4()),
+            "orgId": "org-a",
+            "orchestratorId": str(uuid4()),
+            "attempt": 1,
+            "claimToken": str(uuid4()),
+            "leaseExpiresAt": "2026-12-03T10:00:00+00:00",
+            "createdAt": "2026-12-03T10:00:00+00:00",
+            "issue": {"id": "i", "identifier": "ENG-9", "title": "t", "url": None, "description": None},
+            "agentSessionId": None,
+        }
+
+    good = str(uuid4())
+    batches = [
+        [message("../../escaped"), message("/tmp/devpilot-absolute"), message("nul\x00byte"), message(good)]
+    ]
+    acked: list[str] = []
+
+    def claim(request: Any) -> Response:
+        return Response(
+            json.dumps({"messages": batches.pop() if batches else []}), content_type="application/json"
+        )
+
+    def ack(request: Any) -> Response:
+        acked.append(json.loads(request.data)["queueId"])
+        return Response(json.dumps({"status": "acked"}), content_type="application/json")
+
+    httpserver.expect_request("/claim", method="POST").respond_with_handler(claim)
+    httpserver.expect_request("/ack", method="POST").respond_with_handler(ack)
+    o = Orch(httpserver.url_for("").rstrip("/"), "dpo_test", tmp_path)
+    o.start()
+    wait_for(lambda: len(o.starts()) == 1, what="the good message started")
+    time.sleep(0.5)
+    assert o.proc is not None and o.proc.poll() is None  # still running
+    assert [s["messageId"] for s in o.starts()] == [good] and len(acked) == 1
+    assert o.log().count("refused a message whose messageId is not a UUID") == 3
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "escaped.json").exists()
+    assert not Path("/tmp/devpilot-absolute").exists() and not Path("/tmp/devpilot-absolute.json").exists()
+    assert {p.name for p in (o.state / "messages").iterdir()} == {f"{good}.json"}
+    assert o.stop() == 0
+    o.start()  # nothing bad was journaled: a restart neither crashes nor starts anything again
+    time.sleep(1.0)
+    assert o.proc.poll() is None and len(o.starts()) == 1
     assert o.stop() == 0

@@ -99,3 +99,94 @@ def test_es256_tokens_carry_the_key_id() -> None:
             algorithms=["ES256"],
             audience="authenticated",
         )
+
+
+SUPABASE_DEFAULTS = """
+GRANT USAGE ON SCHEMA public TO anon, authenticated;
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO anon, authenticated;
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON SEQUENCES TO anon, authenticated;
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON FUNCTIONS TO anon, authenticated;
+"""
+
+
+def test_supabase_client_roles_get_nothing_but_their_own_queue_rows(pg_server: Server) -> None:
+    """With Supabase's default grants (every new table in `public` to `anon` and `authenticated`),
+    a machine's Realtime token reads its own queue rows and nothing else: no credentials, no token
+    hashes, no sessions, no other org's rows, and it writes nothing. A table added later is covered."""
+    from psycopg import errors
+
+    name = "devpilot_supa_" + os.urandom(4).hex()
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+        for role in ("anon", "authenticated"):
+            conn.execute(
+                f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}')"
+                f" THEN CREATE ROLE {role} NOLOGIN; END IF; END $$"
+            )
+    url = pg_server.url_for(name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA realtime")
+            conn.execute(SUPABASE_DEFAULTS)
+        migrate(url)
+        pool = open_pool(url, Settings(), max_size=2)
+        from shared.orchestrators import register
+
+        a = register(pool, org_id="org-a", linear_user_id="u", name="a")
+        b = register(pool, org_id="org-b", linear_user_id="u", name="b")
+        enqueue_one(pool, Orch(a.id, a.token, "org-a", "u"), 1)
+        enqueue_one(pool, Orch(b.id, b.token, "org-b", "u"), 2)
+        with pool.connection() as conn:
+            conn.execute("INSERT INTO linear_credentials (org_id, token_encrypted) VALUES ('org-b', 'x')")
+        pool.close()
+        settings = Settings(SUPABASE_URL="x", SUPABASE_ANON_KEY="y", SUPABASE_JWT_SECRET="z" * 32)
+        import jwt
+
+        claims = jwt.decode(
+            mint(settings, a.id, "org-a").token, "z" * 32, algorithms=["HS256"], audience="authenticated"
+        )
+
+        def as_client(role: str, statement: str) -> object:
+            with psycopg.connect(url) as conn:
+                conn.execute(f"SET ROLE {role}")
+                conn.execute("SELECT set_config('request.jwt.claims', %s, true)", (json.dumps(claims),))
+                return conn.execute(statement).fetchall()  # type: ignore[call-overload]
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            tables = [
+                t for (t,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            ]
+        assert {"orchestrators", "linear_credentials", "dispatch_sessions", "dispatch_queue"} <= set(tables)
+
+        def assert_locked(all_tables: list[str]) -> None:
+            with psycopg.connect(url, autocommit=True) as conn:
+                no_rls = conn.execute(
+                    "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+                    " AND relkind = 'r' AND NOT relrowsecurity"
+                ).fetchall()
+            assert no_rls == []  # every table, including any a later migration adds
+            for table in all_tables:
+                for role in ("anon", "authenticated"):
+                    if (table, role) == ("dispatch_queue", "authenticated"):
+                        continue
+                    with pytest.raises(errors.InsufficientPrivilege):
+                        as_client(role, f"SELECT * FROM {table}")
+
+        assert_locked(tables)
+        assert as_client("authenticated", "SELECT orchestrator_id FROM dispatch_queue") == [(a.id,)]
+        for write in (
+            f"UPDATE orchestrators SET token_hash = 'x' WHERE id = '{b.id}'",
+            "DELETE FROM dispatch_queue",
+            "INSERT INTO linear_credentials (org_id, token_encrypted) VALUES ('org-a', 'y')",
+            "SELECT devpilot_notifies('org-b')",
+        ):
+            with pytest.raises(errors.InsufficientPrivilege):
+                as_client("authenticated", write)
+
+        # a table a later migration adds is locked by the next `devpilot migrate` too
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE added_later (id int)")
+        migrate(url)
+        assert_locked([*tables, "added_later"])
+    finally:
+        pg_server.drop(name)
