@@ -36,6 +36,8 @@ def is_uuid(value: object) -> bool:
         return str(uuid.UUID(value)) == value.lower()
     except ValueError:
         return False
+
+
 LONG_POLL_SECONDS = 20
 REALTIME_BACKSTOP_SECONDS = 30.0
 
@@ -183,7 +185,9 @@ class Orchestrator:
         if not is_uuid(m.get("messageId")):
             # The id names files in the state dir: anything but a UUID (a path, a NUL byte) is
             # refused before it is written anywhere or started; the loop goes on.
-            self.log("refused", f"refused a message whose messageId is not a UUID: {m.get('messageId')!r:.80}")
+            self.log(
+                "refused", f"refused a message whose messageId is not a UUID: {m.get('messageId')!r:.80}"
+            )
             return
         name = (m.get("issue") or {}).get("identifier") or m["messageId"]
         seen = self.journal.get(m["messageId"])
@@ -258,7 +262,9 @@ class Orchestrator:
         # even if this process dies right after the fork.
         msg_file = private_dir(self.cfg.state_dir / "messages") / f"{mid}.json"
         private_dir(self._marker(mid).parent)
-        with open(os.open(msg_file, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+        with open(
+            os.open(msg_file, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w", encoding="utf-8"
+        ) as f:
             f.write(json.dumps(m))
             f.flush()
             os.fsync(f.fileno())
