@@ -136,8 +136,8 @@ def test_supabase_client_roles_get_nothing_but_their_own_queue_rows(pg_server: S
         b = register(pool, org_id="org-b", linear_user_id="u", name="b")
         enqueue_one(pool, Orch(a.id, a.token, "org-a", "u"), 1)
         enqueue_one(pool, Orch(b.id, b.token, "org-b", "u"), 2)
-        with pool.connection() as conn:
-            conn.execute("INSERT INTO linear_credentials (org_id, token_encrypted) VALUES ('org-b', 'x')")
+        with pool.connection() as service:
+            service.execute("INSERT INTO linear_credentials (org_id, token_encrypted) VALUES ('org-b', 'x')")
         pool.close()
         settings = Settings(SUPABASE_URL="x", SUPABASE_ANON_KEY="y", SUPABASE_JWT_SECRET="z" * 32)
         import jwt
@@ -150,7 +150,7 @@ def test_supabase_client_roles_get_nothing_but_their_own_queue_rows(pg_server: S
             with psycopg.connect(url) as conn:
                 conn.execute(f"SET ROLE {role}")
                 conn.execute("SELECT set_config('request.jwt.claims', %s, true)", (json.dumps(claims),))
-                return conn.execute(statement).fetchall()  # type: ignore[call-overload]
+                return conn.execute(statement).fetchall()
 
         with psycopg.connect(url, autocommit=True) as conn:
             tables = [
