@@ -24,7 +24,17 @@ from werkzeug.routing import Map, Rule
 from functions.routes import BY_NAME, ROUTES, Auth, Endpoint, Route
 from functions.runtime import Runtime, get_runtime
 from functions.telemetry import ROUTE_HISTOGRAMS
-from functions.web import ApiError, Call, View, error, notes, require_admin, require_orchestrator, start_notes
+from functions.web import (
+    ApiError,
+    Call,
+    View,
+    error,
+    notes,
+    require_admin,
+    require_agent,
+    require_orchestrator,
+    start_notes,
+)
 from shared.orchestrators import Orchestrator
 from shared.settings import SettingsError
 
@@ -52,15 +62,18 @@ def _view(route: Route, ep: Endpoint) -> View:
     return view
 
 
-def _authorise(auth: Auth, request: flask.Request, rt: Runtime) -> Orchestrator | None:
+def _authorise(auth: Auth, request: flask.Request, rt: Runtime) -> tuple[Orchestrator | None, str | None]:
+    """Who is calling: the machine (and, for an agent COMMAND's token, the agent session it may use)."""
     if auth == "orchestrator":
-        return require_orchestrator(request, rt)
+        return require_orchestrator(request, rt), None
+    if auth == "agent":
+        return require_agent(request, rt)
     if auth == "admin" or (auth == "scheduler" and not rt.settings.sweep_platform_auth):
         # (A scheduler-only service runs with DEVPILOT_SWEEP_PLATFORM_AUTH=1: the platform has
         # already verified the scheduler's identity before the request reaches us.)
         require_admin(request, rt)
     # "public": anyone; "dashboard": the view answers its login form to a caller without a session.
-    return None
+    return None, None
 
 
 def _answer(
@@ -74,7 +87,8 @@ def _answer(
         route, ep = endpoints[key]
         name = route.name
         rt = get_runtime()
-        resp = _view(route, ep)(Call(request, rt, args, _authorise(ep.auth, request, rt)))
+        caller, scope = _authorise(ep.auth, request, rt)
+        resp = _view(route, ep)(Call(request, rt, args, caller, scope))
     except ApiError as exc:
         resp = error(exc.status, exc.code, exc.detail, exc.headers)
     except HTTPException as exc:  # no such path, or not this method

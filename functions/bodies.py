@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    UUID4,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 NIL = UUID(int=0)  # matches no row and no token: how a malformed id is judged
 
@@ -57,3 +68,33 @@ class RegisterBody(Body):
 class CredentialsBody(Body):
     org_id: StrictStr = Field(alias="orgId", min_length=1, max_length=200)
     access_token: StrictStr = Field(alias="accessToken", min_length=1, max_length=4000)
+
+
+class ActivityContent(Body):
+    """Linear's agent activity content: `action` needs action and parameter; the others a body."""
+
+    type: Literal["thought", "action", "elicitation", "response", "error"]
+    body: StrictStr | None = Field(default=None, max_length=100_000)
+    action: StrictStr | None = Field(default=None, max_length=2000)
+    parameter: StrictStr | None = Field(default=None, max_length=100_000)
+    result: StrictStr | None = Field(default=None, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ActivityContent:
+        if self.type == "action":
+            if self.action is None or self.parameter is None:
+                raise ValueError("an action needs 'action' and 'parameter'")
+        elif self.body is None or not self.body.strip():
+            raise ValueError(f"a {self.type} needs a non-empty 'body'")
+        return self
+
+    def linear(self) -> dict[str, str]:
+        """As Linear's agentActivityCreate takes it: only the fields this type has."""
+        return self.model_dump(exclude_none=True)
+
+
+class ActivityBody(Body):
+    agent_session_id: StrictStr = Field(alias="agentSessionId", min_length=1, max_length=200)
+    content: ActivityContent
+    id: UUID4 | None = None
+    ephemeral: StrictBool = False

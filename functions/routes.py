@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 # Who may call: anyone (the view may still check a signature), the operators' bearer token, a
-# registered machine's bearer token, the scheduler (admin bearer, or the platform's own check on a
-# scheduler-only service), or the operators' dashboard session.
-Auth = Literal["public", "admin", "orchestrator", "scheduler", "dashboard"]
+# registered machine's bearer token, a machine or its agent COMMAND (a token scoped to one agent
+# session), the scheduler (admin bearer, or the platform's own check on a scheduler-only service),
+# or the operators' dashboard session.
+Auth = Literal["public", "admin", "orchestrator", "agent", "scheduler", "dashboard"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ ROUTES: tuple[Route, ...] = (
         ),
     ),
     one("realtime_token", "/realtime-token", ("POST",), "orchestrator"),
+    one("activities", "/activities", ("POST",), "agent"),
     one("healthz", "/healthz", ("GET", "HEAD"), "public"),
     one("metrics", "/metrics", ("GET",), "admin", deployed=False),
     Route(

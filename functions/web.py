@@ -13,9 +13,10 @@ import flask
 from pydantic import BaseModel, ValidationError
 
 from functions.runtime import Runtime
+from shared import agent_tokens
 from shared.dispatch import Dispatch
 from shared.linear import has_nul
-from shared.orchestrators import Orchestrator, authenticate
+from shared.orchestrators import Orchestrator, authenticate, authenticate_agent
 
 MAX_BODY = 1024 * 1024  # 1 MiB
 
@@ -104,6 +105,18 @@ def require_admin(request: flask.Request, rt: Runtime) -> None:
         raise ApiError(401, "unauthorized", "missing or wrong admin bearer token")
 
 
+def require_agent(request: flask.Request, rt: Runtime) -> tuple[Orchestrator, str | None]:
+    """The machine's token, or an agent COMMAND's token scoped to one agent session."""
+    token = bearer(request)
+    if token is not None and token.startswith(f"{agent_tokens.PREFIX}."):
+        found = authenticate_agent(rt.pool, token)
+        if found is None:
+            raise ApiError(401, "unauthorized", "missing, wrong, expired or revoked agent token")
+        note(orchestratorId=found[0].id)
+        return found
+    return require_orchestrator(request, rt), None
+
+
 def require_orchestrator(request: flask.Request, rt: Runtime) -> Orchestrator:
     token = bearer(request)
     orch = authenticate(rt.pool, token) if token else None
@@ -120,7 +133,8 @@ class Call:
     request: flask.Request
     rt: Runtime
     args: Mapping[str, Any] = field(default_factory=dict)  # path parameters of the matched rule
-    caller: Orchestrator | None = None  # set on orchestrator routes
+    caller: Orchestrator | None = None  # set on orchestrator (and agent) routes
+    scope: str | None = None  # an agent COMMAND's token: the one agent session it may speak in
 
     @property
     def orch(self) -> Orchestrator:

@@ -28,9 +28,7 @@ def webhook(call: Call) -> flask.Response:
         raise ApiError(400, "bad_request", str(exc)) from None
     if not linear.is_fresh(hook, int(time.time() * 1000), call.rt.settings.webhook_tolerance_seconds):
         raise ApiError(401, "stale_webhook", "webhookTimestamp is too far from now")
-    answer = call.service.receive_webhook(
-        hook, hook.delivery_key(call.request.headers.get("Linear-Delivery"))
-    )
+    answer = call.service.receive_webhook(hook, call.request.headers.get("Linear-Delivery"))
     note(
         sessionId=answer.get("sessionId"),
         queueId=answer.get("queueId"),

@@ -10,18 +10,31 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from uuid import UUID
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg.types.json import Jsonb
 
 from shared import intake, notices, orchestrators, queue
-from shared.db import Pool
+from shared.db import Pool, transaction
 from shared.linear import Webhook
 from shared.models import TaskDispatchMessage
+from shared.orchestrators import Orchestrator
 from shared.settings import Settings
+from shared.sql import query
 from shared.wakeups import Wakeups
 
 log = logging.getLogger("devpilot.dispatch")
 
 RECHECK_SECONDS = 5.0  # the polling backstop inside a long-poll, should a NOTIFY be lost
+
+
+class Refused(Exception):
+    """The service will not do it; `code` is the contract's error code (the caller maps it to a status)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
 
 
 class Dispatch:
@@ -45,9 +58,10 @@ class Dispatch:
 
         return self._sender.submit(run)
 
-    def receive_webhook(self, hook: Webhook, delivery_key: str) -> dict[str, object]:
-        """One verified, fresh Linear webhook: its one intake transaction, then its notices."""
-        received = intake.receive(self.pool, hook, delivery_key)
+    def receive_webhook(self, hook: Webhook, delivery: str | None) -> dict[str, object]:
+        """One verified, fresh Linear webhook (`delivery`: its Linear-Delivery header): its one
+        intake transaction, then its notices."""
+        received = intake.receive(self.pool, hook, delivery)
         self._after_commit(received.notice_ids)
         return received.answer
 
@@ -98,6 +112,42 @@ class Dispatch:
         if sent.sent or sent.failed:
             log.info('{"event":"notices","sent":%d,"failed":%d}', sent.sent, sent.failed)
         return result
+
+    def accept_activity(
+        self,
+        orch: Orchestrator,
+        agent_session_id: str,
+        content: dict[str, Any],
+        *,
+        activity_id: UUID | None,
+        ephemeral: bool,
+    ) -> UUID:
+        """The agent's reply to Linear, into the outbox in one transaction; posted after commit with
+        the activity id as Linear's `input.id`. Only the machine an agent session's message was
+        delivered to may speak in it; anyone else learns nothing (not_found)."""
+        aid = activity_id or uuid4()
+        params = {
+            "id": aid,
+            "org_id": orch.org_id,
+            "agent_session_id": agent_session_id,
+            "orchestrator_id": orch.id,
+            "body": str(content.get("body") or content.get("action") or ""),
+            "content": Jsonb(content),
+            "ephemeral": ephemeral,
+        }
+        with transaction(self.pool) as tx:
+            rights = tx.one(query("activity_rights"), params)
+            assert rights is not None
+            if not rights["holds"]:
+                raise Refused("not_found", "no agent session of yours by that id")
+            if not rights["connected"]:
+                raise Refused("linear_not_connected", "this workspace has not connected Linear")
+            if tx.one(query("activity_insert"), params) is None:
+                same = tx.one(query("activity_same"), params)
+                if same is None or not same["same"]:
+                    raise Refused("not_found", "no agent session of yours by that id")
+        self._after_commit([aid])
+        return aid
 
     def close(self) -> None:
         self._sender.shutdown(wait=False)

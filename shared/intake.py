@@ -1,7 +1,20 @@
-"""Webhook intake: one transaction records the delivery, any cancellation and any new dispatch.
+"""Webhook intake: one transaction records the delivery with everything it causes.
 
-Either all of it commits (delivery id, cancelled session, new session and its queue row) or none
-of it does, so a crash mid-request leaves Linear's retry to find nothing recorded and try again.
+Either all of it commits (the delivery's keys, cancelled sessions, the new message's session and
+queue row, the Linear notice that says so) or none of it does, so a crash mid-request leaves
+Linear's retry to find nothing recorded and try again.
+
+What each event does (the conversation, drawn in the README):
+- Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
+  cancelling the issue's undelivered assignment dispatch. Unassigned or removed: that cancel only.
+  Never touches an agent session's messages. No machine for the user: ignored, Linear not told.
+- Agent session `created`: a `start` to the machine of the user who started it (an automation: the
+  issue's assignee), with what they asked and Linear's context; a first `thought` for Linear.
+- `prompted`: a `prompt` to the machine that holds the agent session (never re-routed); with no
+  holder yet, routed as a `start`.
+- `prompted` with the stop signal: every undelivered message of the agent session cancelled, and a
+  `stop` queued for the machine that had one delivered; if none had, Linear gets a final response.
+- An agent session that nothing can take: an `error` activity, so Linear does not wait on it.
 """
 
 from __future__ import annotations
@@ -10,13 +23,16 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from shared import notices as notices_mod
+from shared import notices
 from shared.db import Pool, Tx, transaction
 from shared.linear import Intent, Webhook, intent
-from shared.models import DispatchPayload
+from shared.models import DispatchPayload, IssueRef, MessageKind
 from shared.queue import cancel_issue, create_session, enqueue_dispatch
 from shared.routing import route
 from shared.sql import query
+
+UNROUTABLE = "No machine is registered in devpilot for the person who started this; nothing was dispatched."
+STOPPED_BEFORE_START = "Stopped before any machine started working on it."
 
 
 @dataclass(frozen=True)
@@ -25,94 +41,158 @@ class Received:
     notice_ids: list[UUID] = field(default_factory=list)  # Linear notices written, to send after commit
 
 
-def receive(pool: Pool, hook: Webhook, delivery_key: str) -> Received:
-    """Apply one verified, fresh webhook in one transaction."""
+def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
+    """Apply one verified, fresh webhook in one transaction. `delivery` is Linear-Delivery."""
     plan = intent(hook)
+    key, content_key = hook.delivery_keys(delivery)
+    keys = {"key": key, "content_key": content_key}
     with transaction(pool) as tx:
-        if tx.one(query("record_delivery"), {"key": delivery_key}) is None:
-            seen = tx.one(query("delivery_session"), {"key": delivery_key})
+        if tx.one(query("record_delivery"), keys) is None:
+            seen = tx.one(query("delivery_session"), keys)
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
-
         received = _apply(tx, hook, plan)
         tx.execute(
             query("finish_delivery"),
-            {
-                "key": delivery_key,
-                "session_id": received.answer.get("sessionId"),
-                "outcome": received.answer["status"],
-            },
+            {**keys, "session_id": received.answer.get("sessionId"), "outcome": received.answer["status"]},
         )
         return received
 
 
 def _apply(tx: Tx, hook: Webhook, plan: Intent) -> Received:
-    assert hook.org_id is not None or plan.kind == "ignore"
-    notices: list[UUID] = []
+    org = hook.org_id
+    if org is None or plan.kind == "ignore":
+        if org and plan.unroutable_notice and plan.agent_session_id:
+            return Received(
+                {"status": "ignored", "reason": plan.reason}, _tell(tx, org, plan, "failed", UNROUTABLE)
+            )
+        return Received({"status": "ignored", "reason": plan.reason or "not_routable"})
+    if plan.agent_session_id:
+        tx.execute(query("lock_agent_session"), {"org_id": org, "agent_session_id": plan.agent_session_id})
+    if plan.kind == "stop":
+        return _stop(tx, org, plan)
+    if plan.kind == "prompt":
+        holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
+        if holder is not None:
+            orch, issue = holder
+            return _dispatch(tx, org, plan, orch, plan.issue or issue, "prompt", cancelled=[])
+
     cancelled: list[UUID] = []
-    if plan.cancel_issue_id and hook.org_id:
+    if plan.cancel_issue_id:
         cancelled = cancel_issue(
             tx,
-            org_id=hook.org_id,
+            org_id=org,
             issue_id=plan.cancel_issue_id,
             linear_user_id=None,
             reason=f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed",
         )
-    if plan.kind == "dispatch" and hook.org_id and plan.issue and plan.user_id:
-        orch = route(tx, org_id=hook.org_id, linear_user_id=plan.user_id)
-        if orch is not None:
-            sid = create_session(
-                tx,
-                org_id=hook.org_id,
-                orchestrator_id=orch,
-                linear_user_id=plan.user_id,
-                issue=plan.issue,
-                agent_session_id=plan.agent_session_id,
-            )
-            enq = enqueue_dispatch(
-                tx,
-                org_id=hook.org_id,
-                orchestrator_id=orch,
-                session_id=sid,
-                message=DispatchPayload(issue=plan.issue, agent_session_id=plan.agent_session_id),
-            )
-            if plan.agent_session_id:
-                row = tx.one(
-                    query("notice_dispatched"),
-                    {
-                        "org_id": hook.org_id,
-                        "session_id": sid,
-                        "agent_session_id": plan.agent_session_id,
-                        "issue_id": plan.issue.id,
-                        "orchestrator_id": orch,
-                    },
-                )
-                if row is not None:
-                    notices.append(row["id"])
-            answer: dict[str, Any] = {
-                "status": "dispatched",
-                "sessionId": str(sid),
-                "queueId": str(enq.queue_id),
-                "messageId": str(enq.message_id),
-                "orchestratorId": str(orch),
-            }
-            if cancelled:
-                answer["cancelledSessionId"] = str(cancelled[0])
-            return Received(answer, notices)
-        if not cancelled:
-            # Unroutable: tell the user in Linear that no machine is there to take it.
-            nid = notices_mod.write(
-                tx,
-                org_id=hook.org_id,
-                kind="failed",
-                session_id=None,
-                agent_session_id=plan.agent_session_id,
-                issue_id=plan.issue.id,
-                body="No machine is registered for you in devpilot; nothing was dispatched.",
-            )
-            return Received({"status": "ignored", "reason": "no_orchestrator"}, [] if nid is None else [nid])
+    if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id:
+        routed = route(tx, org_id=org, linear_user_id=plan.user_id)
+        if routed is not None:
+            return _dispatch(tx, org, plan, routed, plan.issue, "start", cancelled)
     if cancelled:
         return Received({"status": "cancelled", "sessionId": str(cancelled[0])})
     if plan.kind == "cancel":
         return Received({"status": "ignored", "reason": "nothing_to_cancel"})
-    return Received({"status": "ignored", "reason": plan.reason or "not_routable"})
+    # Unroutable. A plain assignment to someone without a machine is most assignments in a
+    # workspace: nothing is posted. An agent session is waiting on us: Linear hears why.
+    told = (
+        _tell(tx, org, plan, "failed", UNROUTABLE) if plan.unroutable_notice and plan.agent_session_id else []
+    )
+    return Received({"status": "ignored", "reason": "no_orchestrator"}, told)
+
+
+def _dispatch(
+    tx: Tx, org: str, plan: Intent, orch: UUID, issue: IssueRef, kind: MessageKind, cancelled: list[UUID]
+) -> Received:
+    prompt = plan.prompt if kind != "stop" else None
+    sid = create_session(
+        tx,
+        org_id=org,
+        orchestrator_id=orch,
+        linear_user_id=plan.user_id,
+        issue=issue,
+        agent_session_id=plan.agent_session_id,
+        kind=kind,
+    )
+    enq = enqueue_dispatch(
+        tx,
+        org_id=org,
+        orchestrator_id=orch,
+        session_id=sid,
+        message=DispatchPayload(
+            issue=issue, agent_session_id=plan.agent_session_id, kind=kind, prompt=prompt
+        ),
+    )
+    told: list[UUID] = []
+    if plan.agent_session_id and kind == "start":
+        row = tx.one(
+            query("notice_dispatched"),
+            {
+                "org_id": org,
+                "session_id": sid,
+                "agent_session_id": plan.agent_session_id,
+                "issue_id": issue.id,
+                "orchestrator_id": orch,
+            },
+        )
+        told = [] if row is None else [row["id"]]
+    answer: dict[str, Any] = {
+        "status": "dispatched",
+        "sessionId": str(sid),
+        "queueId": str(enq.queue_id),
+        "messageId": str(enq.message_id),
+        "orchestratorId": str(orch),
+    }
+    if plan.agent_session_id:
+        answer["kind"] = kind
+    if cancelled:
+        answer["cancelledSessionId"] = str(cancelled[0])
+    return Received(answer, told)
+
+
+def _stop(tx: Tx, org: str, plan: Intent) -> Received:
+    """Linear's stop signal: cancel what no machine has yet, and tell the machine that has it."""
+    assert plan.agent_session_id is not None
+    rows = tx.all(
+        query("cancel_agent_session"),
+        {"org_id": org, "agent_session_id": plan.agent_session_id, "reason": "stopped in Linear"},
+    )
+    cancelled = [str(r["id"]) for r in rows]
+    holder = _holder(tx, org, plan.agent_session_id, delivered_only=True)
+    if holder is None:
+        told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)
+        return Received({"status": "stopped", "cancelledSessionIds": cancelled, "stopSessionId": None}, told)
+    orch, issue = holder
+    sent = _dispatch(tx, org, plan, orch, plan.issue or issue, "stop", cancelled=[])
+    answer = {
+        "status": "stopped",
+        "cancelledSessionIds": cancelled,
+        "stopSessionId": sent.answer["sessionId"],
+    }
+    return Received(answer, sent.notice_ids)
+
+
+def _holder(
+    tx: Tx, org: str, agent_session_id: str | None, *, delivered_only: bool
+) -> tuple[UUID, IssueRef] | None:
+    row = tx.one(
+        query("agent_session_holder"),
+        {"org_id": org, "agent_session_id": agent_session_id, "delivered_only": delivered_only},
+    )
+    if row is None:
+        return None
+    return row["orchestrator_id"], IssueRef(id=row["issue_id"] or "", identifier=row["issue_identifier"])
+
+
+def _tell(tx: Tx, org: str, plan: Intent, kind: str, body: str) -> list[UUID]:
+    nid = notices.write(
+        tx,
+        org_id=org,
+        kind=kind,
+        session_id=None,
+        agent_session_id=plan.agent_session_id,
+        issue_id=plan.issue.id if plan.issue else None,
+        body=body,
+    )
+    return [] if nid is None else [nid]

@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shared.models import IssueRef
+from shared.models import IssueRef, Prompt
 
 
 class BadWebhook(ValueError):
@@ -20,10 +21,12 @@ class BadWebhook(ValueError):
 
 
 def signature_ok(secret: str, body: bytes, signature: str | None) -> bool:
+    """Any header value at all (non-ASCII, huge, empty) is compared as bytes: a mismatch, never an
+    exception (compare_digest refuses non-ASCII str)."""
     if not signature:
         return False
-    expected = hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, signature.strip())
+    expected = hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest().encode()
+    return hmac.compare_digest(expected, signature.strip().encode("utf-8", "surrogateescape"))
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -40,12 +43,21 @@ class Webhook:
     org_id: str | None
     entity: dict[str, Any]
 
-    def delivery_key(self, delivery_header: str | None) -> str:
-        """Linear-Delivery when sent; else what identifies one delivery of one change."""
+    def delivery_keys(self, delivery_header: str | None) -> tuple[str, str]:
+        """What identifies this delivery: its Linear-Delivery id (the content key when none is
+        sent) and its content, so the same change arriving through two webhooks (workspace and
+        app), or replayed under a new delivery id, is one delivery."""
+        content = "content:" + json.dumps(self.content_identity(), separators=(",", ":"))
         if delivery_header and delivery_header.strip():
-            return "delivery:" + delivery_header.strip()
-        parts = [self.org_id, self.type, self.action, self.entity.get("id"), self.entity.get("updatedAt")]
-        return "derived:" + json.dumps(parts, separators=(",", ":"))
+            return "delivery:" + delivery_header.strip(), content
+        return content, content
+
+    def content_identity(self) -> list[Any]:
+        parts: list[Any] = [self.org_id, self.type, self.action, self.entity.get("id")]
+        if self.type == "AgentSessionEvent":
+            activity = self.raw.get("agentActivity")
+            return [*parts, activity.get("id") if isinstance(activity, dict) else None]
+        return [*parts, self.entity.get("updatedAt")]
 
 
 def has_nul(value: Any) -> bool:
@@ -72,8 +84,8 @@ def parse(body: bytes) -> Webhook:
         if not isinstance(raw.get(field), str) or not raw[field]:
             raise BadWebhook(f"'{field}' must be a non-empty string")
     ts = raw.get("webhookTimestamp")
-    if not isinstance(ts, int) or isinstance(ts, bool):
-        raise BadWebhook("'webhookTimestamp' must be an integer (ms since epoch)")
+    if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
+        raise BadWebhook("'webhookTimestamp' must be a number (ms since epoch)")
     entity_field = "agentSession" if raw["type"] == "AgentSessionEvent" else "data"
     entity = raw.get(entity_field)
     if not isinstance(entity, dict):
@@ -81,7 +93,7 @@ def parse(body: bytes) -> Webhook:
     org = raw.get("organizationId")
     if org is not None and not isinstance(org, str):
         raise BadWebhook("'organizationId' must be a string")
-    return Webhook(raw, raw["type"], raw["action"], ts, org, entity)
+    return Webhook(raw, raw["type"], raw["action"], int(ts), org, entity)
 
 
 def is_fresh(hook: Webhook, now_ms: int, tolerance_seconds: int) -> bool:
@@ -90,14 +102,17 @@ def is_fresh(hook: Webhook, now_ms: int, tolerance_seconds: int) -> bool:
 
 @dataclass(frozen=True)
 class Intent:
-    """What the event asks: dispatch to a user, cancel the issue's open dispatch, both, or nothing."""
+    """What the event asks: dispatch a start to a user, a follow-up or a stop in an agent session,
+    cancel the issue's open assignment dispatch, or nothing."""
 
-    kind: Literal["dispatch", "cancel", "ignore"]
+    kind: Literal["dispatch", "cancel", "prompt", "stop", "ignore"]
     reason: str = ""
     issue: IssueRef | None = None
     user_id: str | None = None  # the Linear user whose orchestrator takes it
     cancel_issue_id: str | None = None  # cancel this issue's open dispatch first
     agent_session_id: str | None = None
+    prompt: Prompt | None = None
+    unroutable_notice: bool = False  # tell Linear when nothing can take it (agent sessions only)
 
 
 def _str(d: dict[str, Any], key: str) -> str | None:
@@ -118,22 +133,61 @@ def _issue(d: dict[str, Any]) -> IssueRef | None:
     )
 
 
+def _dict(d: dict[str, Any], key: str) -> dict[str, Any]:
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
 def intent(hook: Webhook) -> Intent:
     if not hook.org_id:
         return Intent("ignore", "no_organization")
     if hook.type == "Issue":
         return _issue_intent(hook)
     if hook.type == "AgentSessionEvent":
-        if hook.action != "created":
-            return Intent("ignore", f"agent_session_{hook.action}")
-        session = hook.entity
-        raw_issue = session.get("issue")
-        issue = _issue(raw_issue) if isinstance(raw_issue, dict) else None
-        creator = _str(session, "creatorId")
-        if issue is None or creator is None:
-            return Intent("ignore", "agent_session_without_issue_or_creator")
-        return Intent("dispatch", issue=issue, user_id=creator, agent_session_id=_str(session, "id"))
+        return _agent_intent(hook)
     return Intent("ignore", f"unhandled_type:{hook.type}")
+
+
+def _agent_intent(hook: Webhook) -> Intent:
+    session = hook.entity
+    agent_session_id = _str(session, "id")
+    if agent_session_id is None:
+        return Intent("ignore", "agent_session_without_id")
+    raw_issue = _dict(session, "issue")
+    issue = _issue(raw_issue)
+    # Started by a person: route by them; by an automation (no creator): by the issue's assignee.
+    user = _str(session, "creatorId") or _str(raw_issue, "assigneeId")
+    if hook.action == "created":
+        prompt = Prompt(body=_str(_dict(session, "comment"), "body"), context=_str(hook.raw, "promptContext"))
+        if issue is None or user is None:
+            return Intent(
+                "ignore",
+                "agent_session_without_issue_or_user",
+                agent_session_id=agent_session_id,
+                unroutable_notice=True,
+            )
+        return Intent(
+            "dispatch",
+            issue=issue,
+            user_id=user,
+            agent_session_id=agent_session_id,
+            prompt=prompt,
+            unroutable_notice=True,
+        )
+    if hook.action == "prompted":
+        activity = _dict(hook.raw, "agentActivity")
+        if activity.get("signal") == "stop":
+            return Intent("stop", issue=issue, user_id=user, agent_session_id=agent_session_id)
+        body = _str(_dict(activity, "content"), "body")
+        return Intent(
+            "prompt",
+            issue=issue,
+            user_id=user,
+            agent_session_id=agent_session_id,
+            prompt=Prompt(body=body),
+            unroutable_notice=True,
+        )
+    return Intent("ignore", f"agent_session_{hook.action}")
 
 
 def _issue_intent(hook: Webhook) -> Intent:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
@@ -21,11 +22,23 @@ class IssueRef(Wire):
     description: str | None = None
 
 
+MessageKind = Literal["start", "prompt", "stop"]
+
+
+class Prompt(Wire):
+    """What the user asked (`body`), and Linear's formatted context for agents (`start` only)."""
+
+    body: str | None = None
+    context: str | None = None
+
+
 class DispatchPayload(Wire):
     """What enqueue stores with the row: everything in a message that is not per-claim."""
 
     issue: IssueRef
     agent_session_id: str | None = None
+    kind: MessageKind = "start"
+    prompt: Prompt | None = None
 
 
 class TaskDispatchMessage(Wire):
@@ -40,6 +53,8 @@ class TaskDispatchMessage(Wire):
     created_at: datetime
     issue: IssueRef
     agent_session_id: str | None = None
+    kind: MessageKind = "start"
+    prompt: Prompt | None = None
 
     def wire(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=False)

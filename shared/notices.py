@@ -96,20 +96,26 @@ class SendResult:
     failed: int
 
 
-def _request(row: dict[str, Any]) -> dict[str, Any] | None:
+# The activity type of the service's own notices in an agent session.
+ACTIVITY_TYPE = {"dispatched": "thought", "delivered": "thought", "failed": "error", "stopped": "response"}
+
+
+def request(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The GraphQL request for one outbox row. The row's id is sent as Linear's `input.id`, so a
+    post retried after a timeout (that Linear did receive) never shows twice."""
     if row["agent_session_id"]:
-        kind = "error" if row["kind"] == "failed" else "thought"
-        return {
-            "query": AGENT_ACTIVITY,
-            "variables": {
-                "input": {
-                    "agentSessionId": row["agent_session_id"],
-                    "content": {"type": kind, "body": row["body"]},
-                }
-            },
+        content = row.get("content") or {"type": ACTIVITY_TYPE[row["kind"]], "body": row["body"]}
+        activity: dict[str, Any] = {
+            "id": str(row["id"]),
+            "agentSessionId": row["agent_session_id"],
+            "content": content,
         }
+        if row.get("ephemeral"):
+            activity["ephemeral"] = True
+        return {"query": AGENT_ACTIVITY, "variables": {"input": activity}}
     if row["issue_id"] and row["kind"] == "failed":
-        return {"query": COMMENT, "variables": {"input": {"issueId": row["issue_id"], "body": row["body"]}}}
+        comment = {"id": str(row["id"]), "issueId": row["issue_id"], "body": row["body"]}
+        return {"query": COMMENT, "variables": {"input": comment}}
     return None
 
 
@@ -127,29 +133,51 @@ def send_pending(
     pool: Pool, settings: Settings, ids: list[UUID] | None = None, limit: int = 50
 ) -> SendResult:
     """Send due notices (the given ones, or any): each is taken under a lease, posted, then marked
-    sent (with Linear's id) or due again after backoff. Never raises for Linear's answers."""
+    sent (with Linear's id) or due again after backoff. Never raises for Linear's answers.
+
+    One agent session's posts go out in the order they were accepted: a post is not taken while an
+    earlier one of its agent session is unsent (notice_take). So after a round, the next post of each
+    agent session that just went out is looked for at once, instead of waiting for the sweep."""
     if ids is not None and not ids:
         return SendResult(0, 0)
-    with pool.connection() as conn:
-        rows = conn.execute(query("notice_take"), {"ids": ids, "limit": limit}).fetchall()
+    total = SendResult(0, 0)
+    follow: list[str] | None = None
+    for _ in range(MAX_ROUNDS):
+        with pool.connection() as conn:
+            rows = conn.execute(
+                query("notice_take"), {"ids": ids, "agent_sessions": follow, "limit": limit}
+            ).fetchall()
+        if not rows:
+            break
+        result, follow = _send(pool, settings, rows)
+        total = SendResult(total.sent + result.sent, total.failed + result.failed)
+        if not follow:
+            break
+    return total
+
+
+MAX_ROUNDS = 20
+
+
+def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, list[str]]:
     sent = failed = 0
-    fernet = _fernet(settings) if rows else None
+    went_out: list[str] = []
+    fernet = _fernet(settings)
     with httpx.Client(timeout=settings.linear_timeout_seconds) as http:
         for row in rows:
             error: str | None = None
             linear_id: str | None = None
-            request = _request(row)
+            post = request(row)
             try:
-                if request is None:
+                if post is None:
                     linear_id = "not-applicable"
                 elif row["token_encrypted"] is None:
                     error = "no Linear credentials for this org"
                 else:
-                    assert fernet is not None
                     token = fernet.decrypt(bytes(row["token_encrypted"])).decode()
                     r = http.post(
                         settings.linear_api_url,
-                        json=request,
+                        json=post,
                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                     )
                     if r.status_code == 200:
@@ -166,6 +194,8 @@ def send_pending(
                 if error is None:
                     conn.execute(query("notice_sent"), {"id": row["id"], "linear_id": linear_id})
                     sent += 1
+                    if row["agent_session_id"]:
+                        went_out.append(row["agent_session_id"])
                 else:
                     conn.execute(
                         query("notice_failed"),
@@ -181,4 +211,4 @@ def send_pending(
                     log.warning(
                         '{"event":"notice_failed","noticeId":"%s","attempt":%d}', row["id"], row["attempts"]
                     )
-    return SendResult(sent, failed)
+    return SendResult(sent, failed), went_out

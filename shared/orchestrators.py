@@ -7,12 +7,12 @@ timing oracle; a revoked orchestrator's token stops working on its next request.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
+from shared import agent_tokens
 from shared.db import Pool, transaction
 from shared.sql import query
 
@@ -34,7 +34,7 @@ class Registered:
 
 
 def hash_token(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
+    return agent_tokens.token_hash(token)
 
 
 def new_token() -> str:
@@ -55,6 +55,21 @@ def register(pool: Pool, *, org_id: str, linear_user_id: str, name: str) -> Regi
         )
     assert row is not None
     return Registered(row["id"], token)
+
+
+def authenticate_agent(pool: Pool, token: str) -> tuple[Orchestrator, str] | None:
+    """An agent COMMAND's token (shared.agent_tokens): its machine, and the one agent session it
+    may speak in; None when it is malformed, forged, expired, or its machine is revoked."""
+    claimed = agent_tokens.parse(token)
+    if claimed is None:
+        return None
+    with pool.connection() as conn:
+        row = conn.execute(query("orchestrator_by_id"), {"id": claimed.orchestrator_id}).fetchone()
+    if row is None or not claimed.valid(bytes(row["token_hash"])):
+        return None
+    return Orchestrator(
+        row["id"], row["org_id"], row["linear_user_id"], row["name"]
+    ), claimed.agent_session_id
 
 
 def authenticate(pool: Pool, token: str) -> Orchestrator | None:

@@ -25,7 +25,7 @@ from uuid import UUID, uuid4
 from psycopg.types.json import Jsonb
 
 from shared.db import Conn, Pool, Tx, require_tx, transaction
-from shared.models import DispatchPayload, Enqueued, IssueRef, TaskDispatchMessage
+from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind, Prompt, TaskDispatchMessage
 from shared.settings import Settings
 from shared.sql import query
 
@@ -44,6 +44,7 @@ def create_session(
     issue: IssueRef,
     agent_session_id: str | None = None,
     session_id: UUID | None = None,
+    kind: MessageKind = "start",
 ) -> UUID:
     """Insert a `queued` session in the caller's transaction. Its queue row must follow in the same
     transaction (`enqueue_dispatch`): the invariant trigger rejects the commit otherwise."""
@@ -58,6 +59,7 @@ def create_session(
             "issue_id": issue.id,
             "issue_identifier": issue.identifier,
             "agent_session_id": agent_session_id,
+            "kind": kind,
         },
     )
     assert row is not None
@@ -88,6 +90,7 @@ def enqueue_dispatch(
             "orchestrator_id": orchestrator_id,
             "org_id": org_id,
             "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
+            "agent_session_id": message.agent_session_id,
             "now": now,
         },
     )
@@ -134,6 +137,8 @@ def claim(
             created_at=r["created_at"],
             issue=IssueRef.model_validate(r["payload"]["issue"]),
             agent_session_id=r["payload"].get("agentSessionId"),
+            kind=r["payload"].get("kind", "start"),
+            prompt=Prompt.model_validate(r["payload"]["prompt"]) if r["payload"].get("prompt") else None,
         )
         for r in rows
     ]

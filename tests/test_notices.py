@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
-from werkzeug import Request, Response
 
 from shared import intake, linear
 from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.linear import Linear
 
 TOKEN = "lin_app_token_for_tests"
 
@@ -26,36 +26,6 @@ def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
         "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
         "DEVPILOT_MAX_ATTEMPTS": 3,
     }
-
-
-class Linear:
-    """Records every GraphQL call; fails the first `fail` calls with HTTP 500."""
-
-    def __init__(self, server: HTTPServer, fail: int = 0) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.auth: list[str] = []
-        self.fail = fail
-        server.expect_request("/graphql", method="POST").respond_with_handler(self.handle)
-
-    def handle(self, request: Request) -> Response:
-        body = json.loads(request.get_data())
-        self.auth.append(request.headers.get("Authorization", ""))
-        if self.fail > 0:
-            self.fail -= 1
-            return Response("upstream trouble", status=500)
-        self.calls.append(body)
-        n = len(self.calls)
-        if "agentActivityCreate" in body["query"]:
-            data = {"agentActivityCreate": {"success": True, "agentActivity": {"id": f"act-{n}"}}}
-        else:
-            data = {"commentCreate": {"success": True, "comment": {"id": f"com-{n}"}}}
-        return Response(json.dumps({"data": data}), content_type="application/json")
-
-    def wait(self, n: int, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and len(self.calls) < n:
-            time.sleep(0.02)
-        assert len(self.calls) >= n, self.calls
 
 
 def store_token(api: Api, org: str = "org-a") -> None:
@@ -77,8 +47,13 @@ def test_agent_session_hears_back_within_seconds(api: Api, httpserver: HTTPServe
     assert r.json()["status"] == "dispatched"
     stand_in.wait(1)
     assert time.monotonic() - t0 < 10  # Linear's budget for the first activity
+    first = notices(api)[0]
     assert stand_in.calls[0]["variables"] == {
-        "input": {"agentSessionId": "as-9", "content": {"type": "thought", "body": "Queued for alice-laptop"}}
+        "input": {
+            "id": str(first["id"]),  # Linear's idempotency id: a retried post never shows twice
+            "agentSessionId": "as-9",
+            "content": {"type": "thought", "body": "Queued for alice-laptop"},
+        }
     }
     assert "mutation AgentActivityCreate" in stand_in.calls[0]["query"]
     assert stand_in.auth == [f"Bearer {TOKEN}"]
@@ -86,9 +61,13 @@ def test_agent_session_hears_back_within_seconds(api: Api, httpserver: HTTPServe
     api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
     stand_in.wait(2)
     assert stand_in.calls[1]["variables"]["input"] == {
+        "id": str(notices(api)[1]["id"]),
         "agentSessionId": "as-9",
         "content": {"type": "thought", "body": "Picked up by alice-laptop"},
     }
+    deadline = time.monotonic() + 10  # marked sent after Linear answered: wait for that commit
+    while time.monotonic() < deadline and not all(n["sent_at"] for n in notices(api)):
+        time.sleep(0.02)
     sent = notices(api)
     assert [n["kind"] for n in sent] == ["dispatched", "delivered"]
     assert all(n["sent_at"] is not None for n in sent) and [n["linear_id"] for n in sent] == [
@@ -131,7 +110,12 @@ def test_a_crash_between_commit_and_send_loses_nothing(api: Api, httpserver: HTT
     assert stand_in.calls[0]["variables"]["input"]["agentSessionId"] == "as-crash"
 
 
-def test_dead_letter_and_unroutable_plain_assignments_get_a_comment(api: Api, httpserver: HTTPServer) -> None:
+def test_dead_letter_gets_a_comment_and_unroutable_plain_assignments_nothing(
+    api: Api, httpserver: HTTPServer
+) -> None:
+    """A dead-lettered assignment is a comment on the issue. An assignment to someone without a
+    machine posts nothing (most assignments in a workspace are not for agents); an agent session
+    that nothing can take gets an `error` activity at once, so Linear does not wait on it."""
     stand_in = Linear(httpserver)
     store_token(api)
     _, token = api.register(user="user-1")
@@ -147,10 +131,18 @@ def test_dead_letter_and_unroutable_plain_assignments_get_a_comment(api: Api, ht
     assert "mutation CommentCreate" in stand_in.calls[0]["query"]
     assert stand_in.calls[0]["variables"]["input"]["issueId"] == "iss-dead"
     assert "no disk" in stand_in.calls[0]["variables"]["input"]["body"]
-    api.webhook(issue_event(issue_id="iss-nobody", assignee="nobody"))
+    assert (
+        api.webhook(issue_event(issue_id="iss-nobody", assignee="nobody")).json()["reason"]
+        == "no_orchestrator"
+    )
+    r = api.webhook(agent_session_event(creator="nobody", session_id="as-nobody"))
+    assert r.json() == {"status": "ignored", "reason": "no_orchestrator"}
     stand_in.wait(2)
-    assert stand_in.calls[1]["variables"]["input"]["issueId"] == "iss-nobody"
-    assert "No machine is registered" in stand_in.calls[1]["variables"]["input"]["body"]
+    time.sleep(0.3)
+    assert len(stand_in.calls) == 2  # the dead letter's comment and the agent session's error only
+    activity = stand_in.calls[1]["variables"]["input"]
+    assert activity["agentSessionId"] == "as-nobody" and activity["content"]["type"] == "error"
+    assert "No machine is registered" in activity["content"]["body"]
 
 
 def test_no_credentials_no_notices(api: Api, httpserver: HTTPServer) -> None:

@@ -2,20 +2,41 @@
 -- whatever it causes (see shared/intake.py), and the routing choice made inside it.
 
 -- name: record_delivery
--- Idempotency as a constraint: the first transaction to insert a delivery key wins; a concurrent
--- duplicate waits on the key and then inserts nothing (no "select, then insert" race).
-INSERT INTO webhook_deliveries (delivery_key) VALUES (%(key)s)
-ON CONFLICT (delivery_key) DO NOTHING
+-- Idempotency as a constraint: a delivery is known by its Linear-Delivery id (`key`) and by its
+-- content (`content_key`: the same change through two webhooks, or a replay under a new id). The
+-- first transaction to insert either key wins; a concurrent duplicate waits on the key and then
+-- inserts nothing (no "select, then insert" race). No row returned: seen before.
+INSERT INTO webhook_deliveries (delivery_key, content_key) VALUES (%(key)s, %(content_key)s)
+ON CONFLICT DO NOTHING
 RETURNING delivery_key;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).
-SELECT session_id, outcome FROM webhook_deliveries WHERE delivery_key = %(key)s;
+SELECT session_id, outcome FROM webhook_deliveries
+WHERE delivery_key = %(key)s OR content_key = %(content_key)s
+ORDER BY session_id IS NULL, received_at
+LIMIT 1;
 
 -- name: finish_delivery
 -- In the intake transaction: what the delivery did, committed with its rows.
 UPDATE webhook_deliveries SET session_id = %(session_id)s, outcome = %(outcome)s
 WHERE delivery_key = %(key)s;
+
+-- name: lock_agent_session
+-- Serialises the intake transactions of one agent session (created, prompted, stop) until commit,
+-- so their messages take their queue order (seq) in commit order and a stop sees every earlier one.
+SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s || '/' || %(agent_session_id)s, 0));
+
+-- name: agent_session_holder
+-- The machine that holds an agent session: the active orchestrator its most recent message went to
+-- (with `delivered_only`, its most recent delivered message), and the issue it is about.
+SELECT s.orchestrator_id, s.issue_id, s.issue_identifier, s.linear_user_id
+FROM dispatch_sessions s
+JOIN orchestrators o ON o.id = s.orchestrator_id AND o.revoked_at IS NULL
+WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
+  AND (NOT %(delivered_only)s OR s.status = 'delivered')
+ORDER BY s.created_at DESC
+LIMIT 1;
 
 -- name: route
 -- Routing policy, in the intake transaction so the choice and the dispatch commit together: the
@@ -29,8 +50,9 @@ LIMIT 1;
 -- name: notice_dispatched
 -- In the intake transaction: "queued for <machine>" for an agent session, for orgs Linear is told
 -- about (Linear shows the agent unresponsive without an activity within 10 s).
-INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
-SELECT %(org_id)s, %(session_id)s, 'dispatched', %(agent_session_id)s, %(issue_id)s, 'Queued for ' || o.name
+INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+SELECT %(org_id)s, %(session_id)s, 'dispatched', %(agent_session_id)s, %(issue_id)s, 'Queued for ' || o.name,
+       jsonb_build_object('type', 'thought', 'body', 'Queued for ' || o.name)
 FROM orchestrators o
 WHERE o.id = %(orchestrator_id)s AND devpilot_notifies(%(org_id)s)
 RETURNING id;

@@ -9,20 +9,28 @@ WHERE devpilot_notifies(%(org_id)s)
 RETURNING id;
 
 -- name: notice_take
--- Takes due, unsent notices (those named, or any when none are named) for sending: SKIP LOCKED and
--- a short lease, so two senders never post the same notice at once.
+-- Takes due, unsent notices for sending (those named by id or by agent session, or any when none
+-- are named): SKIP LOCKED and a short lease, so two senders never post the same notice at once.
+-- In order per agent session: not while an earlier post of its agent session is unsent (in flight,
+-- or waiting out its backoff); one given up (available_at = infinity) no longer holds the rest back.
 WITH due AS (
-    SELECT id FROM linear_notices
+    SELECT id FROM linear_notices n0
     WHERE sent_at IS NULL AND available_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
-      AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-    ORDER BY available_at
+      AND ((%(ids)s::uuid[] IS NULL AND %(agent_sessions)s::text[] IS NULL)
+           OR id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
+      AND (n0.agent_session_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM linear_notices earlier
+            WHERE earlier.agent_session_id = n0.agent_session_id AND earlier.sent_at IS NULL
+              AND earlier.available_at < 'infinity' AND earlier.seq < n0.seq))
+    ORDER BY seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE linear_notices n SET lease_expires_at = now() + interval '30 seconds', attempts = n.attempts + 1
 FROM due WHERE n.id = due.id
-RETURNING n.id, n.org_id, n.kind, n.agent_session_id, n.issue_id, n.body, n.attempts,
+RETURNING n.id, n.org_id, n.kind, n.agent_session_id, n.issue_id, n.body, n.content, n.ephemeral,
+          n.attempts,
           (SELECT token_encrypted FROM linear_credentials c WHERE c.org_id = n.org_id) AS token_encrypted;
 
 -- name: notice_sent
@@ -50,3 +58,31 @@ SELECT org_id, created_at, updated_at FROM linear_credentials ORDER BY org_id;
 
 -- name: credentials_delete
 DELETE FROM linear_credentials WHERE org_id = %(org_id)s RETURNING org_id;
+
+-- name: activity_rights
+-- May this machine speak in this agent session (a message of it was delivered to it), and is the
+-- org connected to Linear? Read in the transaction that then accepts the activity.
+SELECT EXISTS (
+           SELECT 1 FROM dispatch_sessions s
+           WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
+             AND s.orchestrator_id = %(orchestrator_id)s AND s.status = 'delivered'
+       ) AS holds,
+       devpilot_notifies(%(org_id)s) AS connected;
+
+-- name: activity_insert
+-- The agent's activity into the outbox, idempotent by the caller's id (also Linear's input.id):
+-- the same id again inserts nothing. Posted after commit, in acceptance order (seq).
+INSERT INTO linear_notices (id, org_id, kind, agent_session_id, body, content, ephemeral, orchestrator_id)
+VALUES (%(id)s, %(org_id)s, 'activity', %(agent_session_id)s, %(body)s, %(content)s, %(ephemeral)s,
+        %(orchestrator_id)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: activity_same
+-- For a repeated id: is it this machine's activity in this agent session (same answer again), or
+-- someone else's (not found)?
+SELECT EXISTS (
+    SELECT 1 FROM linear_notices
+    WHERE id = %(id)s AND org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s
+      AND orchestrator_id = %(orchestrator_id)s
+) AS same;

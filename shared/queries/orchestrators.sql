@@ -24,3 +24,8 @@ WHERE id = %(id)s RETURNING id, revoked_at;
 -- write a second per machine, so idle polls and concurrent claimers cost a read, not a row update.
 UPDATE orchestrators SET last_seen_at = now()
 WHERE id = %(orchestrator_id)s AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second');
+
+-- name: orchestrator_by_id
+-- For an agent token: the active machine it names, with the hash its mac is keyed with.
+SELECT id, org_id, linear_user_id, name, token_hash FROM orchestrators
+WHERE id = %(id)s AND revoked_at IS NULL;

@@ -21,9 +21,9 @@
 -- Creates the session in state `queued`; the deferred invariant trigger requires its queue row to
 -- be inserted in the same transaction (enqueue) before commit.
 INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
-                               issue_identifier, agent_session_id)
+                               issue_identifier, agent_session_id, kind)
 VALUES (%(id)s, %(org_id)s, %(orchestrator_id)s, 'queued', %(linear_user_id)s, %(issue_id)s,
-        %(issue_identifier)s, %(agent_session_id)s)
+        %(issue_identifier)s, %(agent_session_id)s, %(kind)s)
 RETURNING id;
 
 -- name: enqueue
@@ -31,8 +31,8 @@ RETURNING id;
 -- transaction; the NOTIFY is delivered by Postgres only if that transaction commits, so rolled-back
 -- work wakes no one.
 WITH q AS (
-    INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, available_at)
-    VALUES (%(session_id)s, %(orchestrator_id)s, %(org_id)s, %(payload)s,
+    INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, agent_session_id, available_at)
+    VALUES (%(session_id)s, %(orchestrator_id)s, %(org_id)s, %(payload)s, %(agent_session_id)s,
             coalesce(%(now)s::timestamptz, now()))
     RETURNING id, message_id, session_id, orchestrator_id
 ), s AS (
@@ -51,12 +51,19 @@ FROM q LEFT JOIN s ON true;
 -- AVAILABLE -> CLAIMED, exactly once: locks up to `max` due, unclaimed rows of one orchestrator
 -- (skipping rows another claimer holds), in due order, and gives each a fresh claim token and lease
 -- in the same statement. The CTE pins the LIMIT so the UPDATE touches no more rows than were selected.
+-- In order per agent session: a message is not claimable while an earlier message of its agent
+-- session is still undelivered (its row, queued or claimed, still exists; dispatch_queue_agent_order_idx).
+-- An empty poll never reaches that check: it is a probe of dispatch_queue_claim_idx that finds nothing.
 WITH due AS (
     SELECT id
-    FROM dispatch_queue
+    FROM dispatch_queue q0
     WHERE orchestrator_id = %(orchestrator_id)s
       AND lease_expires_at IS NULL
       AND available_at <= coalesce(%(now)s::timestamptz, now())
+      AND (q0.agent_session_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM dispatch_queue earlier
+            WHERE earlier.org_id = q0.org_id AND earlier.agent_session_id = q0.agent_session_id
+              AND earlier.seq < q0.seq))
     ORDER BY available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -183,7 +190,7 @@ INSERT INTO sweep_runs (requeued, dead_lettered) VALUES (%(requeued)s, %(dead_le
 
 -- name: cancel_open_issue
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: the issue's
--- still-undelivered dispatch (not yet acked). Locks the queue row first, in the same order as ack,
+-- still-undelivered assignment dispatch (not yet acked; never an agent session's message). Locks the queue row first, in the same order as ack,
 -- sweep and release, so a racing ack either wins (nothing is cancelled) or finds the row gone
 -- (404); never a deadlock, never both.
 WITH q AS (
@@ -191,7 +198,22 @@ WITH q AS (
     USING dispatch_sessions s
     WHERE dq.session_id = s.id
       AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
+      AND s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
       AND (%(linear_user_id)s::text IS NULL OR s.linear_user_id = %(linear_user_id)s::text)
+    RETURNING dq.session_id
+)
+UPDATE dispatch_sessions ds
+SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
+FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
+RETURNING ds.id;
+
+-- name: cancel_agent_session
+-- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
+-- undelivered message of one agent session (Linear's stop). Same lock order as cancel_open_issue,
+-- so an ack racing it either wins (delivered: the caller then queues a `stop`) or gets 404.
+WITH q AS (
+    DELETE FROM dispatch_queue dq
+    WHERE dq.org_id = %(org_id)s AND dq.agent_session_id = %(agent_session_id)s
     RETURNING dq.session_id
 )
 UPDATE dispatch_sessions ds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -65,6 +66,15 @@ class Api:
         return self.http.post("/webhook", content=body, headers=headers)
 
 
+_changes = itertools.count()
+
+
+def _updated_at() -> str:
+    """A distinct `updatedAt` per made-up change, as Linear's are (the content half of a delivery's
+    identity): now, with a per-process counter as the milliseconds."""
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}.{next(_changes) % 1000:03d}Z"
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -85,7 +95,7 @@ def issue_event(
         "url": f"https://linear.app/acme/issue/{issue_id}",
         "description": "It fails on Tuesdays.",
         "assigneeId": assignee,
-        "updatedAt": f"2026-12-02T10:00:{time.time_ns() % 60:02d}.000Z",
+        "updatedAt": _updated_at(),
     }
     event: dict[str, Any] = {
         "type": "Issue",

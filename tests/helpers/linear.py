@@ -1,0 +1,78 @@
+"""A stand-in for Linear's GraphQL endpoint that checks what it is sent against Linear's published
+schema (tests/linear/schema.graphql): every document must validate and its variables coerce, or the
+call is answered 400 and recorded as invalid."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from graphql import GraphQLSchema, build_schema, parse, validate
+from graphql.execution.values import get_variable_values
+from graphql.language import OperationDefinitionNode
+from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
+
+SCHEMA_FILE = Path(__file__).parent.parent / "linear" / "schema.graphql"
+
+
+@cache
+def schema() -> GraphQLSchema:
+    return build_schema(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def schema_errors(body: dict[str, Any]) -> list[str]:
+    """What is wrong with a GraphQL request by Linear's schema (empty: nothing)."""
+    doc = parse(body["query"])
+    errors = [e.message for e in validate(schema(), doc)]
+    if errors:
+        return errors
+    [op] = [d for d in doc.definitions if isinstance(d, OperationDefinitionNode)]
+    coerced = get_variable_values(schema(), op.variable_definitions or [], body.get("variables") or {})
+    return [e.message for e in coerced] if isinstance(coerced, list) else []
+
+
+class Linear:
+    """Records every valid GraphQL call; fails the first `fail` calls with HTTP 500."""
+
+    def __init__(self, server: HTTPServer, fail: int = 0) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.invalid: list[tuple[dict[str, Any], list[str]]] = []
+        self.auth: list[str] = []
+        self.fail = fail
+        self._lock = threading.Lock()
+        schema()  # built before the first request, not inside its time budget
+        server.expect_request("/graphql", method="POST").respond_with_handler(self.handle)
+
+    def handle(self, request: Request) -> Response:
+        body = json.loads(request.get_data())
+        with self._lock:
+            self.auth.append(request.headers.get("Authorization", ""))
+            errors = schema_errors(body)
+            if errors:
+                self.invalid.append((body, errors))
+                return Response(json.dumps({"errors": [{"message": m} for m in errors]}), status=400)
+            if self.fail > 0:
+                self.fail -= 1
+                return Response("upstream trouble", status=500)
+            self.calls.append(body)
+            n = len(self.calls)
+        if "agentActivityCreate" in body["query"]:
+            data = {"agentActivityCreate": {"success": True, "agentActivity": {"id": f"act-{n}"}}}
+        else:
+            data = {"commentCreate": {"success": True, "comment": {"id": f"com-{n}"}}}
+        return Response(json.dumps({"data": data}), content_type="application/json")
+
+    def wait(self, n: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(self.calls) < n and not self.invalid:
+            time.sleep(0.02)
+        assert not self.invalid, self.invalid
+        assert len(self.calls) >= n, self.calls
+
+    def activities(self) -> list[dict[str, Any]]:
+        return [c["variables"]["input"] for c in self.calls if "agentActivityCreate" in c["query"]]
