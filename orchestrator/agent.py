@@ -7,6 +7,7 @@ Every wake-up of any kind claims until the queue is empty: that is the reconnect
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from orchestrator.client import Api, Rejected, Unreachable
 from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
+from shared import agent_tokens
 
 Transport = Literal["poll", "listen", "realtime"]
 TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"
@@ -42,19 +44,27 @@ LONG_POLL_SECONDS = 20
 REALTIME_BACKSTOP_SECONDS = 30.0
 
 
-# Runs in the child before COMMAND: puts the message file on stdin, records durably that the start
-# happened (the marker), then becomes COMMAND. Independent of the orchestrator once forked.
+# Runs in the child before COMMAND: puts the message file on stdin and COMMAND's stderr in a file
+# (its tail goes to Linear if COMMAND fails), records durably that the start happened (the marker,
+# holding the pid: a later stop finds the process by it), then becomes COMMAND. Independent of the
+# orchestrator once forked.
 LAUNCHER = """
 import os, sys
-marker, message = sys.argv[1], sys.argv[2]
+marker, message, errors = sys.argv[1], sys.argv[2], sys.argv[3]
 fd = os.open(message, os.O_RDONLY)
 os.dup2(fd, 0)
 os.close(fd)
-fd = os.open(marker, os.O_CREAT | os.O_WRONLY, 0o600)
+fd = os.open(errors, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+os.dup2(fd, 2)
+os.close(fd)
+fd = os.open(marker, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+os.write(fd, str(os.getpid()).encode())
 os.fsync(fd)
 os.close(fd)
-os.execvp(sys.argv[3], sys.argv[3:])
+os.execvp(sys.argv[4], sys.argv[4:])
 """
+ACTIVITY_IDS = uuid.UUID("5b0f7c52-2f7c-4d61-9a55-8c1c2a4e9d10")  # namespace of our own activity ids
+TAIL_LINES = 20
 
 
 class Shutdown(Exception):
@@ -71,6 +81,7 @@ class Config:
     state_dir: Path = field(default_factory=lambda: default_state_dir())
     max_parallel: int = 4
     json_logs: bool = False
+    stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL when Linear says stop
 
 
 def default_state_dir() -> Path:
@@ -94,6 +105,8 @@ class Orchestrator:
         self._realtime_said = False
         self._closing = False
         self.names: dict[str, str] = {}
+        self.messages: dict[str, dict[str, Any]] = {}
+        self.stopped: set[str] = set()  # message ids whose process a stop ended: no exit report
 
     # --- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -247,7 +260,11 @@ class Orchestrator:
             self.journal.mark(mid, "started")
             self.log("duplicate", f"{name} was already started before the last stop", messageId=mid)
             return
+        if m.get("kind") == "stop":
+            self._stop(m, name)
+            return
         issue = m.get("issue") or {}
+        agent = m.get("agentSessionId")
         env = {
             # Everything this process has, except the machine's own token: COMMAND never holds it.
             **{k: v for k, v in os.environ.items() if k != TOKEN_ENV and v != self.cfg.token},
@@ -257,7 +274,19 @@ class Orchestrator:
             "DEVPILOT_ISSUE_ID": str(issue.get("id") or ""),
             "DEVPILOT_ISSUE_IDENTIFIER": str(issue.get("identifier") or ""),
             "DEVPILOT_ISSUE_URL": str(issue.get("url") or ""),
+            "DEVPILOT_KIND": str(m.get("kind") or "start"),
+            "DEVPILOT_PROMPT": str((m.get("prompt") or {}).get("body") or ""),
         }
+        if agent:
+            # What `devpilot-orchestrator activity` needs to speak in this agent session, and only it.
+            env.update(
+                {
+                    "DEVPILOT_AGENT_SESSION_ID": agent,
+                    "DEVPILOT_SERVICE_URL": self.api.url,
+                    "DEVPILOT_AGENT_TOKEN": agent_tokens.mint(self.cfg.token, m["orchestratorId"], agent),
+                    "DEVPILOT_RESPONDED_FILE": str(private_dir(self.cfg.state_dir / "responded") / mid),
+                }
+            )
         # The message goes to a file the launcher puts on COMMAND's stdin, so COMMAND gets it whole
         # even if this process dies right after the fork.
         msg_file = private_dir(self.cfg.state_dir / "messages") / f"{mid}.json"
@@ -270,8 +299,17 @@ class Orchestrator:
             os.fsync(f.fileno())
         self.journal.mark(mid, "starting")
         try:
+            errors = private_dir(self.cfg.state_dir / "logs") / f"{mid}.stderr"
             proc = subprocess.Popen(
-                [sys.executable, "-c", LAUNCHER, str(self._marker(mid)), str(msg_file), *self.cfg.command],
+                [
+                    sys.executable,
+                    "-c",
+                    LAUNCHER,
+                    str(self._marker(mid)),
+                    str(msg_file),
+                    str(errors),
+                    *self.cfg.command,
+                ],
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
@@ -282,6 +320,7 @@ class Orchestrator:
         self.journal.mark(mid, "started")
         self.running[mid] = proc
         self.names[mid] = name
+        self.messages[mid] = m
         self.log("started", f"started {name} (pid {proc.pid})", messageId=mid, pid=proc.pid)
 
     def _resume(self) -> None:
@@ -314,7 +353,106 @@ class Orchestrator:
             if code is not None:
                 del self.running[mid]
                 name = self.names.pop(mid, mid)
+                m = self.messages.pop(mid, {})
                 self.log("finished", f"{name} finished with exit code {code}", messageId=mid, exitCode=code)
+                if m.get("agentSessionId") and mid not in self.stopped:
+                    self._report_exit(m, code)
+                self.stopped.discard(mid)
+
+    # --- agent sessions ----------------------------------------------------------------------
+    def _report_exit(self, m: dict[str, Any], code: int) -> None:
+        """COMMAND ended without its own final word: Linear completes a session on a `response`,
+        and shows an `error`; say it for COMMAND (with a stable id: said once, even if repeated)."""
+        mid = m["messageId"]
+        if (self.cfg.state_dir / "responded" / mid).exists():
+            return
+        if code == 0:
+            content = {"type": "response", "body": "Finished."}
+        else:
+            content = {"type": "error", "body": f"The agent exited with code {code}.{self._tail(mid)}"}
+        self._post_activity(m["agentSessionId"], content, f"{mid}:exit")
+
+    def _tail(self, mid: str) -> str:
+        path = self.cfg.state_dir / "logs" / f"{mid}.stderr"
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-TAIL_LINES:]
+        except OSError:
+            return ""
+        text = "\n".join(lines)[-2000:]
+        return f"\n\n```\n{text}\n```" if text.strip() else ""
+
+    def _post_activity(self, agent_session_id: str, content: dict[str, Any], key: str) -> None:
+        activity_id = str(uuid.uuid5(ACTIVITY_IDS, key))
+        for attempt in range(3):
+            try:
+                status = self.api.activity(agent_session_id, content, activity_id)
+                self.log("activity", f"{content['type']} for agent session {agent_session_id}: {status}")
+                return
+            except Unreachable as exc:
+                self._went_away(str(exc))
+                time.sleep(self._next_backoff() if attempt < 2 else 0)
+        self.log("activity", f"could not post a {content['type']} for agent session {agent_session_id}")
+
+    def _stop(self, m: dict[str, Any], name: str) -> None:
+        """Linear's stop: end every process this machine runs for the agent session (SIGTERM to its
+        process group, then SIGKILL after the grace period) and post the final response."""
+        mid, agent = m["messageId"], m.get("agentSessionId") or ""
+        self.journal.mark(mid, "starting")
+        groups = self._agent_processes(agent)
+        for pid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.stop_grace
+        while groups and time.monotonic() < deadline and any(self._alive(pid) for pid in groups):
+            time.sleep(0.05)
+        for pid in groups:
+            if self._alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        self._post_activity(
+            agent, {"type": "response", "body": "Stopped, as asked in Linear."}, f"{mid}:stop"
+        )
+        fd = os.open(self._marker(mid), os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+        self.journal.mark(mid, "started")
+        self.log(
+            "stopped",
+            f"{name}: stopped agent session {agent} ({len(groups)} process group(s))",
+            messageId=mid,
+        )
+
+    def _agent_processes(self, agent: str) -> list[int]:
+        """Process groups (= pids: COMMAND leads its own session) running for the agent session: ones
+        this process started, and ones an earlier run started, found by the marker's pid and checked
+        to still carry that message's id (a pid can be reused)."""
+        pids: list[int] = []
+        for mid, proc in self.running.items():
+            if self.messages.get(mid, {}).get("agentSessionId") == agent and proc.poll() is None:
+                pids.append(proc.pid)
+                self.stopped.add(mid)
+        for mid in self.journal.started_in(agent):
+            if mid in self.running:
+                continue
+            try:
+                pid = int(self._marker(mid).read_text() or "0")
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if pid > 0 and f"DEVPILOT_MESSAGE_ID={mid}".encode() in environ.split(b"\0"):
+                pids.append(pid)
+        return pids
+
+    def _alive(self, pid: int) -> bool:
+        for proc in self.running.values():
+            if proc.pid == pid:
+                return proc.poll() is None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     def _capacity(self) -> int:
         return self.cfg.max_parallel - len(self.running)

@@ -1,4 +1,5 @@
 """`devpilot-orchestrator --url URL [--token TOKEN] [--transport poll|listen|realtime] -- COMMAND...`
+and `devpilot-orchestrator activity [--type T] BODY` (run by COMMAND).
 
 The token comes from DEVPILOT_ORCHESTRATOR_TOKEN (preferred: the process list shows --token).
 """
@@ -8,10 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.agent import TOKEN_ENV, Config, Orchestrator, default_state_dir
+from orchestrator.client import Api, Rejected, Unreachable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,11 +35,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-parallel", type=int, default=4, help="commands running at once")
     p.add_argument("--json-logs", action="store_true")
+    p.add_argument(
+        "--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL on Linear's stop"
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... (gets the message JSON on stdin)")
     return p
 
 
+ACTIVITY_TYPES = ("thought", "action", "elicitation", "response", "error")
+
+
+def activity(argv: Sequence[str]) -> int:
+    """`devpilot-orchestrator activity [--type T] BODY`, run by the agent COMMAND: post to its own
+    agent session through the service, with the token scoped to that session that the orchestrator
+    put in COMMAND's environment (never the machine's)."""
+    p = argparse.ArgumentParser(prog="devpilot-orchestrator activity", description=activity.__doc__)
+    p.add_argument("--type", choices=ACTIVITY_TYPES, default="thought")
+    p.add_argument("--action", help="with --type action: what is being done (BODY is its parameter)")
+    p.add_argument("--result", help="with --type action: its result")
+    p.add_argument("--id", help="a UUID of your own: posting it again never shows twice")
+    p.add_argument("body", help="the text (for an action, its parameter)")
+    args = p.parse_args(argv)
+    need = ("DEVPILOT_SERVICE_URL", "DEVPILOT_AGENT_TOKEN", "DEVPILOT_AGENT_SESSION_ID")
+    missing = [k for k in need if not os.environ.get(k)]
+    if missing:
+        p.error(f"run this from the agent COMMAND the orchestrator started (missing {', '.join(missing)})")
+    if args.type == "action":
+        if not args.action:
+            p.error("--type action needs --action")
+        content = {"type": "action", "action": args.action, "parameter": args.body}
+        if args.result is not None:
+            content["result"] = args.result
+    else:
+        content = {"type": args.type, "body": args.body}
+    api = Api(os.environ["DEVPILOT_SERVICE_URL"], os.environ["DEVPILOT_AGENT_TOKEN"])
+    try:
+        status = api.activity(os.environ["DEVPILOT_AGENT_SESSION_ID"], content, args.id or str(uuid.uuid4()))
+    except (Unreachable, Rejected) as exc:
+        print(f"devpilot-orchestrator activity: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        api.close()
+    if status != "queued":
+        print(f"devpilot-orchestrator activity: refused: {status}", file=sys.stderr)
+        return 1
+    responded = os.environ.get("DEVPILOT_RESPONDED_FILE")
+    if responded and args.type in ("response", "error"):
+        Path(responded).touch(mode=0o600)  # the orchestrator then adds no final word of its own
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["activity"]:
+        return activity(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -55,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         state_dir=args.state_dir or default_state_dir(),
         max_parallel=args.max_parallel,
         json_logs=args.json_logs,
+        stop_grace=args.stop_grace,
     )
     return Orchestrator(cfg).run()
 

@@ -19,6 +19,7 @@ class Rejected(Exception):
 
 class Api:
     def __init__(self, url: str, token: str, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=timeout
         )
@@ -57,6 +58,16 @@ class Api:
         r.raise_for_status()
         body: dict[str, Any] = r.json()
         return body
+
+    def activity(self, agent_session_id: str, content: dict[str, Any], activity_id: str) -> str:
+        """Post an activity to the agent session (202 queued); returns the status or the error code.
+        The id makes a retried post (after a timeout, or a restart) one activity in Linear."""
+        r = self._post(
+            "/activities", {"agentSessionId": agent_session_id, "content": content, "id": activity_id}
+        )
+        if r.status_code == 202:
+            return "queued"
+        return str(r.json().get("error", r.status_code))
 
     def close(self) -> None:
         self._http.close()

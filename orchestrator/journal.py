@@ -117,6 +117,16 @@ class Journal:
             ).fetchall()
         return [Entry(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
 
+    def started_in(self, agent_session_id: str) -> list[str]:
+        """Message ids of an agent session this machine started (or was starting): a stop ends them."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT message_id FROM journal WHERE state IN ('starting', 'started')"
+                " AND json_extract(message, '$.agentSessionId') = ? ORDER BY updated_at",
+                (agent_session_id,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
     def close(self) -> None:
         with self._lock:
             self._db.close()

@@ -110,26 +110,65 @@ def issue_event(
 
 
 def agent_session_event(
-    *, org: str = "org-a", creator: str = "user-1", session_id: str = "as-1"
+    *,
+    org: str = "org-a",
+    creator: str | None = "user-1",
+    session_id: str = "as-1",
+    action: str = "created",
+    body: str | None = None,
+    signal: str | None = None,
+    assignee: str | None = None,
+    issue_id: str = "issue-as",
 ) -> dict[str, Any]:
-    return {
-        "type": "AgentSessionEvent",
-        "action": "created",
+    """An AgentSessionEvent shaped as Linear's AgentSessionEventWebhookPayload: `created` (the user's
+    comment and Linear's promptContext), or `prompted` (a follow-up `body`, or a `signal` such as stop)."""
+    session: dict[str, Any] = {
+        "id": session_id,
+        "creatorId": creator,
         "organizationId": org,
-        "webhookTimestamp": now_ms(),
-        "agentSession": {
-            "id": session_id,
-            "creatorId": creator,
-            "updatedAt": "2026-12-02T10:00:00.000Z",
-            "issue": {
-                "id": "issue-as",
-                "identifier": "ENG-7",
-                "title": "Agent task",
-                "url": "https://linear.app/acme/issue/ENG-7",
-                "description": "Do it",
-            },
+        "status": "pending",
+        "type": "commentThread",
+        "createdAt": "2026-12-02T10:00:00.000Z",
+        "updatedAt": _updated_at(),
+        "url": f"https://linear.app/acme/agent-session/{session_id}",
+        "issue": {
+            "id": issue_id,
+            "identifier": "ENG-7",
+            "title": "Agent task",
+            "url": "https://linear.app/acme/issue/ENG-7",
+            "description": "Do it",
+            **({"assigneeId": assignee} if assignee else {}),
+        },
+        "comment": {
+            "id": f"c-{session_id}",
+            "body": body if action == "created" and body else "@agent please do it",
         },
     }
+    event: dict[str, Any] = {
+        "type": "AgentSessionEvent",
+        "action": action,
+        "organizationId": org,
+        "webhookTimestamp": now_ms(),
+        "createdAt": "2026-12-02T10:00:00.000Z",
+        "appUserId": "app-user",
+        "oauthClientId": "oauth-client",
+        "agentSession": session,
+    }
+    if action == "created":
+        event["promptContext"] = '<issue identifier="ENG-7">Agent task</issue>'
+    else:
+        activity: dict[str, Any] = {
+            "id": f"act-{time.time_ns()}-{next(_changes)}",
+            "agentSessionId": session_id,
+            "content": {"type": "prompt", "body": body or ""},
+            "userId": creator or "someone",
+            "createdAt": "2026-12-02T10:00:01.000Z",
+            "updatedAt": "2026-12-02T10:00:01.000Z",
+        }
+        if signal:
+            activity["signal"] = signal
+        event["agentActivity"] = activity
+    return event
 
 
 class Served:

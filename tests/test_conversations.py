@@ -1,0 +1,376 @@
+"""Agent sessions are conversations: start, follow-ups, stop and the agent's own replies, all through
+the queue and the outbox, over real HTTP against real Postgres, with a Linear stand-in that checks
+every GraphQL document against Linear's published schema."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from pytest_httpserver import HTTPServer
+
+from shared import agent_tokens
+from shared.db import Pool
+from shared.queue import AckItem, ack_many, claim
+from shared.sql import query
+from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
+from tests.helpers.data import row_counts
+from tests.helpers.linear import Linear
+
+LINEAR_TOKEN = "lin_app_token_for_conversations"
+
+
+@pytest.fixture
+def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
+    return {"LINEAR_API_URL": httpserver.url_for("/graphql")}
+
+
+@pytest.fixture
+def linear(api: Api, httpserver: HTTPServer) -> Linear:
+    stand_in = Linear(httpserver)
+    r = api.http.post(
+        "/linear-credentials", json={"orgId": "org-a", "accessToken": LINEAR_TOKEN}, headers=api.admin()
+    )
+    assert r.status_code == 200
+    return stand_in
+
+
+def claim_all(api: Api, token: str) -> list[dict[str, Any]]:
+    r = api.post_as(token, "/claim", {"max": 100})
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
+
+
+def ack(api: Api, token: str, m: dict[str, Any]) -> int:
+    return api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]}).status_code
+
+
+def test_created_carries_the_prompt_and_linear_hears_back(api: Api, linear: Linear) -> None:
+    _, token = api.register(user="user-1", name="laptop")
+    event = agent_session_event(session_id="as-1", body="@agent fix the flaky test")
+    r = api.webhook(event).json()
+    assert r["status"] == "dispatched" and r["kind"] == "start"
+    [m] = claim_all(api, token)
+    assert m["kind"] == "start" and m["agentSessionId"] == "as-1"
+    assert m["prompt"] == {"body": "@agent fix the flaky test", "context": event["promptContext"]}
+    assert m["issue"]["id"] == "issue-as"
+    linear.wait(1)
+    assert linear.activities()[0]["content"]["type"] == "thought"
+
+
+def test_follow_up_goes_to_the_holder_in_order_never_rerouted(api: Api, linear: Linear) -> None:
+    _, first = api.register(user="user-1", name="laptop")
+    api.webhook(agent_session_event(session_id="as-2"))
+    _, second = api.register(user="user-1", name="desktop")
+    assert claim_all(api, second) == []  # now the most recently seen machine of that user
+    r = api.webhook(agent_session_event(session_id="as-2", action="prompted", body="also the docs")).json()
+    assert r["status"] == "dispatched" and r["kind"] == "prompt"
+    assert claim_all(api, second) == []  # never re-routed
+    [start] = claim_all(api, first)
+    assert start["kind"] == "start"
+    assert claim_all(api, first) == []  # the prompt waits while its start is claimed, not acked
+    assert ack(api, first, start) == 200
+    [prompt] = claim_all(api, first)
+    assert prompt["kind"] == "prompt" and prompt["prompt"]["body"] == "also the docs"
+    assert prompt["prompt"]["context"] is None
+
+
+def test_follow_up_with_no_holder_is_routed_as_a_start(api: Api, linear: Linear) -> None:
+    _, token = api.register(user="user-1")
+    r = api.webhook(agent_session_event(session_id="as-3", action="prompted", body="hello?")).json()
+    assert r["status"] == "dispatched" and r["kind"] == "start"
+    [m] = claim_all(api, token)
+    assert (m["kind"], m["prompt"]["body"]) == ("start", "hello?")
+
+
+def test_stop_before_any_delivery_cancels_and_tells_linear(api: Api, linear: Linear) -> None:
+    _, token = api.register(user="user-1")
+    started = api.webhook(agent_session_event(session_id="as-4")).json()
+    r = api.webhook(agent_session_event(session_id="as-4", action="prompted", signal="stop")).json()
+    assert r == {"status": "stopped", "cancelledSessionIds": [started["sessionId"]], "stopSessionId": None}
+    assert claim_all(api, token) == []  # the machine never starts it
+    linear.wait(2)
+    final = linear.activities()[-1]
+    assert final["agentSessionId"] == "as-4" and final["content"]["type"] == "response"
+
+
+def test_stop_after_delivery_cancels_the_rest_and_queues_a_stop(api: Api, linear: Linear) -> None:
+    _, token = api.register(user="user-1")
+    api.webhook(agent_session_event(session_id="as-5"))
+    [start] = claim_all(api, token)
+    assert ack(api, token, start) == 200
+    follow = api.webhook(agent_session_event(session_id="as-5", action="prompted", body="more")).json()
+    r = api.webhook(agent_session_event(session_id="as-5", action="prompted", signal="stop")).json()
+    assert r["status"] == "stopped" and r["cancelledSessionIds"] == [follow["sessionId"]]
+    [stop] = claim_all(api, token)
+    assert stop["kind"] == "stop" and stop["sessionId"] == r["stopSessionId"] and stop["prompt"] is None
+    with api.pool.connection() as conn:
+        kinds = conn.execute(
+            "SELECT kind, status FROM dispatch_sessions WHERE agent_session_id = 'as-5' ORDER BY created_at"
+        ).fetchall()
+    assert [(k["kind"], k["status"]) for k in kinds] == [
+        ("start", "delivered"),
+        ("prompt", "cancelled"),
+        ("stop", "queued"),
+    ]
+
+
+def test_stop_racing_an_ack_one_outcome_each_time(api: Api, linear: Linear) -> None:
+    """Linear's stop and the machine's ack of the start, at the same moment, 20 times: either the ack
+    wins (the start is delivered, and a `stop` is queued for it) or the stop wins (the start is
+    cancelled, the ack gets 404 and nothing runs). Never both, never neither."""
+    _, token = api.register(user="user-1")
+    for n in range(20):
+        sid = f"as-race-{n}"
+        api.webhook(agent_session_event(session_id=sid))
+        [start] = claim_all(api, token)
+        barrier = threading.Barrier(2)
+
+        def do_ack(m: dict[str, Any] = start, barrier: threading.Barrier = barrier) -> int:
+            barrier.wait()
+            return ack(api, token, m)
+
+        def do_stop(s: str = sid, barrier: threading.Barrier = barrier) -> dict[str, Any]:
+            barrier.wait()
+            answer: dict[str, Any] = api.webhook(
+                agent_session_event(session_id=s, action="prompted", signal="stop")
+            ).json()
+            return answer
+
+        with ThreadPoolExecutor(2) as ex:
+            acked, stopped = ex.submit(do_ack), ex.submit(do_stop)
+            code, answer = acked.result(), stopped.result()
+        if code == 200:
+            assert answer["cancelledSessionIds"] == [] and answer["stopSessionId"] is not None
+            [stop] = claim_all(api, token)
+            assert stop["kind"] == "stop"
+            assert ack(api, token, stop) == 200
+        else:
+            assert code == 404 and answer["cancelledSessionIds"] == [start["sessionId"]]
+            assert answer["stopSessionId"] is None and claim_all(api, token) == []
+
+
+def test_human_reassignment_never_touches_the_agent_session(api: Api, linear: Linear) -> None:
+    _, token = api.register(user="user-1")
+    api.register(user="user-2")
+    agent = api.webhook(agent_session_event(session_id="as-6", issue_id="iss-shared")).json()
+    moved = issue_event(
+        "update", issue_id="iss-shared", assignee="user-2", updated_from={"assigneeId": "user-1"}
+    )
+    assert api.webhook(moved).json()["status"] == "dispatched"
+    [m] = claim_all(api, token)
+    assert m["sessionId"] == agent["sessionId"]
+
+
+def test_an_automation_started_session_goes_by_the_assignee(api: Api, linear: Linear) -> None:
+    _, token = api.register(user="assignee-1")
+    r = api.webhook(agent_session_event(session_id="as-7", creator=None, assignee="assignee-1")).json()
+    assert r["status"] == "dispatched"
+    assert [m["agentSessionId"] for m in claim_all(api, token)] == ["as-7"]
+
+
+def test_one_change_through_two_webhooks_or_replayed_dispatches_once(api: Api) -> None:
+    api.register(user="user-1")
+    event = issue_event(issue_id="iss-twice")
+    first = api.webhook(event, delivery="workspace-webhook-1").json()
+    assert first["status"] == "dispatched"
+    for delivery in ("app-webhook-1", "replayed-with-a-new-id", None):
+        again = api.webhook(event, delivery=delivery).json()
+        assert again == {"status": "duplicate", "sessionId": first["sessionId"]}
+    assert row_counts(api.pool)["sessions"] == 1
+
+
+def test_non_ascii_signature_is_401_and_float_timestamps_are_accepted(api: Api) -> None:
+    api.register(user="user-1")
+    body = json.dumps(issue_event(issue_id="iss-sig")).encode()
+    for signature in ("é" * 64, "\u2603", "ü", "0" * 10_000):
+        r = api.http.post(
+            "/webhook",
+            content=body,
+            headers={"Linear-Signature": signature.encode("utf-8")},
+        )
+        assert (r.status_code, r.json()["error"]) == (401, "bad_signature")
+    event = issue_event(issue_id="iss-float")
+    event["webhookTimestamp"] = now_ms() + 0.5
+    assert api.webhook(event).json()["status"] == "dispatched"
+
+
+def delivered_session(api: Api, token: str, session_id: str) -> None:
+    api.webhook(agent_session_event(session_id=session_id))
+    for m in claim_all(api, token):
+        assert ack(api, token, m) == 200
+
+
+def activity(api: Api, token: str, session: str, content: dict[str, Any], aid: str | None = None) -> Any:
+    body: dict[str, Any] = {"agentSessionId": session, "content": content}
+    if aid:
+        body["id"] = aid
+    return api.post_as(token, "/activities", body)
+
+
+def test_activities_idempotent_in_order_and_only_for_the_holder(api: Api, linear: Linear) -> None:
+    oid, token = api.register(user="user-1")
+    _, other_machine = api.register(user="user-2")
+    _, other_org = api.register(org="org-b", user="user-1")
+    delivered_session(api, token, "as-8")
+    linear.wait(2)  # the service's own: queued for, picked up by
+    aid = str(uuid4())
+    first = activity(api, token, "as-8", {"type": "thought", "body": "reading the code"}, aid)
+    assert first.status_code == 202 and first.json() == {"activityId": aid, "status": "queued"}
+    again = activity(api, token, "as-8", {"type": "thought", "body": "reading the code"}, aid)
+    assert again.status_code == 202 and again.json() == first.json()
+    for n in range(5):
+        assert (
+            activity(
+                api, token, "as-8", {"type": "action", "action": "Edit", "parameter": f"file-{n}"}
+            ).status_code
+            == 202
+        )
+    assert activity(api, token, "as-8", {"type": "response", "body": "done"}).status_code == 202
+    linear.wait(2 + 7)
+    time.sleep(0.3)
+    posted = [a for a in linear.activities() if a["content"]["type"] != "thought" or a["id"] == aid]
+    assert [a["id"] for a in linear.activities()].count(aid) == 1  # the retried id showed once
+    assert [a["content"].get("parameter") for a in posted[1:6]] == [f"file-{n}" for n in range(5)]
+    assert posted[-1]["content"] == {"type": "response", "body": "done"}
+
+    before = row_counts(api.pool)
+    for who, session in ((other_machine, "as-8"), (other_org, "as-8"), (token, "as-unknown")):
+        r = activity(api, who, session, {"type": "thought", "body": "x"})
+        assert (r.status_code, r.json()["error"]) == (404, "not_found")
+    for bad in (
+        {"agentSessionId": "as-8", "content": {"type": "shout", "body": "x"}},
+        {"agentSessionId": "as-8", "content": {"type": "action", "body": "no action"}},
+        {"agentSessionId": "as-8", "content": {"type": "thought"}},
+        {"agentSessionId": "as-8", "content": {"type": "thought", "body": "x"}, "id": "not-a-uuid"},
+        {"content": {"type": "thought", "body": "x"}},
+    ):
+        r = api.post_as(token, "/activities", bad)
+        assert (r.status_code, r.json()["error"]) == (400, "bad_request"), bad
+    assert row_counts(api.pool) == before
+    del oid
+
+
+def test_an_undelivered_session_and_an_unconnected_org_are_refused(api: Api) -> None:
+    _, token = api.register(user="user-1")
+    api.webhook(agent_session_event(session_id="as-9"))
+    r = activity(api, token, "as-9", {"type": "thought", "body": "too early"})
+    assert (r.status_code, r.json()["error"]) == (404, "not_found")  # not delivered to it yet
+    for m in claim_all(api, token):
+        ack(api, token, m)
+    r = activity(api, token, "as-9", {"type": "thought", "body": "no Linear"})
+    assert (r.status_code, r.json()["error"]) == (409, "linear_not_connected")
+    assert row_counts(api.pool)["notices"] == 0
+
+
+def test_agent_token_speaks_only_in_its_own_session(api: Api, linear: Linear) -> None:
+    oid, token = api.register(user="user-1")
+    delivered_session(api, token, "as-10")
+    delivered_session(api, token, "as-11")
+    scoped = agent_tokens.mint(token, oid, "as-10")
+    assert activity(api, scoped, "as-10", {"type": "thought", "body": "mine"}).status_code == 202
+    r = activity(api, scoped, "as-11", {"type": "thought", "body": "not mine"})
+    assert (r.status_code, r.json()["error"]) == (404, "not_found")
+    forged = scoped[:-4] + ("0000" if not scoped.endswith("0000") else "1111")
+    expired = agent_tokens.mint(token, oid, "as-10", now=time.time() - agent_tokens.LIFETIME_SECONDS - 10)
+    for bad in (forged, expired, agent_tokens.mint("dpo_not_the_token", oid, "as-10")):
+        r = activity(api, bad, "as-10", {"type": "thought", "body": "x"})
+        assert (r.status_code, r.json()["error"]) == (401, "unauthorized")
+    for path in ("/claim", "/ack", "/release"):  # it is good for /activities and nothing else
+        assert api.post_as(scoped, path, {}).status_code == 401
+    api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin())
+    assert activity(api, scoped, "as-10", {"type": "thought", "body": "x"}).status_code == 401
+
+
+def test_messages_of_a_session_are_delivered_in_order_under_concurrent_claimers(api: Api) -> None:
+    """30 agent sessions, each a start and two follow-ups, drained by 6 concurrent claimers of the
+    same machine: no session ever has two messages out at once, and each is acked in order."""
+    oid, _ = api.register(user="user-1")
+    sessions = [f"as-order-{n}" for n in range(30)]
+    expected: dict[str, list[str]] = {}
+    for s in sessions:
+        ids = [api.webhook(agent_session_event(session_id=s)).json()["messageId"]]
+        for body in ("one", "two"):
+            ids.append(
+                api.webhook(agent_session_event(session_id=s, action="prompted", body=body)).json()[
+                    "messageId"
+                ]
+            )
+        expected[s] = ids
+    pool: Pool = api.pool
+    out: dict[str, int] = defaultdict(int)
+    acked: dict[str, list[str]] = defaultdict(list)
+    lock = threading.Lock()
+    overlaps: list[str] = []
+
+    def drain() -> None:
+        idle = 0
+        while idle < 20:
+            got = claim(pool, UUID(oid), max=3, lease_seconds=600)
+            if not got:
+                idle += 1
+                time.sleep(0.01)
+                continue
+            idle = 0
+            with lock:
+                for m in got:
+                    out[m.agent_session_id or ""] += 1
+                    if out[m.agent_session_id or ""] > 1:
+                        overlaps.append(m.agent_session_id or "")
+            time.sleep(0.002)
+            with lock:
+                for m in got:
+                    acked[m.agent_session_id or ""].append(str(m.message_id))
+                    out[m.agent_session_id or ""] -= 1
+            assert ack_many(pool, UUID(oid), [AckItem(m.queue_id, m.claim_token) for m in got]).statuses == [
+                "acked"
+            ] * len(got)
+
+    threads = [threading.Thread(target=drain) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert overlaps == []
+    assert dict(acked) == expected
+
+
+def test_an_empty_poll_is_still_an_index_probe(api: Api) -> None:
+    """The order rule sits in the claim statement; a machine with nothing due still costs one probe of
+    the claim index, never a look at other machines' rows or the order check."""
+    oid, token = api.register(user="user-1")
+    busy, _ = api.register(user="user-2")
+    with api.pool.connection() as conn:
+        conn.execute(
+            """
+            WITH s AS (
+                INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id, agent_session_id, kind)
+                SELECT 'org-a', %(o)s, 'queued', 'bulk', 'as-bulk-' || (g %% 5000), 'prompt'
+                FROM generate_series(1, 20000) g RETURNING id, agent_session_id
+            )
+            INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, agent_session_id)
+            SELECT s.id, %(o)s, 'org-a', '{"issue": {"id": "bulk"}}', s.agent_session_id FROM s
+            """,
+            {"o": busy},
+        )
+        conn.execute(
+            "UPDATE dispatch_sessions ds SET queue_id = q.id FROM dispatch_queue q WHERE q.session_id = ds.id"
+        )
+        conn.execute("ANALYZE dispatch_queue")
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("claim"),
+            {"orchestrator_id": oid, "max": 10, "lease_seconds": 60, "now": None},
+        ).fetchone()
+    assert plan is not None
+    text = json.dumps(plan)
+    assert "dispatch_queue_claim_idx" in text and "Seq Scan" not in text
+    top = plan["QUERY PLAN"][0]["Plan"]
+    assert top["Actual Rows"] == 0 and top["Shared Hit Blocks"] + top.get("Shared Read Blocks", 0) < 50
+    del token
