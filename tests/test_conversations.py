@@ -194,7 +194,7 @@ def test_non_ascii_signature_is_401_and_float_timestamps_are_accepted(api: Api) 
         r = api.http.post(
             "/webhook",
             content=body,
-            headers={"Linear-Signature": signature.encode("utf-8")},
+            headers={b"Linear-Signature": signature.encode("utf-8")},
         )
         assert (r.status_code, r.json()["error"]) == (401, "bad_signature")
     event = issue_event(issue_id="iss-float")
