@@ -382,7 +382,9 @@ class Orchestrator:
         return f"\n\n```\n{text}\n```" if text.strip() else ""
 
     def _post_activity(self, agent_session_id: str, content: dict[str, Any], key: str) -> None:
-        activity_id = str(uuid.uuid5(ACTIVITY_IDS, key))
+        # Stable for this message and purpose (said once, even when posted again after a restart),
+        # and shaped as the UUID v4 the service takes.
+        activity_id = str(uuid.UUID(bytes=uuid.uuid5(ACTIVITY_IDS, key).bytes, version=4))
         for attempt in range(3):
             try:
                 status = self.api.activity(agent_session_id, content, activity_id)

@@ -31,6 +31,7 @@ class Orch:
         interval: float = 0.3,
         extra: list[str] | None = None,
         token_in_env: bool = False,
+        command: list[str] | None = None,
     ) -> None:
         self.token_env = {"DEVPILOT_ORCHESTRATOR_TOKEN": token} if token_in_env else {}
         self.started_file = tmp / "started.jsonl"
@@ -51,8 +52,7 @@ class Orch:
             str(self.state),
             *(extra or []),
             "--",
-            sys.executable,
-            str(ROOT / "tests/helpers/record_start.py"),
+            *(command or [sys.executable, str(ROOT / "tests/helpers/record_start.py")]),
             str(self.started_file),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -419,7 +419,7 @@ def test_a_message_id_that_is_not_a_uuid_is_never_written_nor_started(
 
     good = str(uuid4())
     batches = [
-        [message("../../escaped"), message("/tmp/devpilot-absolute"), message("nul\x00byte"), message(good)]
+        [message("../../escaped"), message(str(tmp_path / "absolute")), message("nul\x00byte"), message(good)]
     ]
     acked: list[str] = []
 
@@ -442,7 +442,7 @@ def test_a_message_id_that_is_not_a_uuid_is_never_written_nor_started(
     assert [s["messageId"] for s in o.starts()] == [good] and len(acked) == 1
     assert o.log().count("refused a message whose messageId is not a UUID") == 3
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "escaped.json").exists()
-    assert not Path("/tmp/devpilot-absolute").exists() and not Path("/tmp/devpilot-absolute.json").exists()
+    assert not (tmp_path / "absolute").exists() and not (tmp_path / "absolute.json").exists()
     assert {p.name for p in (o.state / "messages").iterdir()} == {f"{good}.json"}
     assert o.stop() == 0
     o.start()  # nothing bad was journaled: a restart neither crashes nor starts anything again

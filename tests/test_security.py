@@ -94,7 +94,13 @@ def test_fuzzed_admin_bodies_never_5xx(api: Api, body: Any) -> None:
         assert counts(api) == before
 
 
-ROUTES = [("POST", "/claim"), ("POST", "/ack"), ("POST", "/release"), ("POST", "/realtime-token")]
+ROUTES = [
+    ("POST", "/claim"),
+    ("POST", "/ack"),
+    ("POST", "/release"),
+    ("POST", "/realtime-token"),
+    ("POST", "/activities"),
+]
 ADMIN_ROUTES = [
     ("POST", "/orchestrators"),
     ("GET", "/orchestrators"),

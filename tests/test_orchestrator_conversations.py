@@ -1,0 +1,153 @@
+"""The reference orchestrator in a conversation, as real processes: start and prompt run COMMAND
+with the prompt; COMMAND talks to Linear with a token scoped to its agent session; its exit is
+reported; Linear's stop ends its process group, also after the orchestrator was SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_httpserver import HTTPServer
+
+from tests.helpers.api import Api, agent_session_event
+from tests.helpers.linear import Linear
+from tests.test_orchestrator import ROOT, Orch, wait_for
+
+COMMAND = [sys.executable, str(ROOT / "tests/helpers/agent_command.py")]
+
+
+@pytest.fixture
+def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
+    return {"LINEAR_API_URL": httpserver.url_for("/graphql")}
+
+
+@pytest.fixture
+def linear(api: Api, httpserver: HTTPServer) -> Linear:
+    stand_in = Linear(httpserver)
+    r = api.http.post(
+        "/linear-credentials", json={"orgId": "org-a", "accessToken": "lin"}, headers=api.admin()
+    )
+    assert r.status_code == 200
+    return stand_in
+
+
+@pytest.fixture
+def machine(api: Api, tmp_path: Path) -> Any:
+    made: list[Orch] = []
+
+    def make() -> tuple[Orch, str]:
+        _, token = api.register(user="user-1", name="laptop")
+        o = Orch(api.url, token, tmp_path, extra=["--stop-grace", "2"], command=COMMAND)
+        made.append(o)
+        return o, token
+
+    yield make
+    for o in made:
+        if o.proc is not None and o.proc.poll() is None:
+            o.proc.kill()
+            o.proc.wait()
+
+
+def said(linear: Linear, session: str) -> list[tuple[str, str]]:
+    return [
+        (a["content"]["type"], a["content"].get("body", ""))
+        for a in linear.activities()
+        if a["agentSessionId"] == session
+    ]
+
+
+def wait_said(linear: Linear, session: str, kind: str, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for t, body in said(linear, session):
+            if t == kind:
+                return body
+        time.sleep(0.05)
+    raise AssertionError(f"no {kind} for {session}: {said(linear, session)}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_start_then_prompt_with_the_agents_own_activity(api: Api, linear: Linear, machine: Any) -> None:
+    o, token = machine()
+    o.start()
+    api.webhook(agent_session_event(session_id="as-c1", body="please talk"))
+    assert wait_said(linear, "as-c1", "response") == "Finished."
+    thoughts = [b for t, b in said(linear, "as-c1") if t == "thought"]
+    assert "working on: please talk" in thoughts  # COMMAND's own, through its scoped token
+    [first] = o.starts()
+    assert first["kind"] == "start" and first["env"]["DEVPILOT_KIND"] == "start"
+    assert (
+        first["env"]["DEVPILOT_AGENT_SESSION_ID"] == "as-c1"
+        and first["env"]["DEVPILOT_PROMPT"] == "please talk"
+    )
+    assert first["env"]["DEVPILOT_AGENT_TOKEN"].startswith("dpa.")
+    assert token not in str(first["allEnv"]) and "DEVPILOT_ORCHESTRATOR_TOKEN" not in first["allEnv"]
+
+    api.webhook(agent_session_event(session_id="as-c1", action="prompted", body="talk again"))
+    wait_for(lambda: len(o.starts()) == 2, what="the follow-up started")
+    second = o.starts()[1]
+    assert second["kind"] == "prompt" and second["env"]["DEVPILOT_PROMPT"] == "talk again"
+    wait_for(lambda: [t for t, _ in said(linear, "as-c1")].count("response") == 2, what="second response")
+    assert o.stop() == 0
+
+
+def test_a_failing_command_reports_an_error_with_its_output(api: Api, linear: Linear, machine: Any) -> None:
+    o, _ = machine()
+    o.start()
+    api.webhook(agent_session_event(session_id="as-c2", body="please fail"))
+    error = wait_said(linear, "as-c2", "error")
+    assert "exited with code 3" in error and "boom: the build is broken" in error
+    assert "response" not in [t for t, _ in said(linear, "as-c2")]
+    assert o.stop() == 0
+
+
+def test_stop_ends_the_running_agent_and_posts_the_final_response(
+    api: Api, linear: Linear, machine: Any
+) -> None:
+    o, _ = machine()
+    o.start()
+    api.webhook(agent_session_event(session_id="as-c3", body="please sleep"))
+    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
+    pid = o.starts()[0]["pid"]
+    assert alive(pid)
+    t0 = time.monotonic()
+    r = api.webhook(agent_session_event(session_id="as-c3", action="prompted", signal="stop")).json()
+    assert r["status"] == "stopped" and r["stopSessionId"]
+    assert wait_said(linear, "as-c3", "response") == "Stopped, as asked in Linear."
+    assert not alive(pid) and time.monotonic() - t0 < 15
+    time.sleep(0.5)
+    assert "error" not in [t for t, _ in said(linear, "as-c3")]  # a stopped agent is not a failure
+    assert len(o.starts()) == 1  # the stop started nothing
+    assert o.stop() == 0
+
+
+def test_stop_finds_an_agent_started_before_the_orchestrator_was_sigkilled(
+    api: Api, linear: Linear, machine: Any
+) -> None:
+    o, _ = machine()
+    o.start()
+    api.webhook(agent_session_event(session_id="as-c4", body="please sleep"))
+    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
+    pid = o.starts()[0]["pid"]
+    o.signal(signal.SIGKILL)
+    assert o.proc is not None
+    o.proc.wait()
+    assert alive(pid)  # COMMAND lives on in its own session
+    o.start()
+    api.webhook(agent_session_event(session_id="as-c4", action="prompted", signal="stop"))
+    assert wait_said(linear, "as-c4", "response") == "Stopped, as asked in Linear."
+    wait_for(lambda: not alive(pid), timeout=10, what="the old agent ended")
+    assert len(o.starts()) == 1
+    assert o.stop() == 0
