@@ -1,6 +1,8 @@
-"""Property test: random interleavings of enqueue, claim, ack, release, sweep and clock steps,
-against a simple in-memory model of the contract. After every step the database's invariant holds,
-no message is lost, no row is held by two live claims, and every answer is the model's."""
+"""Property test: random interleavings of enqueue (plain assignments, and start/prompt messages of a
+few agent sessions), claim, ack, release, sweep, Linear's stop and clock steps, against a simple
+in-memory model of the contract. After every step the database's invariant holds, no message is
+lost, no row is held by two live claims, one agent session's messages are claimable only in order,
+and every answer is the model's."""
 
 from __future__ import annotations
 
@@ -12,14 +14,25 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from shared.db import Pool
-from shared.queue import ack, claim, release, sweep
+from shared.db import Pool, transaction
+from shared.models import DispatchPayload, MessageKind
+from shared.queue import ack, claim, create_session, enqueue_dispatch, release, sweep
 from shared.settings import Settings
-from tests.helpers.data import MakeOrch, Orch, enqueue_one
+from shared.sql import query
+from tests.helpers.data import MakeOrch, Orch, enqueue_one, issue
 from tests.test_reliability import assert_invariant
 
 LEASE = 60
-POLICY = Settings(DEVPILOT_MAX_ATTEMPTS=3, DEVPILOT_BACKOFF_BASE_SECONDS=10, DEVPILOT_BACKOFF_CAP_SECONDS=40)
+BASE, CAP, MAX_ATTEMPTS = 10, 40, 3
+POLICY = Settings(
+    DEVPILOT_MAX_ATTEMPTS=MAX_ATTEMPTS, DEVPILOT_BACKOFF_BASE_SECONDS=BASE, DEVPILOT_BACKOFF_CAP_SECONDS=CAP
+)
+AGENTS = ("as-a", "as-b", "as-c")
+
+
+def contract_backoff(n: int) -> int:
+    """The contract's words, not the code's: after the n-th failed delivery, min(n² × base, cap)."""
+    return min(n * n * BASE, CAP)
 
 
 @dataclass
@@ -31,8 +44,10 @@ class Row:
     lease_until: datetime | None = None
     token: UUID | None = None
     tokens: list[UUID] = field(default_factory=list)
-    status: str = "queued"  # queued | delivered | failed
+    status: str = "queued"  # queued | delivered | failed | cancelled
     acked_token: UUID | None = None
+    agent: str | None = None
+    kind: str = "start"
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -61,10 +76,67 @@ class QueueMachine(RuleBasedStateMachine):
             )
         self.rows.append(Row(enq.queue_id, sid, self.now))
 
+    @rule(agent=st.sampled_from(AGENTS), kind=st.sampled_from(("start", "prompt")))
+    def enqueue_in_agent_session(self, agent: str, kind: MessageKind) -> None:
+        self.rows.append(self._enqueue_agent(agent, kind))
+
+    def _enqueue_agent(self, agent: str, kind: MessageKind) -> Row:
+        self.n += 1
+        iss = issue(self.n, self.orch.org_id)
+        with transaction(self.pool) as tx:
+            sid = create_session(
+                tx,
+                org_id=self.orch.org_id,
+                orchestrator_id=self.orch.id,
+                linear_user_id=self.orch.linear_user_id,
+                issue=iss,
+                agent_session_id=agent,
+                kind=kind,
+            )
+            enq = enqueue_dispatch(
+                tx,
+                org_id=self.orch.org_id,
+                orchestrator_id=self.orch.id,
+                session_id=sid,
+                message=DispatchPayload(issue=iss, agent_session_id=agent, kind=kind),
+            )
+            tx.execute(
+                "UPDATE dispatch_queue SET available_at = %(at)s WHERE id = %(id)s",
+                {"at": self.now, "id": enq.queue_id},
+            )
+        return Row(enq.queue_id, sid, self.now, agent=agent, kind=kind)
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def stop(self, agent: str) -> None:
+        """Linear's stop: every undelivered message of the agent session cancelled and, if one was
+        delivered, a `stop` queued for the machine, in one transaction."""
+        with transaction(self.pool) as tx:
+            got = tx.all(
+                query("cancel_agent_session"),
+                {"org_id": self.orch.org_id, "agent_session_id": agent, "reason": "stopped"},
+            )
+        cancelled = [r for r in self._live() if r.agent == agent]
+        assert sorted(g["id"] for g in got) == sorted(r.session_id for r in cancelled)
+        for r in cancelled:
+            r.status = "cancelled"
+        if any(r.agent == agent and r.status == "delivered" for r in self.rows):
+            self.rows.append(self._enqueue_agent(agent, "stop"))
+
+    def _first_of_its_session(self, r: Row) -> bool:
+        """In order per agent session: nothing earlier of its session is still undelivered."""
+        if r.agent is None:
+            return True
+        earlier = self.rows[: self.rows.index(r)]
+        return not any(e.agent == r.agent and e.status == "queued" for e in earlier)
+
     @rule(max_=st.integers(1, 4))
     def claim_some(self, max_: int) -> None:
         due = sorted(
-            (r for r in self._live() if r.lease_until is None and r.available_at <= self.now),
+            (
+                r
+                for r in self._live()
+                if r.lease_until is None and r.available_at <= self.now and self._first_of_its_session(r)
+            ),
             key=lambda r: (r.available_at, str(r.queue_id)),
         )
         got = claim(self.pool, self.orch.id, max=max_, lease_seconds=LEASE, now=self.now)
@@ -121,10 +193,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _fail_attempt(self, r: Row) -> None:
         r.lease_until = None
-        if r.attempts >= POLICY.max_attempts:
+        if r.attempts >= MAX_ATTEMPTS:
             r.status = "failed"
         else:
-            r.available_at = self.now + timedelta(seconds=POLICY.backoff_seconds(r.attempts))
+            r.available_at = self.now + timedelta(seconds=contract_backoff(r.attempts))
 
     @rule()
     def sweep_now(self) -> None:
