@@ -1,8 +1,10 @@
 """`devpilot demo`: the whole loop on an embedded database in a few seconds.
 
-Starts `devpilot serve` (embedded Postgres in a temporary folder), registers an orchestrator, runs
-`devpilot-orchestrator` with a sample agent command, sends two signed sample Linear webhooks (an
-assignment and an agent session), prints the timeline from webhook to agent start, cleans up.
+Starts a local stand-in for Linear's GraphQL API and `devpilot serve` (embedded Postgres in a
+temporary folder), registers an orchestrator, runs `devpilot-orchestrator` with a sample agent
+command, sends signed sample Linear webhooks (an assignment, then a whole agent conversation:
+created, a follow-up, a long task and Linear's stop), prints the timeline from webhook to agent
+start and what Linear would show in the agent session, and cleans up.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +29,61 @@ import httpx
 from shared.linear import sign
 
 SAMPLE_AGENT = """
-import json, os, sys, time
+import json, os, subprocess, sys, time
 m = json.load(sys.stdin)
 with open(sys.argv[1], "a") as f:
     f.write(json.dumps({"messageId": m["messageId"], "startedAt": time.time()}) + "\\n")
-print(f"  [agent] working on {os.environ['DEVPILOT_ISSUE_IDENTIFIER']}: {m['issue']['title']}", flush=True)
+what = m['issue']['title'] if m['kind'] == 'start' else os.environ['DEVPILOT_PROMPT']
+print(f"  [agent] working on {os.environ['DEVPILOT_ISSUE_IDENTIFIER']}: {what}", flush=True)
+if os.environ.get("DEVPILOT_AGENT_SESSION_ID"):
+    prompt = os.environ.get("DEVPILOT_PROMPT", "")
+    def say(kind, text):
+        cmd = [sys.executable, "-m", "orchestrator.cli", "activity", "--type", kind, text]
+        subprocess.run(cmd, check=True)
+    say("thought", f"Reading {os.environ['DEVPILOT_ISSUE_IDENTIFIER']} ({os.environ['DEVPILOT_KIND']}): {prompt}")
+    if "long" in prompt:
+        time.sleep(120)
+    say("response", f"Done: {prompt}")
 """
+
+
+class StandInLinear:
+    """Linear's GraphQL endpoint, as far as the demo needs it: records each agent activity."""
+
+    def __init__(self) -> None:
+        self.activities: list[dict[str, Any]] = []
+        calls = self.activities
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                entity = "agentActivity" if "agentActivityCreate" in body["query"] else "comment"
+                calls.append(body["variables"]["input"])
+                key = f"{entity}Create" if entity == "comment" else "agentActivityCreate"
+                answer = {"data": {key: {"success": True, entity: {"id": f"demo-{len(calls)}"}}}}
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/graphql"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def said(self, agent_session_id: str) -> list[tuple[str, str]]:
+        return [
+            (a["content"]["type"], a["content"].get("body", ""))
+            for a in self.activities
+            if a.get("agentSessionId") == agent_session_id
+        ]
+
+    def close(self) -> None:
+        self.server.shutdown()
 
 
 def _free_port() -> int:
@@ -65,6 +118,8 @@ def run_demo() -> int:
             "LINEAR_WEBHOOK_SECRET": secret,
         }
     )
+    linear = StandInLinear()
+    env["LINEAR_API_URL"] = linear.url
     procs: list[subprocess.Popen[bytes]] = []
     print(f"demo: starting devpilot serve on {url} with an embedded Postgres in {home}")
     try:
@@ -86,6 +141,11 @@ def run_demo() -> int:
             json={"orgId": "demo-org", "linearUserId": "demo-user", "name": "demo-laptop"},
         ).json()
         print(f"demo: registered orchestrator {reg['orchestratorId']} for demo-user")
+        http.post(  # what an OAuth install stores: the token the service posts to Linear with
+            "/linear-credentials",
+            headers={"Authorization": f"Bearer {admin}"},
+            json={"orgId": "demo-org", "accessToken": "demo-linear-token"},
+        )
         started_file = home / "started.jsonl"
         started_file.touch()
         orch = subprocess.Popen(
@@ -148,7 +208,9 @@ def run_demo() -> int:
                             "title": "Write the release notes",
                             "url": "https://linear.app/demo/issue/DEMO-2",
                         },
+                        "comment": {"id": "demo-comment", "body": "@agent write the release notes"},
                     },
+                    "promptContext": '<issue identifier="DEMO-2">Write the release notes</issue>',
                 },
             ),
         ]
@@ -179,6 +241,7 @@ def run_demo() -> int:
         with httpx.Client(base_url=url) as c:
             listed = c.get("/orchestrators", headers={"Authorization": f"Bearer {admin}"}).json()
         print(f"\ndemo: orchestrator last seen {listed['orchestrators'][0]['lastSeenAt']}")
+        _conversation(http, secret, linear)
         return 0
     finally:
         for p in reversed(procs):
@@ -189,5 +252,60 @@ def run_demo() -> int:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
+        linear.close()
         shutil.rmtree(home, ignore_errors=True)
         print(f"demo: cleaned up; {time.monotonic() - t_begin:.1f}s in all")
+
+
+AGENT_SESSION = "demo-agent-session"
+
+
+def _prompted(body: str, signal: str | None = None) -> dict[str, Any]:
+    activity: dict[str, Any] = {
+        "id": secrets.token_hex(8),
+        "agentSessionId": AGENT_SESSION,
+        "content": {"type": "prompt", "body": body},
+        "userId": "demo-user",
+    }
+    if signal:
+        activity["signal"] = signal
+    return {
+        "type": "AgentSessionEvent",
+        "action": "prompted",
+        "organizationId": "demo-org",
+        "webhookTimestamp": int(time.time() * 1000),
+        "agentSession": {"id": AGENT_SESSION, "creatorId": "demo-user"},
+        "agentActivity": activity,
+    }
+
+
+def _conversation(http: httpx.Client, secret: str, linear: StandInLinear) -> None:
+    """The agent session goes on: a follow-up, a long task, and the user pressing stop in Linear."""
+
+    def send(label: str, event: dict[str, Any]) -> dict[str, Any]:
+        body = json.dumps(event).encode()
+        r = http.post(
+            "/webhook",
+            content=body,
+            headers={"Linear-Signature": sign(secret, body), "Linear-Delivery": secrets.token_hex(8)},
+        )
+        answer: dict[str, Any] = r.json()
+        print(
+            f"demo: webhook '{label}' -> {r.status_code} {answer['status']} {answer.get('kind', '')}".rstrip()
+        )
+        return answer
+
+    def responses() -> int:
+        return [kind for kind, _ in linear.said(AGENT_SESSION)].count("response")
+
+    print("\ndemo: the agent session goes on")
+    _wait(lambda: responses() >= 1, 20, "the agent's first response")
+    send("follow-up", _prompted("Also mention the new login page"))
+    _wait(lambda: responses() >= 2, 20, "the agent's answer to the follow-up")
+    send("long task", _prompted("Now do the long database migration"))
+    _wait(lambda: any("long database" in text for _, text in linear.said(AGENT_SESSION)), 20, "the long task")
+    send("stop", _prompted("", signal="stop"))
+    _wait(lambda: responses() >= 3, 30, "the stop's final response")
+    print("\nwhat Linear shows in the agent session on DEMO-2:")
+    for kind, text in linear.said(AGENT_SESSION):
+        print(f"  [{kind}] {text}")

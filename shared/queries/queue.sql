@@ -95,13 +95,13 @@ WITH items AS (
     SET status = 'delivered', acked_claim_token = d.claim_token, delivered_at = now(), updated_at = now()
     FROM deleted d
     WHERE s.id = d.session_id AND s.status = 'queued'
-    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id, s.kind
 ), notices AS (
-    -- "picked up by <machine>" for agent sessions of orgs that Linear is told about
+    -- "picked up by <machine>" when an agent session's start is delivered, for orgs Linear is told about
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
     SELECT d.org_id, d.id, 'delivered', d.agent_session_id, d.issue_id, 'Picked up by ' || o.name
     FROM delivered d JOIN orchestrators o ON o.id = d.orchestrator_id
-    WHERE d.agent_session_id IS NOT NULL AND devpilot_notifies(d.org_id)
+    WHERE d.agent_session_id IS NOT NULL AND d.kind = 'start' AND devpilot_notifies(d.org_id)
     RETURNING id
 )
 SELECT id AS queue_id, claim_token, (SELECT array_agg(id) FROM notices) AS notice_ids FROM deleted;
