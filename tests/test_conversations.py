@@ -5,6 +5,7 @@ every GraphQL document against Linear's published schema."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -374,3 +375,86 @@ def test_an_empty_poll_is_still_an_index_probe(api: Api) -> None:
     top = plan["QUERY PLAN"][0]["Plan"]
     assert top["Actual Rows"] == 0 and top["Shared Hit Blocks"] + top.get("Shared Read Blocks", 0) < 50
     del token
+
+
+def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
+    pool: Pool, db_url: str, httpserver: HTTPServer
+) -> None:
+    """An agent retries each activity with its own id until it gets a 202, while `devpilot serve` is
+    SIGKILLed between (and during) the tries: every activity is in Linear exactly once, in order."""
+    import httpx
+
+    from shared.orchestrators import register
+    from tests.helpers.api import ADMIN, SECRET
+    from tests.test_reliability import _free_port, _start_serve
+
+    stand_in = Linear(httpserver)
+    orch = register(pool, org_id="org-a", linear_user_id="user-1", name="m")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"LINEAR_API_URL": httpserver.url_for("/graphql")}
+    server = _start_serve(db_url, port, **env)
+    try:
+        with httpx.Client(base_url=url, timeout=5) as http:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            http.post(
+                "/linear-credentials",
+                json={"orgId": "org-a", "accessToken": "lin"},
+                headers={"Authorization": f"Bearer {ADMIN}"},
+            )
+            event = json.dumps(agent_session_event(session_id="as-kill")).encode()
+            from shared.linear import sign
+
+            http.post("/webhook", content=event, headers={"Linear-Signature": sign(SECRET, event)})
+            auth = {"Authorization": f"Bearer {orch.token}"}
+            [m] = http.post("/claim", json={}, headers=auth).json()["messages"]
+            assert (
+                http.post(
+                    "/ack", json={"queueId": m["queueId"], "claimToken": m["claimToken"]}, headers=auth
+                ).status_code
+                == 200
+            )
+            ids = [str(uuid4()) for _ in range(12)]
+            for n, aid in enumerate(ids):
+                body = {
+                    "agentSessionId": "as-kill",
+                    "content": {"type": "thought", "body": f"step {n}"},
+                    "id": aid,
+                }
+                accepted, killed = 0, False
+                while accepted < 2:  # each activity is sent (at least) twice: a retry after success
+                    if n % 3 == accepted and not killed:  # before the first try, or between the two
+                        server.send_signal(signal.SIGKILL)
+                        server.wait()
+                        server = _start_serve(db_url, port, **env)
+                        killed = True
+                    try:
+                        r = http.post("/activities", json=body, headers=auth)
+                        if r.status_code == 202:
+                            assert r.json()["activityId"] == aid
+                            accepted += 1
+                            continue
+                        assert r.status_code == 503, r.text
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.1)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(
+                [a for a in stand_in.activities() if a["id"] in ids]
+            ) < len(ids):
+                http.post(
+                    "/sweep", headers={"Authorization": f"Bearer {ADMIN}"}
+                )  # sends what a kill left unsent
+                time.sleep(0.3)
+    finally:
+        server.kill()
+        server.wait()
+    posted = [a["id"] for a in stand_in.activities() if a["id"] in ids]
+    assert posted == ids  # each exactly once, in the order accepted
+    assert not stand_in.invalid

@@ -101,7 +101,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_serve(db_url: str, port: int) -> subprocess.Popen[bytes]:
+def _start_serve(db_url: str, port: int, **extra_env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
         cwd=ROOT,
@@ -111,6 +111,7 @@ def _start_serve(db_url: str, port: int) -> subprocess.Popen[bytes]:
             "DATABASE_URL": db_url,
             "DEVPILOT_ADMIN_TOKEN": ADMIN,
             "LINEAR_WEBHOOK_SECRET": SECRET,
+            **extra_env,
         },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
