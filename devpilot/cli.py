@@ -46,7 +46,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_linear_token(args: argparse.Namespace) -> int:
     from shared.db import open_pool
-    from shared.notices import store_credentials
+    from shared.linear_auth import store_static
 
     token = sys.stdin.readline().strip()
     if not token:
@@ -56,7 +56,7 @@ def _cmd_linear_token(args: argparse.Namespace) -> int:
     db = resolve(settings.database_url)
     pool = open_pool(db.url, settings, max_size=1)
     try:
-        store_credentials(pool, settings, args.org_id, token)
+        store_static(pool, settings, args.org_id, token)
     finally:
         pool.close()
     print(f"stored the Linear token for org {args.org_id} (encrypted)")

@@ -42,6 +42,18 @@ def render(snap: Snapshot, console: Console) -> None:
             f["updated_at"].isoformat(timespec="seconds"),
         )
     console.print(failed)
+    linear = Table(title="Linear connections")
+    for col in ("org", "workspace", "kind", "state", "token expires"):
+        linear.add_column(col)
+    for c in snap.linear:
+        linear.add_row(
+            c["org_id"],
+            c["workspace_name"] or "",
+            c["kind"],
+            "connected" if c["disconnected_at"] is None else f"DISCONNECTED: {c['disconnect_reason']}",
+            c["expires_at"].isoformat(timespec="seconds") if c["expires_at"] else "never",
+        )
+    console.print(linear)
     sw = snap.last_sweep
     console.print(
         f"last sweep: {sw['ran_at'].isoformat(timespec='seconds')} — requeued {sw['requeued']}, "

@@ -35,6 +35,7 @@ from functions.web import (
     require_orchestrator,
     start_notes,
 )
+from shared import crypto
 from shared.orchestrators import Orchestrator
 from shared.settings import SettingsError
 
@@ -105,6 +106,8 @@ def _answer(
         resp = error(503, "db_unavailable", "the database did not answer; retry", {"Retry-After": "2"})
     except SettingsError as exc:
         resp = error(503, "not_configured", str(exc))
+    except crypto.NotConfigured as exc:
+        resp = error(503, "encryption_not_configured", str(exc))
     except Exception:
         log.exception("unhandled error on %s", name)
         resp = error(500, "internal", "unexpected server error")

@@ -109,6 +109,20 @@ def render(snap: Snapshot) -> str:
         )
         or '<tr><td colspan="3" class="muted">none</td></tr>'
     )
+    linear = (
+        "".join(
+            f'<tr data-org="{escape(c["org_id"])}"><td>{escape(c["org_id"])}</td><td>{escape(c["workspace_name"] or "")}</td>'
+            f"<td>{escape(c['kind'])}</td>"
+            + (
+                '<td class="connected">connected</td>'
+                if c["disconnected_at"] is None
+                else f'<td class="bad disconnected">disconnected: {escape(c["disconnect_reason"] or "")}</td>'
+            )
+            + "</tr>"
+            for c in snap.linear
+        )
+        or '<tr><td colspan="4" class="muted">no workspace connected</td></tr>'
+    )
     sw = snap.last_sweep
     sweep = (
         (
@@ -126,6 +140,7 @@ def render(snap: Snapshot) -> str:
 <h2>Orchestrators</h2><table id="orchestrators"><tr><th>machine</th><th>org</th><th>Linear user</th>
 <th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th></tr>{rows}</table>
 <h2>Last hour</h2>{_chart(snap.history)}
+<h2>Linear</h2><table id="linear"><tr><th>org</th><th>workspace</th><th>kind</th><th>state</th></tr>{linear}</table>
 <h2>Recent failures</h2><table id="failed"><tr><th>issue</th><th>reason</th><th>when</th></tr>{failed}</table>
 <p id="sweep">{sweep}</p>""",
         refresh=True,

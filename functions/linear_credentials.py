@@ -1,7 +1,9 @@
-"""`linear_credentials` (admin): an org's Linear app access token, for notices.
+"""`linear_credentials` (admin): an org's static Linear token, for posting to Linear.
 
-POST /linear-credentials {"orgId", "accessToken"} stores it encrypted; GET lists the orgs that have
-one (never the token); DELETE /linear-credentials/{orgId} forgets it.
+POST /linear-credentials {"orgId", "accessToken"} stores it encrypted (a personal API key, or a
+token obtained elsewhere; never refreshed — `/oauth/install` connects a workspace properly); GET
+lists the orgs that have a connection and its state (never a token); DELETE /linear-credentials/{orgId}
+forgets it.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ import flask
 
 from functions.bodies import CredentialsBody
 from functions.web import ApiError, Call, note, reply
-from shared import notices
+from shared import linear_auth, notices
 
 
 def store(call: Call) -> flask.Response:
     body = call.body(CredentialsBody)
-    notices.store_credentials(call.rt.pool, call.rt.settings, body.org_id, body.access_token)
+    linear_auth.store_static(call.rt.pool, call.rt.settings, body.org_id, body.access_token)
     note(orgId=body.org_id)
     return reply({"orgId": body.org_id, "stored": True})
 
@@ -24,7 +26,15 @@ def list_credentials(call: Call) -> flask.Response:
     return reply(
         {
             "orgs": [
-                {"orgId": r["org_id"], "updatedAt": r["updated_at"].isoformat()}
+                {
+                    "orgId": r["org_id"],
+                    "kind": r["kind"],
+                    "workspace": r["workspace_name"],
+                    "expiresAt": r["expires_at"].isoformat() if r["expires_at"] else None,
+                    "connected": r["disconnected_at"] is None,
+                    "disconnectReason": r["disconnect_reason"],
+                    "updatedAt": r["updated_at"].isoformat(),
+                }
                 for r in notices.list_credentials(call.rt.pool)
             ]
         }

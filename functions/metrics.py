@@ -34,12 +34,21 @@ class QueueDepth(Collector):
             "Age of the oldest due, unclaimed row",
             labels=["orchestrator_id", "orchestrator"],
         )
-        for o in snapshot(get_runtime().pool, failed_limit=0, with_history=False).orchestrators:
+        connected = GaugeMetricFamily(
+            "devpilot_linear_connected",
+            "1 while an org's Linear connection works, 0 once disconnected (its posts wait)",
+            labels=["org_id"],
+        )
+        snap = snapshot(get_runtime().pool, failed_limit=0, with_history=False)
+        for o in snap.orchestrators:
             depth.add_metric([o.id, o.name, "queued"], o.queued)
             depth.add_metric([o.id, o.name, "claimed"], o.claimed)
             oldest.add_metric([o.id, o.name], o.oldest_due_s or 0.0)
+        for c in snap.linear:
+            connected.add_metric([c["org_id"]], 1.0 if c["disconnected_at"] is None else 0.0)
         yield depth
         yield oldest
+        yield connected
 
 
 REGISTRY.register(QueueDepth())

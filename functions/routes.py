@@ -72,6 +72,14 @@ ROUTES: tuple[Route, ...] = (
     ),
     one("realtime_token", "/realtime-token", ("POST",), "orchestrator"),
     one("activities", "/activities", ("POST",), "agent"),
+    Route(
+        "oauth",
+        "/oauth",
+        (
+            Endpoint("/install", ("GET",), "public", "install"),
+            Endpoint("/callback", ("GET",), "public", "callback"),
+        ),
+    ),
     one("healthz", "/healthz", ("GET", "HEAD"), "public"),
     one("metrics", "/metrics", ("GET",), "admin", deployed=False),
     Route(

@@ -15,7 +15,7 @@ from uuid import UUID, uuid4
 
 from psycopg.types.json import Jsonb
 
-from shared import intake, notices, orchestrators, queue
+from shared import intake, linear_auth, notices, orchestrators, queue
 from shared.db import Pool, transaction
 from shared.linear import Webhook
 from shared.models import TaskDispatchMessage
@@ -148,6 +148,19 @@ class Dispatch:
                     raise Refused("not_found", "no agent session of yours by that id")
         self._after_commit([aid])
         return aid
+
+    def connect_linear(self, code: str, state: str) -> linear_auth.Installed:
+        """The OAuth callback: tokens stored in one transaction; then whatever the org's outbox held
+        while it was disconnected goes out."""
+        installed = linear_auth.finish_install(self.pool, self.settings, code, state)
+        self._sender.submit(self._send_all)
+        return installed
+
+    def _send_all(self) -> None:
+        try:
+            notices.send_pending(self.pool, self.settings)
+        except Exception:
+            log.exception("sending notices failed; the sweep retries")
 
     def close(self) -> None:
         self._sender.shutdown(wait=False)

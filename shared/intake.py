@@ -15,6 +15,7 @@ What each event does (the conversation, drawn in the README):
 - `prompted` with the stop signal: every undelivered message of the agent session cancelled, and a
   `stop` queued for the machine that had one delivered; if none had, Linear gets a final response.
 - An agent session that nothing can take: an `error` activity, so Linear does not wait on it.
+- The app uninstalled (`OAuthApp` `revoked`): the org is disconnected; its posts wait in the outbox.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from shared import notices
+from shared import linear_auth, notices
 from shared.db import Pool, Tx, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, IssueRef, MessageKind
@@ -67,6 +68,9 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent) -> Received:
                 {"status": "ignored", "reason": plan.reason}, _tell(tx, org, plan, "failed", UNROUTABLE)
             )
         return Received({"status": "ignored", "reason": plan.reason or "not_routable"})
+    if plan.kind == "disconnect":  # the app was uninstalled: posts wait for a new install
+        linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
+        return Received({"status": "ignored", "reason": plan.reason})
     if plan.agent_session_id:
         tx.execute(query("lock_agent_session"), {"org_id": org, "agent_session_id": plan.agent_session_id})
     if plan.kind == "stop":

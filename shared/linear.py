@@ -57,6 +57,8 @@ class Webhook:
         if self.type == "AgentSessionEvent":
             activity = self.raw.get("agentActivity")
             return [*parts, activity.get("id") if isinstance(activity, dict) else None]
+        if self.type in ENTITYLESS:
+            return [*parts, self.raw.get("createdAt"), self.timestamp_ms]
         return [*parts, self.entity.get("updatedAt")]
 
 
@@ -87,13 +89,17 @@ def parse(body: bytes) -> Webhook:
     if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
         raise BadWebhook("'webhookTimestamp' must be a number (ms since epoch)")
     entity_field = "agentSession" if raw["type"] == "AgentSessionEvent" else "data"
-    entity = raw.get(entity_field)
+    entity = raw.get(entity_field, {} if raw["type"] in ENTITYLESS else None)
     if not isinstance(entity, dict):
         raise BadWebhook(f"'{entity_field}' must be an object for a {raw['type']} event")
     org = raw.get("organizationId")
     if org is not None and not isinstance(org, str):
         raise BadWebhook("'organizationId' must be a string")
     return Webhook(raw, raw["type"], raw["action"], int(ts), org, entity)
+
+
+# Events about the app itself, with no entity object (OAuthAppWebhookPayload).
+ENTITYLESS = ("OAuthApp",)
 
 
 def is_fresh(hook: Webhook, now_ms: int, tolerance_seconds: int) -> bool:
@@ -105,7 +111,7 @@ class Intent:
     """What the event asks: dispatch a start to a user, a follow-up or a stop in an agent session,
     cancel the issue's open assignment dispatch, or nothing."""
 
-    kind: Literal["dispatch", "cancel", "prompt", "stop", "ignore"]
+    kind: Literal["dispatch", "cancel", "prompt", "stop", "disconnect", "ignore"]
     reason: str = ""
     issue: IssueRef | None = None
     user_id: str | None = None  # the Linear user whose orchestrator takes it
@@ -145,6 +151,8 @@ def intent(hook: Webhook) -> Intent:
         return _issue_intent(hook)
     if hook.type == "AgentSessionEvent":
         return _agent_intent(hook)
+    if hook.type == "OAuthApp" and hook.action == "revoked":
+        return Intent("disconnect", "linear_disconnected")
     return Intent("ignore", f"unhandled_type:{hook.type}")
 
 

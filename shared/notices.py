@@ -13,16 +13,14 @@ took the work.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 import httpx
-from cryptography.fernet import Fernet, InvalidToken
 
+from shared import crypto, linear_auth
 from shared.db import Pool, Tx, require_tx
 from shared.settings import Settings
 from shared.sql import query
@@ -35,23 +33,6 @@ AGENT_ACTIVITY = """mutation AgentActivityCreate($input: AgentActivityCreateInpu
 COMMENT = """mutation CommentCreate($input: CommentCreateInput!) {
   commentCreate(input: $input) { success comment { id } }
 }"""
-
-
-def _fernet(settings: Settings) -> Fernet:
-    secret = settings.credentials_key or settings.admin_token
-    if not secret:
-        raise RuntimeError(
-            "DEVPILOT_CREDENTIALS_KEY (or DEVPILOT_ADMIN_TOKEN) is needed to store Linear tokens"
-        )
-    return Fernet(base64.urlsafe_b64encode(hashlib.sha256(secret.encode()).digest()))
-
-
-def store_credentials(pool: Pool, settings: Settings, org_id: str, access_token: str) -> None:
-    with pool.connection() as conn:
-        conn.execute(
-            query("credentials_upsert"),
-            {"org_id": org_id, "token": _fernet(settings).encrypt(access_token.encode())},
-        )
 
 
 def list_credentials(pool: Pool) -> list[dict[str, Any]]:
@@ -159,39 +140,54 @@ def send_pending(
 MAX_ROUNDS = 20
 
 
+def _post(http: httpx.Client, settings: Settings, post: dict[str, Any], token: str) -> httpx.Response:
+    return http.post(
+        settings.linear_api_url,
+        json=post,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+
+
 def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, list[str]]:
     sent = failed = 0
     went_out: list[str] = []
-    fernet = _fernet(settings)
+    tokens = linear_auth.Tokens(pool, settings)
     with httpx.Client(timeout=settings.linear_timeout_seconds) as http:
         for row in rows:
             error: str | None = None
             linear_id: str | None = None
+            waits = False  # no working connection: back to the outbox, attempt not counted
             post = request(row)
             try:
+                token = tokens.get(row["org_id"]) if post is not None else None
                 if post is None:
                     linear_id = "not-applicable"
-                elif row["token_encrypted"] is None:
-                    error = "no Linear credentials for this org"
+                elif token is None:
+                    error, waits = "no Linear connection for this org (or it was disconnected)", True
                 else:
-                    token = fernet.decrypt(bytes(row["token_encrypted"])).decode()
-                    r = http.post(
-                        settings.linear_api_url,
-                        json=post,
-                        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-                    )
-                    if r.status_code == 200:
+                    r = _post(http, settings, post, token)
+                    if r.status_code == 401:  # expired or revoked: refresh once, then try again
+                        token = tokens.refused(row["org_id"])
+                        r = _post(http, settings, post, token) if token else r
+                        waits = token is None
+                    if waits:
+                        error = "Linear refused the refresh: the org is disconnected"
+                    elif r.status_code == 200:
                         linear_id = _linear_id(r.json())
                         if linear_id is None:
                             error = f"Linear refused: {str(r.json().get('errors'))[:300]}"
                     else:
                         error = f"Linear answered HTTP {r.status_code}"
-            except InvalidToken:
+            except crypto.InvalidToken:
                 error = "stored Linear token cannot be decrypted (key changed?)"
+            except linear_auth.RefreshFailed as exc:
+                error = f"refreshing the Linear token failed: {exc}"
             except (httpx.HTTPError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}"[:300]
             with pool.connection() as conn:
-                if error is None:
+                if waits:
+                    conn.execute(query("notice_wait"), {"id": row["id"], "error": error})
+                elif error is None:
                     conn.execute(query("notice_sent"), {"id": row["id"], "linear_id": linear_id})
                     sent += 1
                     if row["agent_session_id"]:

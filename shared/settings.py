@@ -51,8 +51,18 @@ class Settings(BaseSettings):
     linear_timeout_seconds: float = Field(
         default=5.0, gt=0, le=60, validation_alias="DEVPILOT_LINEAR_TIMEOUT_SECONDS"
     )
-    # Encrypts stored Linear tokens; defaults to a key derived from DEVPILOT_ADMIN_TOKEN.
-    credentials_key: str | None = Field(default=None, validation_alias="DEVPILOT_CREDENTIALS_KEY")
+    # Fernet keys for stored Linear tokens, comma-separated: the first encrypts, every one decrypts.
+    encryption_keys: str | None = Field(default=None, validation_alias="DEVPILOT_ENCRYPTION_KEYS")
+    # The Linear OAuth app (actor=app) that posts as the agent; unset -> OAuth install off.
+    linear_client_id: str | None = Field(default=None, validation_alias="LINEAR_CLIENT_ID")
+    linear_client_secret: str | None = Field(default=None, validation_alias="LINEAR_CLIENT_SECRET")
+    public_url: str | None = Field(default=None, validation_alias="DEVPILOT_PUBLIC_URL")
+    linear_oauth_authorize_url: str = Field(
+        default="https://linear.app/oauth/authorize", validation_alias="LINEAR_OAUTH_AUTHORIZE_URL"
+    )
+    linear_oauth_token_url: str = Field(
+        default="https://api.linear.app/oauth/token", validation_alias="LINEAR_OAUTH_TOKEN_URL"
+    )
     metrics_enabled: bool = Field(default=False, validation_alias="DEVPILOT_METRICS")
 
     supabase_url: str | None = Field(default=None, validation_alias="SUPABASE_URL")
@@ -69,6 +79,10 @@ class Settings(BaseSettings):
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("DEVPILOT_BACKOFF_CAP_SECONDS must be >= DEVPILOT_BACKOFF_BASE_SECONDS")
         return self
+
+    @property
+    def oauth_enabled(self) -> bool:
+        return bool(self.linear_client_id and self.linear_client_secret and self.public_url)
 
     @property
     def realtime_enabled(self) -> bool:

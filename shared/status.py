@@ -5,7 +5,7 @@ One snapshot feeds `devpilot status`, the dashboard and the metrics, so they alw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +43,7 @@ class Snapshot:
     totals: dict[str, int]
     history: list[dict[str, Any]]
     taken_at: datetime
+    linear: list[dict[str, Any]] = field(default_factory=list)  # each org's Linear connection
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:
@@ -95,6 +96,17 @@ class Snapshot:
                     {"minute": h["minute"], "depth": h["depth"], "latencySeconds": h["latency_s"]}
                     for h in self.history
                 ],
+                "linear": [
+                    {
+                        "orgId": c["org_id"],
+                        "kind": c["kind"],
+                        "workspace": c["workspace_name"],
+                        "connected": c["disconnected_at"] is None,
+                        "disconnectReason": c["disconnect_reason"],
+                        "expiresAt": c["expires_at"],
+                    }
+                    for c in self.linear
+                ],
             }
         )
         return out
@@ -122,6 +134,7 @@ def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -
         sweep_row = conn.execute(query("status_last_sweep")).fetchone()
         totals = {r["status"]: int(r["n"]) for r in conn.execute(query("status_totals"))}
         history = [dict(r) for r in conn.execute(query("status_history"))] if with_history else []
+        linear = [dict(r) for r in conn.execute(query("credentials_list"))]
         now = conn.execute(query("status_now")).fetchone()
     assert now is not None
-    return Snapshot(orchs, failed, dict(sweep_row) if sweep_row else None, totals, history, now["t"])
+    return Snapshot(orchs, failed, dict(sweep_row) if sweep_row else None, totals, history, now["t"], linear)

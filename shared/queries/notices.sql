@@ -13,12 +13,15 @@ RETURNING id;
 -- are named): SKIP LOCKED and a short lease, so two senders never post the same notice at once.
 -- In order per agent session: not while an earlier post of its agent session is unsent (in flight,
 -- or waiting out its backoff); one given up (available_at = infinity) no longer holds the rest back.
+-- Posts of an org without a working connection (disconnected, or none) are not taken: they wait,
+-- attempts untouched, for a new install.
 WITH due AS (
     SELECT id FROM linear_notices n0
     WHERE sent_at IS NULL AND available_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
       AND ((%(ids)s::uuid[] IS NULL AND %(agent_sessions)s::text[] IS NULL)
            OR id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
+      AND EXISTS (SELECT 1 FROM linear_credentials c WHERE c.org_id = n0.org_id AND c.disconnected_at IS NULL)
       AND (n0.agent_session_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM linear_notices earlier
             WHERE earlier.agent_session_id = n0.agent_session_id AND earlier.sent_at IS NULL
@@ -30,12 +33,17 @@ WITH due AS (
 UPDATE linear_notices n SET lease_expires_at = now() + interval '30 seconds', attempts = n.attempts + 1
 FROM due WHERE n.id = due.id
 RETURNING n.id, n.org_id, n.kind, n.agent_session_id, n.issue_id, n.body, n.content, n.ephemeral,
-          n.attempts,
-          (SELECT token_encrypted FROM linear_credentials c WHERE c.org_id = n.org_id) AS token_encrypted;
+          n.attempts;
 
 -- name: notice_sent
 -- Compare-and-set: marks it sent once, with Linear's id; a second success changes nothing.
 UPDATE linear_notices SET sent_at = now(), linear_id = %(linear_id)s, lease_expires_at = NULL, last_error = NULL
+WHERE id = %(id)s AND sent_at IS NULL;
+
+-- name: notice_wait
+-- Taken, but the org's connection went away meanwhile (a refresh Linear refused): back to waiting,
+-- the attempt not counted, due again as soon as the org is connected again.
+UPDATE linear_notices SET lease_expires_at = NULL, attempts = greatest(attempts - 1, 0), last_error = %(error)s
 WHERE id = %(id)s AND sent_at IS NULL;
 
 -- name: notice_failed
@@ -46,18 +54,6 @@ SET lease_expires_at = NULL, last_error = %(error)s,
     available_at = CASE WHEN attempts >= %(max_attempts)s THEN 'infinity'::timestamptz
                         ELSE now() + make_interval(secs => devpilot_backoff(attempts, %(base)s, %(cap)s)) END
 WHERE id = %(id)s AND sent_at IS NULL;
-
--- name: credentials_upsert
--- One org's Linear token, already encrypted by the service; a second store replaces the first.
-INSERT INTO linear_credentials (org_id, token_encrypted) VALUES (%(org_id)s, %(token)s)
-ON CONFLICT (org_id) DO UPDATE SET token_encrypted = excluded.token_encrypted, updated_at = now();
-
--- name: credentials_list
--- The orgs that have a token, never the token.
-SELECT org_id, created_at, updated_at FROM linear_credentials ORDER BY org_id;
-
--- name: credentials_delete
-DELETE FROM linear_credentials WHERE org_id = %(org_id)s RETURNING org_id;
 
 -- name: activity_rights
 -- May this machine speak in this agent session (a message of it was delivered to it), and is the

@@ -72,10 +72,17 @@ def fill_queue(pool: Pool, orch: Orch, n: int) -> None:
         tx.execute(SYNC_SESSIONS_SQL)
 
 
+ENCRYPTION_KEY = "dGVzdHMtb25seS1lbmNyeXB0aW9uLWtleS0zMmJ5dGU="  # base64 of 32 bytes: tests only
+
+
 def api_settings(**overrides: object) -> Settings:
     from tests.helpers.api import ADMIN, SECRET
 
-    values: dict[str, object] = {"DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}
+    values: dict[str, object] = {
+        "DEVPILOT_ADMIN_TOKEN": ADMIN,
+        "LINEAR_WEBHOOK_SECRET": SECRET,
+        "DEVPILOT_ENCRYPTION_KEYS": ENCRYPTION_KEY,
+    }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
 

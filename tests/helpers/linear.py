@@ -9,7 +9,7 @@ import threading
 import time
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from graphql import GraphQLSchema, build_schema, parse, validate
 from graphql.execution.values import get_variable_values
@@ -76,3 +76,72 @@ class Linear:
 
     def activities(self) -> list[dict[str, Any]]:
         return [c["variables"]["input"] for c in self.calls if "agentActivityCreate" in c["query"]]
+
+
+class LinearOAuth(Linear):
+    """Linear with OAuth: a token endpoint whose refresh tokens rotate on use (a reused one is
+    refused, as Linear does), access tokens that can be expired at will (then GraphQL answers 401),
+    and the `organization` query. Counts refreshes and refused refreshes."""
+
+    ORG: ClassVar[dict[str, str]] = {"id": "org-oauth", "name": "Acme Robotics", "urlKey": "acme"}
+
+    def __init__(self, server: HTTPServer, refresh_delay: float = 0.0) -> None:
+        self.valid: set[str] = set()
+        self.refresh_token = ""
+        self.refreshes = 0
+        self.refused: list[str] = []
+        self.exchanges: list[dict[str, str]] = []
+        self.refuse_refresh = False
+        self.refresh_delay = refresh_delay
+        self._n = 0
+        super().__init__(server)
+        server.expect_request("/oauth/token", method="POST").respond_with_handler(self.token)
+
+    def _issue(self) -> dict[str, Any]:
+        self._n += 1
+        access, self.refresh_token = f"acc-{self._n}", f"ref-{self._n}"
+        self.valid.add(access)
+        return {
+            "access_token": access,
+            "refresh_token": self.refresh_token,
+            "expires_in": 86_400,
+            "token_type": "Bearer",
+        }
+
+    def expire_all(self) -> None:
+        with self._lock:
+            self.valid.clear()
+
+    def token(self, request: Request) -> Response:
+        form = request.form
+        if form.get("client_id") != "client-id" or form.get("client_secret") != "client-secret":
+            return Response(json.dumps({"error": "invalid_client"}), status=401)
+        if form.get("grant_type") == "authorization_code":
+            with self._lock:
+                self.exchanges.append(dict(form))
+                if form.get("code") != "good-code":
+                    return Response(json.dumps({"error": "invalid_grant"}), status=400)
+                return Response(json.dumps(self._issue()), content_type="application/json")
+        if form.get("grant_type") == "refresh_token":
+            time.sleep(self.refresh_delay)  # a slow Linear: lets two refreshers overlap
+            with self._lock:
+                if self.refuse_refresh or form.get("refresh_token") != self.refresh_token:
+                    self.refused.append(form.get("refresh_token", ""))
+                    return Response(json.dumps({"error": "invalid_grant"}), status=400)
+                self.refreshes += 1
+                return Response(json.dumps(self._issue()), content_type="application/json")
+        return Response(json.dumps({"error": "unsupported_grant_type"}), status=400)
+
+    def handle(self, request: Request) -> Response:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token not in self.valid:
+            self.auth.append(f"Bearer {token}")
+            return Response(json.dumps({"errors": [{"message": "authentication required"}]}), status=401)
+        body = json.loads(request.get_data())
+        if "organization" in body["query"] and "Create" not in body["query"]:
+            errors = schema_errors(body)
+            if errors:
+                self.invalid.append((body, errors))
+                return Response(json.dumps({"errors": errors}), status=400)
+            return Response(json.dumps({"data": {"organization": self.ORG}}), content_type="application/json")
+        return super().handle(request)

@@ -1,0 +1,58 @@
+"""Encryption of stored secrets (Linear tokens) and of the OAuth `state`, with Fernet from the
+`cryptography` package (authenticated encryption with a timestamp; MultiFernet for rotation).
+
+Keys come from DEVPILOT_ENCRYPTION_KEYS, comma-separated: the first encrypts, every one decrypts,
+so a rotation is "add the new key first, re-encrypt, drop the old". Never derived from another
+secret: changing the admin token leaves stored credentials readable, and the admin token alone
+cannot decrypt a database dump. With the embedded database and no keys set, one key is generated
+once under ./.devpilot/ (mode 0600); with DATABASE_URL set and no keys, storing a credential is
+refused (503 encryption_not_configured).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+from shared.settings import Settings
+
+__all__ = ["InvalidToken", "NotConfigured", "keys"]
+
+
+class NotConfigured(RuntimeError):
+    """No encryption keys: DEVPILOT_ENCRYPTION_KEYS is unset and the database is not embedded."""
+
+
+def _local_key_file() -> Path:
+    return Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "encryption.key"
+
+
+def keys(settings: Settings) -> MultiFernet:
+    if settings.encryption_keys:
+        try:
+            return MultiFernet([Fernet(k.strip()) for k in settings.encryption_keys.split(",") if k.strip()])
+        except ValueError:
+            raise NotConfigured("DEVPILOT_ENCRYPTION_KEYS holds a value that is not a Fernet key") from None
+    if settings.database_url:
+        raise NotConfigured(
+            "DEVPILOT_ENCRYPTION_KEYS is not set: generate a key with "
+            "`python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`"
+        )
+    path = _local_key_file()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(Fernet.generate_key())
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # whole or not at all; a second process racing here keeps the first key
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return MultiFernet([Fernet(path.read_bytes().strip())])

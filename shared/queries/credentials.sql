@@ -1,0 +1,52 @@
+-- An org's connection to Linear: the tokens the service posts with (encrypted by the service;
+-- never returned, never logged), their expiry, and whether Linear still accepts them.
+
+-- name: credentials_upsert
+-- A static token (a personal API key, or one obtained elsewhere): never refreshed.
+INSERT INTO linear_credentials (org_id, token_encrypted, kind) VALUES (%(org_id)s, %(token)s, 'static')
+ON CONFLICT (org_id) DO UPDATE
+SET token_encrypted = excluded.token_encrypted, kind = 'static', refresh_token_encrypted = NULL,
+    expires_at = NULL, disconnected_at = NULL, disconnect_reason = NULL, updated_at = now();
+
+-- name: credentials_store_oauth
+-- An OAuth install: access token, refresh token and expiry in one statement (one transaction);
+-- a new install of a disconnected org connects it again.
+INSERT INTO linear_credentials (org_id, token_encrypted, refresh_token_encrypted, expires_at, kind, workspace_name)
+VALUES (%(org_id)s, %(token)s, %(refresh)s, now() + make_interval(secs => %(expires_in)s), 'oauth', %(name)s)
+ON CONFLICT (org_id) DO UPDATE
+SET token_encrypted = excluded.token_encrypted, refresh_token_encrypted = excluded.refresh_token_encrypted,
+    expires_at = excluded.expires_at, kind = 'oauth', workspace_name = excluded.workspace_name,
+    disconnected_at = NULL, disconnect_reason = NULL, updated_at = now();
+
+-- name: credentials_get
+SELECT org_id, kind, token_encrypted, refresh_token_encrypted, expires_at, disconnected_at
+FROM linear_credentials WHERE org_id = %(org_id)s;
+
+-- name: credentials_lock
+-- The refresh lock: one instance at a time refreshes an org's token (Linear rotates the refresh
+-- token on use; two instances spending the same one would lock each other out). Held while the
+-- refresh request is made, until the new pair is stored in the same transaction.
+SELECT org_id, kind, token_encrypted, refresh_token_encrypted, expires_at, disconnected_at
+FROM linear_credentials WHERE org_id = %(org_id)s
+FOR UPDATE;
+
+-- name: credentials_rotate
+-- In the lock's transaction: the new access token and the rotated refresh token together.
+UPDATE linear_credentials
+SET token_encrypted = %(token)s, refresh_token_encrypted = coalesce(%(refresh)s, refresh_token_encrypted),
+    expires_at = now() + make_interval(secs => %(expires_in)s), updated_at = now()
+WHERE org_id = %(org_id)s;
+
+-- name: credentials_disconnect
+-- Linear refused a refresh, or the app was uninstalled: the org's posts wait for a new install.
+UPDATE linear_credentials SET disconnected_at = now(), disconnect_reason = %(reason)s, updated_at = now()
+WHERE org_id = %(org_id)s AND disconnected_at IS NULL
+RETURNING org_id;
+
+-- name: credentials_list
+-- The orgs that have a connection, never a token.
+SELECT org_id, kind, workspace_name, expires_at, disconnected_at, disconnect_reason, created_at, updated_at
+FROM linear_credentials ORDER BY org_id;
+
+-- name: credentials_delete
+DELETE FROM linear_credentials WHERE org_id = %(org_id)s RETURNING org_id;
