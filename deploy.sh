@@ -26,9 +26,12 @@ Settings (environment):
              SECRET_DATABASE_URL (default devpilot-database-url),
              SECRET_LINEAR_WEBHOOK_SECRET (default devpilot-linear-webhook-secret),
              SECRET_ADMIN_TOKEN (default devpilot-admin-token);
-             optional SECRET_DATABASE_LISTEN_URL, DEVPILOT_TRANSACTION_POOLER=1 (behind a pooler).
+             optional SECRET_DATABASE_LISTEN_URL, SECRET_ENCRYPTION_KEYS (DEVPILOT_ENCRYPTION_KEYS),
+             SECRET_LINEAR_CLIENT_ID, SECRET_LINEAR_CLIENT_SECRET (the Linear OAuth app),
+             DEVPILOT_PUBLIC_URL, DEVPILOT_TRANSACTION_POOLER=1 (behind a pooler).
   lambda:    AWS_REGION, DATABASE_URL, LINEAR_WEBHOOK_SECRET, DEVPILOT_ADMIN_TOKEN (AWS credentials as
-             boto3 finds them); optional DATABASE_LISTEN_URL, DEVPILOT_TRANSACTION_POOLER, SUPABASE_*.
+             boto3 finds them); optional DATABASE_LISTEN_URL, DEVPILOT_TRANSACTION_POOLER, SUPABASE_*,
+             DEVPILOT_ENCRYPTION_KEYS, LINEAR_CLIENT_ID, LINEAR_CLIENT_SECRET, DEVPILOT_PUBLIC_URL.
   migrate:   MIGRATE_DATABASE_URL or DATABASE_URL.
 It is idempotent: a second run updates what the first created.
 USAGE
@@ -74,7 +77,11 @@ cloudrun() {
   secrets+=",LINEAR_WEBHOOK_SECRET=${SECRET_LINEAR_WEBHOOK_SECRET:-devpilot-linear-webhook-secret}:latest"
   secrets+=",DEVPILOT_ADMIN_TOKEN=${SECRET_ADMIN_TOKEN:-devpilot-admin-token}:latest"
   [ -n "${SECRET_DATABASE_LISTEN_URL:-}" ] && secrets+=",DATABASE_LISTEN_URL=$SECRET_DATABASE_LISTEN_URL:latest"
+  [ -n "${SECRET_ENCRYPTION_KEYS:-}" ] && secrets+=",DEVPILOT_ENCRYPTION_KEYS=$SECRET_ENCRYPTION_KEYS:latest"
+  [ -n "${SECRET_LINEAR_CLIENT_ID:-}" ] && secrets+=",LINEAR_CLIENT_ID=$SECRET_LINEAR_CLIENT_ID:latest"
+  [ -n "${SECRET_LINEAR_CLIENT_SECRET:-}" ] && secrets+=",LINEAR_CLIENT_SECRET=$SECRET_LINEAR_CLIENT_SECRET:latest"
   local envs="DEVPILOT_TRANSACTION_POOLER=${DEVPILOT_TRANSACTION_POOLER:-0}"
+  [ -n "${DEVPILOT_PUBLIC_URL:-}" ] && envs+=",DEVPILOT_PUBLIC_URL=$DEVPILOT_PUBLIC_URL"
 
   run gcloud services enable run.googleapis.com cloudbuild.googleapis.com cloudscheduler.googleapis.com \
     secretmanager.googleapis.com --project "$p"
