@@ -15,13 +15,35 @@ from functions import runtime
 from functions.app import create_app
 from functions.logs import setup_logging
 from functions.sweep import run_sweep
+from shared import crypto
 from shared.db import open_pool
 from shared.embedded import resolve
 from shared.migrate import migrate
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 from shared.wakeups import Wakeups
 
 log = logging.getLogger("devpilot.serve")
+
+
+def configuration_report(settings: Settings) -> list[str]:
+    """What a new operator needs to know at start: which routes will refuse for want of a setting."""
+
+    def state(value: object, unset: str) -> str:
+        return "set" if value else unset
+
+    lines = [
+        f"admin token (DEVPILOT_ADMIN_TOKEN): {state(settings.admin_token, 'NOT SET: admin routes and /sweep answer 401')}",
+        "webhook secret (LINEAR_WEBHOOK_SECRET): "
+        + state(settings.linear_webhook_secret, "NOT SET: /webhook answers 503"),
+    ]
+    try:
+        crypto.keys(settings)
+        keys = "set" if settings.encryption_keys else "generated under ./.devpilot/ (embedded database)"
+    except crypto.NotConfigured:
+        keys = "NOT SET: storing a Linear token answers 503 encryption_not_configured"
+    lines.append(f"encryption keys (DEVPILOT_ENCRYPTION_KEYS): {keys}")
+    lines.append("Linear OAuth install: " + ("on (/oauth/install)" if settings.oauth_enabled else "off"))
+    return lines
 
 
 class QuietHandler(WSGIRequestHandler):
@@ -76,6 +98,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     )
     if applied:
         print(f"migrations applied: {', '.join(applied)}", flush=True)
+    for line in configuration_report(settings):
+        print(line, flush=True)
     print(f"sweep: every {sweep_every:g}s" if sweep_every > 0 else "sweep: off", flush=True)
     try:
         server.serve_forever()

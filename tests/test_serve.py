@@ -84,6 +84,19 @@ def test_serve_prints_url_and_database_and_stops_on_sigterm(
     assert any('"route":"healthz"' in line and '"status":200' in line for line in logged)
 
 
+def test_serve_says_at_start_which_settings_are_missing(db_url: str, tmp_path: Path) -> None:
+    proc, _, lines = start_serve({"DATABASE_URL": db_url, "LINEAR_WEBHOOK_SECRET": SECRET}, tmp_path)
+    try:
+        said = "\n".join(lines)
+        assert "admin token (DEVPILOT_ADMIN_TOKEN): NOT SET" in said
+        assert "webhook secret (LINEAR_WEBHOOK_SECRET): set" in said
+        assert "encryption keys (DEVPILOT_ENCRYPTION_KEYS): NOT SET" in said
+        assert SECRET not in said
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_serve_without_database_url_uses_embedded_postgres(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
     proc = subprocess.Popen(
