@@ -12,12 +12,16 @@ import flask
 
 from functions.bodies import ClaimBody
 from functions.telemetry import CLAIMED
-from functions.web import Call, note, reply
+from functions.web import ApiError, Call, note, reply
+from shared.dispatch import Refused
 
 
 def claim(call: Call) -> flask.Response:
     body = call.body(ClaimBody, empty_ok=True)
-    messages = call.service.claim(call.orch.id, max=body.max, wait_seconds=body.wait_seconds)
+    try:
+        messages = call.service.claim(call.orch.id, max=body.max, wait_seconds=body.wait_seconds)
+    except Refused as exc:
+        raise ApiError(401, exc.code, exc.detail) from None
     CLAIMED.inc(len(messages))
     if messages:
         note(queueId=",".join(str(m.queue_id) for m in messages[:5]), claimed=len(messages))

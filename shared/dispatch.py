@@ -27,6 +27,10 @@ from shared.wakeups import Wakeups
 log = logging.getLogger("devpilot.dispatch")
 
 RECHECK_SECONDS = 5.0  # the polling backstop inside a long-poll, should a NOTIFY be lost
+# What a long-poll takes after waiting is handed over, not claimed (queue.sql `claim_handover`): its
+# client may have died meanwhile. Unacked that long, it is due again, at the same attempt, for the
+# machine's next claim: a machine back within seconds gets it within 10 s of its arrival.
+HANDOVER_SECONDS = 4
 
 
 class Refused(Exception):
@@ -72,8 +76,14 @@ class Dispatch:
         RECHECK_SECONDS whatever happens, so a lost NOTIFY costs latency, never a message."""
         orchestrators.touch(self.pool, orchestrator_id)
 
-        def take() -> list[TaskDispatchMessage]:
-            return queue.claim(self.pool, orchestrator_id, max=max, lease_seconds=self.settings.lease_seconds)
+        def take(handover: int | None = None) -> list[TaskDispatchMessage]:
+            return queue.claim(
+                self.pool,
+                orchestrator_id,
+                max=max,
+                lease_seconds=self.settings.lease_seconds,
+                handover_seconds=handover,
+            )
 
         if wait_seconds <= 0 or self.wakeups is None:
             return take()
@@ -87,7 +97,10 @@ class Dispatch:
                     break
                 woken.wait(min(left, RECHECK_SECONDS))
                 woken.clear()
-                messages = take()
+                messages = take(HANDOVER_SECONDS)
+                if not messages and not orchestrators.is_active(self.pool, orchestrator_id):
+                    # Revoked while this long-poll waited (the revoke wakes it): end it now.
+                    raise Refused("unauthorized", "this orchestrator was revoked")
         return messages
 
     def ack(self, orchestrator_id: UUID, items: list[queue.AckItem]) -> list[queue.AckStatus]:

@@ -106,3 +106,8 @@ def touch(pool: Pool, orchestrator_id: UUID) -> None:
     queue behind each other on the orchestrators row."""
     with pool.connection() as conn:
         conn.execute(query("touch_orchestrator"), {"orchestrator_id": orchestrator_id})
+
+
+def is_active(pool: Pool, orchestrator_id: UUID) -> bool:
+    with pool.connection() as conn:
+        return conn.execute(query("orchestrator_active"), {"id": orchestrator_id}).fetchone() is not None

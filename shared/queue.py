@@ -110,18 +110,29 @@ def claim(
     max: int,
     lease_seconds: int,
     now: datetime | None = None,
+    handover_seconds: int | None = None,
 ) -> list[TaskDispatchMessage]:
     """Claim up to `max` due rows of this orchestrator, oldest due first. Exactly-once under any
     number of concurrent claimers: one statement locks with SKIP LOCKED and sets a fresh claim token
-    and lease on the rows it returns, so no row is handed out twice while its lease holds."""
+    and lease on the rows it returns, so no row is handed out twice while its lease holds.
+
+    With `handover_seconds` (a long-poll woken by new work, whose client may be gone): the rows are
+    handed over instead (`claim_handover` in queue.sql): a fresh token, due again after that many
+    seconds unless acked, the attempt not counted."""
     if not 1 <= max <= 1000:
         raise ValueError("max must be between 1 and 1000")
+    params = {
+        "orchestrator_id": orchestrator_id,
+        "max": max,
+        "lease_seconds": lease_seconds,
+        "now": now,
+        "handover_seconds": handover_seconds,
+    }
     # One statement on an autocommit connection is its own transaction: the same atomicity as a
     # BEGIN/COMMIT block, in one round trip instead of three.
     with pool.connection() as conn:
         rows = conn.execute(
-            query("claim"),
-            {"orchestrator_id": orchestrator_id, "max": max, "lease_seconds": lease_seconds, "now": now},
+            query("claim" if handover_seconds is None else "claim_handover"), params
         ).fetchall()
     rows.sort(key=lambda r: (r["available_at"], r["id"]))
     return [

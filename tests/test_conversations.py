@@ -386,13 +386,14 @@ def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
 
     from shared.orchestrators import register
     from tests.helpers.api import ADMIN, SECRET
+    from tests.helpers.data import ENCRYPTION_KEY
     from tests.test_reliability import _free_port, _start_serve
 
     stand_in = Linear(httpserver)
     orch = register(pool, org_id="org-a", linear_user_id="user-1", name="m")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {"LINEAR_API_URL": httpserver.url_for("/graphql")}
+    env = {"LINEAR_API_URL": httpserver.url_for("/graphql"), "DEVPILOT_ENCRYPTION_KEYS": ENCRYPTION_KEY}
     server = _start_serve(db_url, port, **env)
     try:
         with httpx.Client(base_url=url, timeout=5) as http:
@@ -403,11 +404,12 @@ def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
                         break
                 except httpx.HTTPError:
                     time.sleep(0.1)
-            http.post(
+            stored = http.post(
                 "/linear-credentials",
                 json={"orgId": "org-a", "accessToken": "lin"},
                 headers={"Authorization": f"Bearer {ADMIN}"},
             )
+            assert stored.status_code == 200, stored.text
             event = json.dumps(agent_session_event(session_id="as-kill")).encode()
             from shared.linear import sign
 

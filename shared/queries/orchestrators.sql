@@ -15,9 +15,13 @@ SELECT id, org_id, linear_user_id, name, created_at, last_seen_at, revoked_at
 FROM orchestrators ORDER BY created_at, id;
 
 -- name: orchestrator_revoke
--- Idempotent: revoking twice keeps the first revocation time.
+-- Idempotent: revoking twice keeps the first revocation time. The NOTIFY (sent on commit) wakes a
+-- long-poll of this machine that is already waiting, so it ends instead of returning work.
 UPDATE orchestrators SET revoked_at = coalesce(revoked_at, now())
-WHERE id = %(id)s RETURNING id, revoked_at;
+WHERE id = %(id)s RETURNING id, revoked_at, pg_notify('devpilot_dispatch', id::text) AS woken;
+
+-- name: orchestrator_active
+SELECT id FROM orchestrators WHERE id = %(id)s AND revoked_at IS NULL;
 
 -- name: touch_orchestrator
 -- Records that the orchestrator was seen; routing prefers the most recently seen. At most one

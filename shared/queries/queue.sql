@@ -47,14 +47,14 @@ SELECT q.id AS queue_id, q.message_id, s.org_id AS session_org_id, s.status AS s
        pg_notify('devpilot_dispatch', q.orchestrator_id::text) AS notified
 FROM q LEFT JOIN s ON true;
 
--- name: claim
--- AVAILABLE -> CLAIMED, exactly once: locks up to `max` due, unclaimed rows of one orchestrator
--- (skipping rows another claimer holds), in due order, and gives each a fresh claim token and lease
--- in the same statement. The CTE pins the LIMIT so the UPDATE touches no more rows than were selected.
--- In order per agent session: a message is not claimable while an earlier message of its agent
--- session is still undelivered (its row, queued or claimed, still exists; dispatch_queue_agent_order_idx).
--- An empty poll never reaches that check: it is a probe of dispatch_queue_claim_idx that finds nothing.
-WITH due AS (
+-- name: claimable
+-- A fragment, the `due` CTE of `claim` and `claim_handover`: up to `max` due, unclaimed rows of one
+-- active orchestrator (skipping rows another claimer holds), in due order, locked. In order per
+-- agent session: a message is not claimable while an earlier message of its agent session is still
+-- undelivered (its row, queued or claimed, still exists; dispatch_queue_agent_order_idx). An empty
+-- poll never reaches that check: it is a probe of dispatch_queue_claim_idx that finds nothing. A
+-- revoked machine claims nothing, even with a request that was authenticated before the revoke.
+due AS (
     SELECT id
     FROM dispatch_queue q0
     WHERE orchestrator_id = %(orchestrator_id)s
@@ -64,10 +64,18 @@ WITH due AS (
             SELECT 1 FROM dispatch_queue earlier
             WHERE earlier.org_id = q0.org_id AND earlier.agent_session_id = q0.agent_session_id
               AND earlier.seq < q0.seq))
+      AND EXISTS (SELECT 1 FROM orchestrators o WHERE o.id = %(orchestrator_id)s AND o.revoked_at IS NULL)
     ORDER BY available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
 )
+
+-- name: claim
+-- AVAILABLE -> CLAIMED, exactly once: the `claimable` rows get a fresh claim token and lease in the
+-- same statement, and the attempt is counted. The CTE pins the LIMIT so the UPDATE touches no more
+-- rows than were selected.
+WITH
+-- include: claimable
 UPDATE dispatch_queue q
 SET attempts = q.attempts + 1,
     claim_token = gen_random_uuid(),
@@ -77,6 +85,26 @@ FROM due
 WHERE q.id = due.id
 RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.payload, q.attempts,
           q.claim_token, q.lease_expires_at, q.available_at, q.created_at;
+
+-- name: claim_handover
+-- AVAILABLE -> AVAILABLE, handed over: what a long-poll claims when work arrives while it waits.
+-- Its client may have died mid-wait (killed, lid closed, network gone) and the server cannot tell,
+-- least of all on a serverless platform. So the rows get a fresh claim token but stay AVAILABLE:
+-- due again `handover_seconds` from now, the attempt not counted. A live client acks with the token
+-- well before then (the ack takes the latest token of an AVAILABLE row too); if the client is gone,
+-- the orchestrator's next claim after that takes the row at the same attempt. Exactly once still:
+-- until then no claim can take it, and after it a late ack with the old token gets claim_superseded.
+WITH
+-- include: claimable
+UPDATE dispatch_queue q
+SET claim_token = gen_random_uuid(),
+    claimed_at = coalesce(%(now)s::timestamptz, now()),
+    available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(handover_seconds)s)
+FROM due
+WHERE q.id = due.id
+RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.payload,
+          q.attempts + 1 AS attempts, q.claim_token, q.available_at AS lease_expires_at,
+          q.available_at, q.created_at;
 
 -- name: ack
 -- CLAIMED -> deleted, session `delivered`. One statement, so one atomic step: deletes each row only

@@ -1,0 +1,121 @@
+"""Long-polls at the edges: a client that died mid-wait does not swallow work, a revoke ends an open
+long-poll, and the orchestrator stops promptly while one is open."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tests.helpers.api import Api, issue_event
+from tests.test_orchestrator import Orch, wait_for
+
+
+def open_and_abandon_long_poll(api: Api, token: str) -> socket.socket:
+    """A long-poll whose client is gone without a word (killed; a lid closed; the network lost)."""
+    url = urlsplit(api.url)
+    s = socket.create_connection((url.hostname or "127.0.0.1", url.port or 80))
+    body = json.dumps({"waitSeconds": 20}).encode()
+    s.sendall(
+        b"POST /claim HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return s
+
+
+def test_work_arriving_after_a_client_died_mid_long_poll_is_claimed_again_at_attempt_1(api: Api) -> None:
+    _, token = api.register()
+    dead = open_and_abandon_long_poll(api, token)
+    time.sleep(1.0)  # the server is waiting on it
+    dead.close()
+    t0 = time.monotonic()
+    sent = api.webhook(issue_event(issue_id="after-death")).json()
+    got: list[dict[str, Any]] = []
+    while time.monotonic() - t0 < 10 and not got:
+        got = api.post_as(token, "/claim", {}).json()["messages"]
+        time.sleep(0.25)
+    assert got, "the message stayed with the dead long-poll"
+    [m] = got
+    assert m["messageId"] == sent["messageId"] and m["attempt"] == 1
+    assert time.monotonic() - t0 < 10
+    assert (
+        api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]}).status_code
+        == 200
+    )
+
+
+def test_a_live_long_poll_gets_the_work_and_acks_it(api: Api) -> None:
+    _, token = api.register()
+    result: list[Any] = []
+    t = threading.Thread(
+        target=lambda: result.append(api.post_as(token, "/claim", {"waitSeconds": 10}).json())
+    )
+    t.start()
+    time.sleep(0.5)
+    sent = api.webhook(issue_event(issue_id="live")).json()
+    t.join(timeout=15)
+    [m] = result[0]["messages"]
+    assert m["messageId"] == sent["messageId"] and m["attempt"] == 1
+    assert api.post_as(token, "/claim", {}).json() == {"messages": []}  # nobody else gets it meanwhile
+    assert api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]}).json() == {
+        "status": "acked"
+    }
+    with api.pool.connection() as conn:
+        row = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (m["sessionId"],)).fetchone()
+    assert row == {"status": "delivered"}
+
+
+def test_revoking_a_machine_ends_its_open_long_poll(api: Api) -> None:
+    oid, token = api.register()
+    result: list[Any] = []
+
+    def poll() -> None:
+        t0 = time.monotonic()
+        r = api.post_as(token, "/claim", {"waitSeconds": 20})
+        result.append((r.status_code, r.json(), time.monotonic() - t0))
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.5)
+    api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin())
+    t.join(timeout=25)
+    status, body, took = result[0]
+    assert (status, body["error"]) == (401, "unauthorized") and took < 5
+
+
+def test_orchestrator_sigkilled_mid_long_poll_gets_the_next_work_at_attempt_1(
+    api: Api, tmp_path: Path
+) -> None:
+    _, token = api.register()
+    o = Orch(api.url, token, tmp_path, transport="listen")
+    o.start()
+    time.sleep(1.5)  # up, and waiting in its long-poll
+    o.signal(signal.SIGKILL)
+    assert o.proc is not None
+    o.proc.wait()
+    t0 = time.monotonic()
+    sent = api.webhook(issue_event(issue_id="after-kill")).json()
+    time.sleep(1.0)
+    o.start()
+    wait_for(lambda: len(o.starts()) == 1, timeout=15, what="the start after the restart")
+    assert time.monotonic() - t0 < 10
+    assert o.starts()[0]["messageId"] == sent["messageId"]
+    assert "claimed ENG-42 (attempt 1)" in o.log()
+    assert o.stop() == 0
+
+
+def test_sigterm_during_a_long_poll_ends_the_orchestrator_within_2_seconds(api: Api, tmp_path: Path) -> None:
+    _, token = api.register()
+    o = Orch(api.url, token, tmp_path, transport="listen")
+    o.start()
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    o.signal(signal.SIGTERM)
+    assert o.proc is not None and o.proc.wait(timeout=10) == 0
+    assert time.monotonic() - t0 < 2
