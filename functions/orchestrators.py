@@ -45,7 +45,15 @@ def list_orchestrators(call: Call) -> flask.Response:
 
 def revoke(call: Call) -> flask.Response:
     oid: UUID = call.args["orchestrator_id"]
-    if not registry.revoke(call.rt.pool, oid):
+    revoked = call.service.revoke(oid)
+    if revoked is None:
         raise ApiError(404, "not_found", "no such orchestrator")
-    note(orchestratorId=oid)
-    return reply({"orchestratorId": str(oid), "status": "revoked"})
+    note(orchestratorId=oid, moved=revoked.moved, cancelled=revoked.cancelled)
+    return reply(
+        {
+            "orchestratorId": str(oid),
+            "status": "revoked",
+            "moved": revoked.moved,
+            "cancelled": revoked.cancelled,
+        }
+    )

@@ -162,6 +162,12 @@ class Dispatch:
         self._after_commit([aid])
         return aid
 
+    def revoke(self, orchestrator_id: UUID) -> orchestrators.Revoked | None:
+        revoked = orchestrators.revoke(self.pool, orchestrator_id)
+        if revoked is not None:
+            self._after_commit(revoked.notice_ids)
+        return revoked
+
     def connect_linear(self, code: str, state: str) -> linear_auth.Installed:
         """The OAuth callback: tokens stored in one transaction; then whatever the org's outbox held
         while it was disconnected goes out."""

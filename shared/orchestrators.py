@@ -96,9 +96,25 @@ def list_all(pool: Pool) -> list[Listed]:
         return [Listed(**r) for r in conn.execute(query("orchestrator_list")).fetchall()]
 
 
-def revoke(pool: Pool, orchestrator_id: UUID) -> bool:
+@dataclass(frozen=True)
+class Revoked:
+    moved: int  # undelivered starts now with the same user's most recently seen active machine
+    cancelled: int  # the rest (prompts, stops, starts no other machine could take)
+    notice_ids: list[UUID]  # Linear notices the transaction wrote, to send after commit
+
+
+def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
+    """One transaction: the token stops working, and the machine's undelivered work is never
+    stranded: starts move to the user's most recently seen active machine, the rest is cancelled
+    (Linear told, for agent sessions). None: no such machine. Revoking again changes nothing."""
+    params = {"id": orchestrator_id}
     with transaction(pool) as tx:
-        return tx.one(query("orchestrator_revoke"), {"id": orchestrator_id}) is not None
+        if tx.one(query("orchestrator_revoke"), params) is None:
+            return None
+        moved = tx.one(query("revoke_move_starts"), params)
+        rest = tx.one(query("revoke_cancel_rest"), params)
+    assert moved is not None and rest is not None
+    return Revoked(int(moved["moved"]), int(rest["cancelled"]), list(rest["notice_ids"] or []))
 
 
 def touch(pool: Pool, orchestrator_id: UUID) -> None:

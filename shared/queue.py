@@ -259,6 +259,7 @@ def release(
 class SweepResult:
     requeued: int
     dead_lettered: int
+    rerouted: int = 0
 
 
 def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepResult:
@@ -281,9 +282,20 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
         dead += row["dead_lettered"]
         if row["requeued"] + row["dead_lettered"] < SWEEP_BATCH:
             break
+    rerouted = 0
+    if settings.reroute_after_seconds > 0:
+        while True:  # one statement per batch, its own transaction
+            with pool.connection() as conn:
+                row = conn.execute(
+                    query("reroute_quiet"), {"after": settings.reroute_after_seconds, "batch": SWEEP_BATCH}
+                ).fetchone()
+            assert row is not None
+            rerouted += row["rerouted"]
+            if row["rerouted"] < SWEEP_BATCH:
+                break
     with transaction(pool) as tx:
         tx.execute(query("record_sweep"), {"requeued": requeued, "dead_lettered": dead})
-    return SweepResult(requeued, dead)
+    return SweepResult(requeued, dead, rerouted)
 
 
 def cancel_issue(

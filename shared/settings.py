@@ -39,6 +39,9 @@ class Settings(BaseSettings):
         default=900, ge=0, le=604_800, validation_alias="DEVPILOT_BACKOFF_CAP_SECONDS"
     )
     max_attempts: int = Field(default=5, ge=1, le=1000, validation_alias="DEVPILOT_MAX_ATTEMPTS")
+    reroute_after_seconds: int = Field(
+        default=600, ge=0, le=30 * 86_400, validation_alias="DEVPILOT_REROUTE_AFTER_SECONDS"
+    )
     webhook_tolerance_seconds: int = Field(
         default=60, ge=1, le=86_400, validation_alias="DEVPILOT_WEBHOOK_TOLERANCE_SECONDS"
     )

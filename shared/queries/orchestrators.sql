@@ -33,3 +33,49 @@ WHERE id = %(orchestrator_id)s AND (last_seen_at IS NULL OR last_seen_at < now()
 -- For an agent token: the active machine it names, with the hash its mac is keyed with.
 SELECT id, org_id, linear_user_id, name, token_hash FROM orchestrators
 WHERE id = %(id)s AND revoked_at IS NULL;
+
+-- name: revoke_move_starts
+-- In the revoke transaction: the revoked machine's undelivered `start` messages (queued, or claimed
+-- with a token that no longer works) move to the same user's most recently seen active machine,
+-- due at once if they were claimed; the NOTIFY wakes that machine on commit. Nothing moves when
+-- there is no such machine (revoke_cancel_rest then cancels them). Never stranded.
+WITH target AS (
+    SELECT o.id FROM orchestrators o JOIN orchestrators r ON r.id = %(id)s
+    WHERE o.org_id = r.org_id AND o.linear_user_id = r.linear_user_id AND o.revoked_at IS NULL AND o.id <> r.id
+    ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id
+    LIMIT 1
+), moved AS (
+    UPDATE dispatch_queue q
+    SET orchestrator_id = t.id, lease_expires_at = NULL, claimed_at = NULL,
+        available_at = CASE WHEN q.lease_expires_at IS NULL THEN q.available_at ELSE now() END
+    FROM target t, dispatch_sessions s
+    WHERE q.orchestrator_id = %(id)s AND s.id = q.session_id AND s.kind = 'start'
+    RETURNING q.session_id, t.id AS orchestrator_id
+), sessions AS (
+    UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
+    FROM moved m WHERE s.id = m.session_id
+    RETURNING s.id
+)
+SELECT (SELECT count(*) FROM sessions) AS moved,
+       (SELECT pg_notify('devpilot_dispatch', id::text) FROM target WHERE EXISTS (SELECT 1 FROM moved)) AS woken;
+
+-- name: revoke_cancel_rest
+-- In the revoke transaction, after revoke_move_starts: whatever the revoked machine still holds
+-- (its prompts and stops, which never move, and starts nobody else could take) is cancelled; an
+-- agent session whose start is cancelled hears why in Linear (for orgs Linear is told about).
+WITH q AS (
+    DELETE FROM dispatch_queue dq WHERE dq.orchestrator_id = %(id)s RETURNING dq.session_id
+), cancelled AS (
+    UPDATE dispatch_sessions ds
+    SET status = 'cancelled', updated_at = now(), failure_reason = 'its machine was revoked'
+    FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
+    RETURNING ds.id, ds.org_id, ds.agent_session_id, ds.issue_id, ds.kind
+), notices AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT c.org_id, c.id, 'failed', c.agent_session_id, c.issue_id,
+           'The machine this was queued for was removed from devpilot, and no other machine of yours is registered.'
+    FROM cancelled c
+    WHERE c.agent_session_id IS NOT NULL AND c.kind = 'start' AND devpilot_notifies(c.org_id)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT array_agg(id) FROM notices) AS notice_ids;

@@ -248,3 +248,42 @@ UPDATE dispatch_sessions ds
 SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
 FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
 RETURNING ds.id;
+
+-- name: reroute_quiet
+-- AVAILABLE -> AVAILABLE on another machine (the sweep): unclaimed `start` messages of a machine not
+-- seen for `after` seconds (a laptop closed on a train) move to the same user's most recently seen
+-- active machine that was seen within that time. One statement; never a claimed row (a lease is
+-- held), never a prompt or a stop (they belong to the machine that holds the conversation). Rows a
+-- claim is taking are skipped (SKIP LOCKED), and a claim that comes later finds the row no longer
+-- its own: exactly one of them gets it.
+WITH quiet AS (
+    SELECT o.id, t.id AS target
+    FROM orchestrators o
+    CROSS JOIN LATERAL (
+        SELECT o2.id FROM orchestrators o2
+        WHERE o2.org_id = o.org_id AND o2.linear_user_id = o.linear_user_id AND o2.id <> o.id
+          AND o2.revoked_at IS NULL AND o2.last_seen_at >= now() - make_interval(secs => %(after)s)
+        ORDER BY o2.last_seen_at DESC, o2.id
+        LIMIT 1
+    ) t
+    WHERE o.revoked_at IS NULL AND coalesce(o.last_seen_at, o.created_at) < now() - make_interval(secs => %(after)s)
+), rows AS (
+    SELECT q.id, q.session_id, quiet.target
+    FROM quiet
+    JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
+    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+    LIMIT %(batch)s
+    FOR UPDATE OF q SKIP LOCKED
+), moved AS (
+    UPDATE dispatch_queue q SET orchestrator_id = r.target
+    FROM rows r WHERE q.id = r.id AND q.lease_expires_at IS NULL
+    RETURNING q.session_id, q.orchestrator_id
+), sessions AS (
+    UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
+    FROM moved m WHERE s.id = m.session_id
+    RETURNING s.orchestrator_id
+)
+SELECT count(*) AS rerouted,
+       (SELECT count(pg_notify('devpilot_dispatch', d.orchestrator_id::text))
+        FROM (SELECT DISTINCT orchestrator_id FROM sessions) d) AS woken
+FROM sessions;

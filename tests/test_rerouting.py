@@ -1,0 +1,159 @@
+"""Work is never stranded on a machine that went away: a revoke moves its undelivered starts to the
+same user's most recently seen machine (or cancels them, telling Linear), and the sweep moves
+unclaimed starts of a machine quiet for DEVPILOT_REROUTE_AFTER_SECONDS."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from uuid import UUID
+
+import pytest
+from pytest_httpserver import HTTPServer
+
+from shared.queue import claim, sweep
+from shared.settings import Settings
+from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.linear import Linear
+from tests.test_reliability import assert_invariant
+
+
+@pytest.fixture
+def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
+    return {"LINEAR_API_URL": httpserver.url_for("/graphql")}
+
+
+@pytest.fixture
+def linear(api: Api, httpserver: HTTPServer) -> Linear:
+    stand_in = Linear(httpserver)
+    assert (
+        api.http.post(
+            "/linear-credentials", json={"orgId": "org-a", "accessToken": "lin"}, headers=api.admin()
+        ).status_code
+        == 200
+    )
+    return stand_in
+
+
+def claim_all(api: Api, token: str) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
+    return messages
+
+
+def statuses(api: Api) -> dict[str, str]:
+    with api.pool.connection() as conn:
+        return {str(r["id"]): r["status"] for r in conn.execute("SELECT id, status FROM dispatch_sessions")}
+
+
+def seen(api: Api, oid: str, seconds_ago: int) -> None:
+    with api.pool.connection() as conn:
+        conn.execute(
+            "UPDATE orchestrators SET last_seen_at = now() - make_interval(secs => %s) WHERE id = %s",
+            (seconds_ago, oid),
+        )
+
+
+def test_revoke_moves_starts_to_the_users_other_machine_and_cancels_the_rest(
+    api: Api, linear: Linear
+) -> None:
+    laptop_id, laptop = api.register(user="user-1", name="laptop")
+    queued = api.webhook(issue_event(issue_id="iss-q")).json()
+    api.webhook(agent_session_event(session_id="as-r1"))
+    claimed = {m["sessionId"] for m in claim_all(api, laptop)}  # both now claimed by the laptop
+    api.webhook(issue_event(issue_id="iss-q2"))
+    desk_id, desk = api.register(user="user-1", name="desktop")
+    seen(api, desk_id, 5)
+    # an agent session the laptop already holds: its follow-up stays the laptop's
+    api.webhook(agent_session_event(session_id="as-r2"))
+    with api.pool.connection() as conn:  # (routed by recency: make sure the laptop holds it)
+        conn.execute(
+            "UPDATE dispatch_queue SET orchestrator_id = %s WHERE agent_session_id = 'as-r2'", (laptop_id,)
+        )
+        conn.execute(
+            "UPDATE dispatch_sessions SET orchestrator_id = %s WHERE agent_session_id = 'as-r2'", (laptop_id,)
+        )
+    [start] = [m for m in claim_all(api, laptop) if m["agentSessionId"] == "as-r2"]
+    api.post_as(laptop, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]})
+    follow = api.webhook(agent_session_event(session_id="as-r2", action="prompted", body="more")).json()
+    assert follow["kind"] == "prompt" and follow["orchestratorId"] == laptop_id
+
+    r = api.http.post(f"/orchestrators/{laptop_id}/revoke", headers=api.admin()).json()
+    assert (r["moved"], r["cancelled"]) == (3, 1)
+    got = claim_all(api, desk)
+    assert {m["sessionId"] for m in got} >= claimed | {queued["sessionId"]}  # claimed ones too, at once
+    assert all(m["orchestratorId"] == desk_id for m in got)
+    assert statuses(api)[follow["sessionId"]] == "cancelled"
+    assert_invariant(api.pool)
+
+
+def test_revoke_with_no_other_machine_cancels_and_tells_linear(api: Api, linear: Linear) -> None:
+    oid, _ = api.register(user="user-1")
+    plain = api.webhook(issue_event(issue_id="iss-alone")).json()
+    agent = api.webhook(agent_session_event(session_id="as-alone")).json()
+    linear.wait(1)  # "queued for"
+    r = api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin()).json()
+    assert (r["moved"], r["cancelled"]) == (0, 2)
+    assert statuses(api)[plain["sessionId"]] == statuses(api)[agent["sessionId"]] == "cancelled"
+    linear.wait(2)
+    [error] = [a for a in linear.activities() if a["content"]["type"] == "error"]
+    assert error["agentSessionId"] == "as-alone" and "removed" in error["content"]["body"]
+    with api.pool.connection() as conn:
+        assert conn.execute("SELECT count(*) AS n FROM dispatch_queue").fetchone() == {"n": 0}  # not stranded
+    assert api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin()).json()["cancelled"] == 0
+
+
+def test_the_sweep_moves_a_quiet_machines_unclaimed_starts(api: Api) -> None:
+    quiet_id, quiet = api.register(user="user-1", name="laptop")
+    waiting = api.webhook(issue_event(issue_id="iss-w")).json()
+    held = api.webhook(issue_event(issue_id="iss-h")).json()
+    assert held["sessionId"] in {m["sessionId"] for m in claim_all(api, quiet)}
+    with api.pool.connection() as conn:  # put the waiting one back: only `held` stays claimed
+        conn.execute(
+            "UPDATE dispatch_queue SET lease_expires_at = NULL WHERE session_id = %s", (waiting["sessionId"],)
+        )
+    desk_id, desk = api.register(user="user-1", name="desktop")
+    seen(api, quiet_id, 700)
+    seen(api, desk_id, 3)
+    result = sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600))
+    assert result.rerouted == 1
+    [moved] = claim_all(api, desk)
+    assert moved["sessionId"] == waiting["sessionId"] and moved["attempt"] == 2
+    with api.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT orchestrator_id FROM dispatch_queue WHERE session_id = %s", (held["sessionId"],)
+        ).fetchone()
+    assert row is not None and str(row["orchestrator_id"]) == quiet_id  # a claimed row never moves
+    assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=0)).rerouted == 0
+
+
+def test_reroute_racing_a_late_claim_by_the_quiet_machine(api: Api) -> None:
+    """300 unclaimed starts of a quiet laptop; the sweep moves them while the laptop wakes and
+    claims: each is claimed exactly once, by one machine or the other, none is lost."""
+    quiet_id, _ = api.register(user="user-1", name="laptop")
+    for n in range(300):
+        api.webhook(issue_event(issue_id=f"iss-race-{n}"))
+    desk_id, _ = api.register(user="user-1", name="desktop")
+    seen(api, quiet_id, 700)
+    seen(api, desk_id, 1)
+    got: dict[str, list[str]] = {quiet_id: [], desk_id: []}
+    start = threading.Barrier(3)
+
+    def drain(oid: str) -> None:
+        start.wait()
+        for _ in range(200):
+            batch = claim(api.pool, UUID(oid), max=5, lease_seconds=600)
+            got[oid] += [str(m.session_id) for m in batch]
+
+    def reroute() -> None:
+        start.wait()
+        sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600))
+
+    threads = [threading.Thread(target=drain, args=(o,)) for o in (quiet_id, desk_id)]
+    threads.append(threading.Thread(target=reroute))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    everything = got[quiet_id] + got[desk_id]
+    assert len(everything) == len(set(everything)) == 300
+    assert_invariant(api.pool)
