@@ -63,7 +63,7 @@ def login_page(message: str = "") -> str:
 
 
 def _chart(history: list[dict[str, Any]]) -> str:
-    w, h, pad = 640, 160, 30
+    w, h, pad = 680, 180, 44
     n = max(1, len(history) - 1)
     depth = [float(x["depth"] or 0) for x in history]
     lat = [float(x["latency_s"]) if x["latency_s"] is not None else None for x in history]
@@ -77,13 +77,26 @@ def _chart(history: list[dict[str, Any]]) -> str:
             if v is not None
         )
 
+    # The scale: three gridlines, queue depth read on the left axis, latency on the right.
+    grid = "".join(
+        f'<line class="grid" x1="{pad}" x2="{w - pad}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e3e8"/>'
+        f'<text class="axis-depth" x="{pad - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#3366cc">{dmax * f:.0f}</text>'
+        f'<text class="axis-latency" x="{w - pad + 6}" y="{y + 4:.1f}" fill="#dc7633">{lmax * f:.1f} s</text>'
+        for f in (0.0, 0.5, 1.0)
+        for y in [h - pad - f * (h - 2 * pad)]
+    )
+    minutes = "".join(
+        f'<text class="axis-time" x="{pad + i * (w - 2 * pad) / 4:.1f}" y="{h - pad + 16}" text-anchor="middle" '
+        f'fill="#777">{label}</text>'
+        for i, label in enumerate(("−60 min", "−45", "−30", "−15", "now"))
+    )
     return f"""<svg id="chart" width="{w}" height="{h}" role="img" aria-label="queue depth and delivery latency, last hour">
-<rect x="0" y="0" width="{w}" height="{h}" fill="#fbfbfd" stroke="#ddd"/>
+<rect x="0" y="0" width="{w}" height="{h}" fill="#fbfbfd" stroke="#ddd"/>{grid}{minutes}
 <polyline fill="none" stroke="#3366cc" stroke-width="2" points="{pts(list(depth), dmax)}"/>
 <polyline fill="none" stroke="#dc7633" stroke-width="2" points="{pts(lat, lmax)}"/>
 <text x="{pad}" y="16" fill="#3366cc">queue depth (max {dmax:.0f})</text>
 <text x="{w - 260}" y="16" fill="#dc7633">delivery latency (max {lmax:.1f} s)</text>
-<text x="{pad}" y="{h - 8}" class="muted">−60 min</text><text x="{w - pad - 20}" y="{h - 8}">now</text></svg>"""
+</svg>"""
 
 
 def render(snap: Snapshot) -> str:

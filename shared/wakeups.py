@@ -87,6 +87,8 @@ class Wakeups:
                         for note in conn.notifies(timeout=1.0):
                             self._wake(note.payload)
             except psycopg.Error as exc:
+                if self._stop.is_set():  # stopping: the connection going away is expected
+                    return
                 if self._listening.is_set():
                     log.warning("listen connection lost (%s); long-polls fall back to re-checking", exc)
                 self._listening.clear()

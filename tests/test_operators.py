@@ -121,6 +121,7 @@ def test_dashboard_auth_and_figures(api: Api) -> None:
     assert page.status_code == 200 and "alice-laptop" in page.text and 'http-equiv="refresh"' in page.text
     assert api.http.get("/dashboard", headers=api.admin()).status_code == 200
     assert "<svg" in page.text and "disk full" in page.text
+    assert page.text.count('class="axis-depth"') == 3 and "−60 min" in page.text  # the chart has a scale
 
 
 def _chromium() -> tuple[str, str] | None:
