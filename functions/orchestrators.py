@@ -20,7 +20,10 @@ def register(call: Call) -> flask.Response:
         call.rt.pool, org_id=body.org_id, linear_user_id=body.linear_user_id, name=body.name
     )
     note(orchestratorId=reg.id)
-    return reply({"orchestratorId": str(reg.id), "token": reg.token}, 201)
+    answer: dict[str, object] = {"orchestratorId": str(reg.id), "token": reg.token}
+    if call.rt.settings.endpoints:
+        answer["endpoints"] = call.rt.settings.endpoints
+    return reply(answer, 201)
 
 
 def list_orchestrators(call: Call) -> flask.Response:

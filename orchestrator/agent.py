@@ -73,7 +73,7 @@ class Shutdown(Exception):
 
 @dataclass
 class Config:
-    url: str
+    url: str | None  # one base URL serving every route, or
     token: str
     command: list[str]
     transport: Transport = "poll"
@@ -82,6 +82,7 @@ class Config:
     max_parallel: int = 4
     json_logs: bool = False
     stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL when Linear says stop
+    endpoints: dict[str, str] | None = None  # each route's own URL (a cloud deploy)
 
 
 def default_state_dir() -> Path:
@@ -93,7 +94,7 @@ class Orchestrator:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.log = Log(cfg.json_logs)
-        self.api = Api(cfg.url, cfg.token)
+        self.api = Api(cfg.url, cfg.token, endpoints=cfg.endpoints)
         self.journal = Journal(private_dir(cfg.state_dir) / "journal.sqlite3")
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
@@ -122,7 +123,8 @@ class Orchestrator:
         signal.signal(signal.SIGINT, self._on_signal)
         self.log(
             "start",
-            f"orchestrator up: {self.cfg.url} via {self.cfg.transport}, state in {self.cfg.state_dir}",
+            f"orchestrator up: {self.cfg.url or 'endpoints ' + self.api.endpoints['claim']} via "
+            f"{self.cfg.transport}, state in {self.cfg.state_dir}",
         )
         try:
             self._resume()
@@ -282,7 +284,7 @@ class Orchestrator:
             env.update(
                 {
                     "DEVPILOT_AGENT_SESSION_ID": agent,
-                    "DEVPILOT_SERVICE_URL": self.api.url,
+                    "DEVPILOT_ACTIVITIES_URL": self.api.endpoints.get("activities", ""),
                     "DEVPILOT_AGENT_TOKEN": agent_tokens.mint(self.cfg.token, m["orchestratorId"], agent),
                     "DEVPILOT_RESPONDED_FILE": str(private_dir(self.cfg.state_dir / "responded") / mid),
                 }

@@ -7,6 +7,7 @@ The token comes from DEVPILOT_ORCHESTRATOR_TOKEN (preferred: the process list sh
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import uuid
@@ -22,7 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="devpilot-orchestrator",
         description="Take this machine's work from devpilot-dispatch and start COMMAND per message.",
     )
-    p.add_argument("--url", required=True, help="base URL of the service (devpilot serve or the functions)")
+    p.add_argument("--url", help="one base URL serving every route (devpilot serve, or the `api` target)")
+    p.add_argument(
+        "--endpoints",
+        default=os.environ.get("DEVPILOT_ENDPOINTS"),
+        help="JSON (or a file holding it) mapping claim, ack, release, activities, realtimeToken to their "
+        "own URLs, as deploy.sh prints it for a cloud deploy (or DEVPILOT_ENDPOINTS)",
+    )
     p.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV),
@@ -56,7 +63,7 @@ def activity(argv: Sequence[str]) -> int:
     p.add_argument("--id", help="a UUID of your own: posting it again never shows twice")
     p.add_argument("body", help="the text (for an action, its parameter)")
     args = p.parse_args(argv)
-    need = ("DEVPILOT_SERVICE_URL", "DEVPILOT_AGENT_TOKEN", "DEVPILOT_AGENT_SESSION_ID")
+    need = ("DEVPILOT_ACTIVITIES_URL", "DEVPILOT_AGENT_TOKEN", "DEVPILOT_AGENT_SESSION_ID")
     missing = [k for k in need if not os.environ.get(k)]
     if missing:
         p.error(f"run this from the agent COMMAND the orchestrator started (missing {', '.join(missing)})")
@@ -68,7 +75,11 @@ def activity(argv: Sequence[str]) -> int:
             content["result"] = args.result
     else:
         content = {"type": args.type, "body": args.body}
-    api = Api(os.environ["DEVPILOT_SERVICE_URL"], os.environ["DEVPILOT_AGENT_TOKEN"])
+    api = Api(
+        None,
+        os.environ["DEVPILOT_AGENT_TOKEN"],
+        endpoints={"activities": os.environ["DEVPILOT_ACTIVITIES_URL"]},
+    )
     try:
         status = api.activity(os.environ["DEVPILOT_AGENT_SESSION_ID"], content, args.id or str(uuid.uuid4()))
     except (Unreachable, Rejected) as exc:
@@ -98,7 +109,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--token (or DEVPILOT_ORCHESTRATOR_TOKEN) is required")
     if args.poll_interval <= 0 or args.max_parallel < 1:
         parser.error("--poll-interval must be > 0 and --max-parallel >= 1")
+    endpoints: dict[str, str] | None = None
+    if args.endpoints:
+        try:
+            text = (
+                Path(args.endpoints).read_text()
+                if not args.endpoints.lstrip().startswith("{")
+                else args.endpoints
+            )
+            endpoints = json.loads(text)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--endpoints is neither a JSON object nor a file holding one: {exc}")
+        if not isinstance(endpoints, dict) or not all(
+            isinstance(endpoints.get(k), str) for k in ("claim", "ack")
+        ):
+            parser.error("--endpoints must map at least claim and ack to URLs")
+    if not args.url and not endpoints:
+        parser.error("give --url (one base URL) or --endpoints (each route's URL)")
     cfg = Config(
+        endpoints=endpoints,
         url=args.url,
         token=args.token,
         command=command,

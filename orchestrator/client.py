@@ -17,14 +17,38 @@ class Rejected(Exception):
     """The service refused our token (401): retrying will not help."""
 
 
-class Api:
-    def __init__(self, url: str, token: str, timeout: float = 10.0) -> None:
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=timeout
-        )
+# Route name (as in the endpoints map deploy.sh prints) -> path under one base URL.
+ROUTES = {
+    "claim": "/claim",
+    "ack": "/ack",
+    "release": "/release",
+    "activities": "/activities",
+    "realtimeToken": "/realtime-token",
+}
 
-    def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> httpx.Response:
+
+def endpoints_for(url: str | None, endpoints: dict[str, str] | None) -> dict[str, str]:
+    """Where each route is: one base URL serving every route (`devpilot serve`, the `api` target),
+    or a map of each route's own URL (a cloud deploy, one function per route)."""
+    if endpoints:
+        return {name: endpoints[name] for name in ROUTES if isinstance(endpoints.get(name), str)}
+    if not url:
+        raise ValueError("give a base URL or an endpoints map")
+    return {name: url.rstrip("/") + path for name, path in ROUTES.items()}
+
+
+class Api:
+    def __init__(
+        self, url: str | None, token: str, timeout: float = 10.0, endpoints: dict[str, str] | None = None
+    ) -> None:
+        self.endpoints = endpoints_for(url, endpoints)
+        self.url = url.rstrip("/") if url else ""
+        self._http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+
+    def _post(self, route: str, body: dict[str, Any], timeout: float | None = None) -> httpx.Response:
+        if route not in self.endpoints:
+            raise Rejected(f"no URL for the {route} route in the endpoints map")
+        path = self.endpoints[route]
         try:
             r = self._http.post(path, json=body, timeout=timeout or self._http.timeout)
         except httpx.HTTPError as exc:
@@ -36,13 +60,13 @@ class Api:
         return r
 
     def claim(self, max: int, wait_seconds: int = 0) -> list[dict[str, Any]]:
-        r = self._post("/claim", {"max": max, "waitSeconds": wait_seconds}, timeout=wait_seconds + 10.0)
+        r = self._post("claim", {"max": max, "waitSeconds": wait_seconds}, timeout=wait_seconds + 10.0)
         r.raise_for_status()
         messages: list[dict[str, Any]] = r.json()["messages"]
         return messages
 
     def ack(self, queue_id: str, claim_token: str) -> AckResult:
-        r = self._post("/ack", {"queueId": queue_id, "claimToken": claim_token})
+        r = self._post("ack", {"queueId": queue_id, "claimToken": claim_token})
         if r.status_code == 200:
             return "acked"
         code = r.json().get("error")
@@ -52,7 +76,7 @@ class Api:
         raise Unreachable(f"unexpected ack answer {r.status_code}")
 
     def realtime_token(self) -> dict[str, Any] | None:
-        r = self._post("/realtime-token", {})
+        r = self._post("realtimeToken", {})
         if r.status_code == 404:
             return None
         r.raise_for_status()
@@ -63,7 +87,7 @@ class Api:
         """Post an activity to the agent session (202 queued); returns the status or the error code.
         The id makes a retried post (after a timeout, or a restart) one activity in Linear."""
         r = self._post(
-            "/activities", {"agentSessionId": agent_session_id, "content": content, "id": activity_id}
+            "activities", {"agentSessionId": agent_session_id, "content": content, "id": activity_id}
         )
         if r.status_code == 202:
             return "queued"

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     linear_client_id: str | None = Field(default=None, validation_alias="LINEAR_CLIENT_ID")
     linear_client_secret: str | None = Field(default=None, validation_alias="LINEAR_CLIENT_SECRET")
     public_url: str | None = Field(default=None, validation_alias="DEVPILOT_PUBLIC_URL")
+    # This deployment's public URL per route (JSON), when each route has its own URL: handed to
+    # machines at registration, as `devpilot-orchestrator --endpoints` takes it.
+    endpoints: dict[str, str] | None = Field(default=None, validation_alias="DEVPILOT_ENDPOINTS")
     linear_oauth_authorize_url: str = Field(
         default="https://linear.app/oauth/authorize", validation_alias="LINEAR_OAUTH_AUTHORIZE_URL"
     )
