@@ -67,24 +67,44 @@ need() {
 # The deployed rows of the one route table, as "<target> <public|scheduler>" lines.
 mapfile -t ROUTE_LINES < <("$PY" -m functions.routes --deployed)
 
+shown() {  # a shell line: printed as is in a dry run (paste it and it runs), evaluated otherwise
+  if [ "$dry" = 1 ]; then echo "$1"; else eval "$1"; fi
+}
+
 cloudrun() {
   need GCP_PROJECT GCP_REGION
   [ "$dry" = 1 ] || command -v gcloud >/dev/null || { echo "deploy.sh cloudrun: gcloud not found" >&2; exit 2; }
   local p=$GCP_PROJECT r=$GCP_REGION
   local sa_name=devpilot-sweep-invoker
   local sa="$sa_name@$p.iam.gserviceaccount.com"
-  local secrets="DATABASE_URL=${SECRET_DATABASE_URL:-devpilot-database-url}:latest"
-  secrets+=",LINEAR_WEBHOOK_SECRET=${SECRET_LINEAR_WEBHOOK_SECRET:-devpilot-linear-webhook-secret}:latest"
-  secrets+=",DEVPILOT_ADMIN_TOKEN=${SECRET_ADMIN_TOKEN:-devpilot-admin-token}:latest"
-  [ -n "${SECRET_DATABASE_LISTEN_URL:-}" ] && secrets+=",DATABASE_LISTEN_URL=$SECRET_DATABASE_LISTEN_URL:latest"
-  [ -n "${SECRET_ENCRYPTION_KEYS:-}" ] && secrets+=",DEVPILOT_ENCRYPTION_KEYS=$SECRET_ENCRYPTION_KEYS:latest"
-  [ -n "${SECRET_LINEAR_CLIENT_ID:-}" ] && secrets+=",LINEAR_CLIENT_ID=$SECRET_LINEAR_CLIENT_ID:latest"
-  [ -n "${SECRET_LINEAR_CLIENT_SECRET:-}" ] && secrets+=",LINEAR_CLIENT_SECRET=$SECRET_LINEAR_CLIENT_SECRET:latest"
+  local runtime_name=devpilot-runtime
+  local runtime="$runtime_name@$p.iam.gserviceaccount.com"
+  # Secret Manager secrets mounted as environment variables: NAME=secret (values never printed).
+  local -a mounts=(
+    "DATABASE_URL=${SECRET_DATABASE_URL:-devpilot-database-url}"
+    "LINEAR_WEBHOOK_SECRET=${SECRET_LINEAR_WEBHOOK_SECRET:-devpilot-linear-webhook-secret}"
+    "DEVPILOT_ADMIN_TOKEN=${SECRET_ADMIN_TOKEN:-devpilot-admin-token}"
+  )
+  [ -n "${SECRET_DATABASE_LISTEN_URL:-}" ] && mounts+=("DATABASE_LISTEN_URL=$SECRET_DATABASE_LISTEN_URL")
+  [ -n "${SECRET_ENCRYPTION_KEYS:-}" ] && mounts+=("DEVPILOT_ENCRYPTION_KEYS=$SECRET_ENCRYPTION_KEYS")
+  [ -n "${SECRET_LINEAR_CLIENT_ID:-}" ] && mounts+=("LINEAR_CLIENT_ID=$SECRET_LINEAR_CLIENT_ID")
+  [ -n "${SECRET_LINEAR_CLIENT_SECRET:-}" ] && mounts+=("LINEAR_CLIENT_SECRET=$SECRET_LINEAR_CLIENT_SECRET")
+  local secrets="" m
+  for m in "${mounts[@]}"; do secrets+="${secrets:+,}$m:latest"; done
   local envs="DEVPILOT_TRANSACTION_POOLER=${DEVPILOT_TRANSACTION_POOLER:-0}"
   [ -n "${DEVPILOT_PUBLIC_URL:-}" ] && envs+=",DEVPILOT_PUBLIC_URL=$DEVPILOT_PUBLIC_URL"
 
   run gcloud services enable run.googleapis.com cloudbuild.googleapis.com cloudscheduler.googleapis.com \
     secretmanager.googleapis.com --project "$p"
+  # The services run as their own service account, which may read exactly the secrets they mount.
+  if [ "$dry" = 1 ] || ! gcloud iam service-accounts describe "$runtime" --project "$p" >/dev/null 2>&1; then
+    run gcloud iam service-accounts create "$runtime_name" --project "$p" \
+      --display-name "devpilot functions (reads its own secrets)"
+  fi
+  for m in "${mounts[@]}"; do
+    run gcloud secrets add-iam-policy-binding "${m#*=}" --project "$p" \
+      --member "serviceAccount:$runtime" --role roles/secretmanager.secretAccessor
+  done
   local line t exposure
   for line in "${ROUTE_LINES[@]}"; do
     read -r t exposure <<<"$line"
@@ -97,7 +117,7 @@ cloudrun() {
     fi
     run gcloud run deploy "$name" --source . --function "$t" --base-image python312 \
       --region "$r" --project "$p" --set-build-env-vars GOOGLE_FUNCTION_SOURCE=functions/main.py \
-      --set-secrets "$secrets" --set-env-vars "$extra_env" $auth --quiet
+      --service-account "$runtime" --set-secrets "$secrets" --set-env-vars "$extra_env" $auth --quiet
   done
   if [ "$dry" = 1 ] || ! gcloud iam service-accounts describe "$sa" --project "$p" >/dev/null 2>&1; then
     run gcloud iam service-accounts create "$sa_name" --project "$p" \
@@ -105,17 +125,26 @@ cloudrun() {
   fi
   run gcloud run services add-iam-policy-binding devpilot-sweep --region "$r" --project "$p" \
     --member "serviceAccount:$sa" --role roles/run.invoker
-  local url='$(gcloud run services describe devpilot-sweep --format=value(status.url))'
-  if [ "$dry" = 0 ]; then
-    url=$(gcloud run services describe devpilot-sweep --region "$r" --project "$p" --format='value(status.url)')
-  fi
   local verb=create
   if [ "$dry" = 0 ] && gcloud scheduler jobs describe devpilot-sweep --location "$r" --project "$p" >/dev/null 2>&1; then
     verb=update
   fi
-  run gcloud scheduler jobs "$verb" http devpilot-sweep --location "$r" --project "$p" \
-    --schedule "* * * * *" --uri "$url/" --http-method POST \
-    --oidc-service-account-email "$sa" --oidc-token-audience "$url"
+  local where
+  where="--region $(printf %q "$r") --project $(printf %q "$p")"
+  shown "SWEEP_URL=\$(gcloud run services describe devpilot-sweep $where --format='value(status.url)')"
+  shown "gcloud scheduler jobs $verb http devpilot-sweep --location $(printf %q "$r") --project $(printf %q "$p") --schedule '* * * * *' --uri \"\$SWEEP_URL/\" --http-method POST --oidc-service-account-email $(printf %q "$sa") --oidc-token-audience \"\$SWEEP_URL\""
+  # The endpoints map devpilot-orchestrator --endpoints takes (each route's own service URL).
+  local name_target fmt="" vals=""
+  for name_target in claim:claim ack:ack release:release activities:activities realtimeToken:realtime_token; do
+    local svc="devpilot-${name_target#*:}"
+    svc=${svc//_/-}
+    shown "URL_${name_target%%:*}=\$(gcloud run services describe $svc $where --format='value(status.url)')"
+    fmt+="${fmt:+, }\"${name_target%%:*}\": \"%s/\""
+    vals+=" \"\$URL_${name_target%%:*}\""
+  done
+  local file=${ENDPOINTS_FILE:-devpilot-endpoints.json}
+  echo "endpoints (devpilot-orchestrator --endpoints $file; also DEVPILOT_ENDPOINTS for the functions):"
+  shown "printf '{$fmt}\\n'$vals | tee $(printf %q "$file")"
 }
 
 case "$target" in

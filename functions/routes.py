@@ -81,7 +81,7 @@ ROUTES: tuple[Route, ...] = (
         ),
     ),
     one("healthz", "/healthz", ("GET", "HEAD"), "public"),
-    one("metrics", "/metrics", ("GET",), "admin", deployed=False),
+    one("metrics", "/metrics", ("GET",), "admin"),
     Route(
         "dashboard",
         "/dashboard",
@@ -91,7 +91,6 @@ ROUTES: tuple[Route, ...] = (
             Endpoint("/login", ("POST",), "public", "login"),
             Endpoint("/logout", ("POST",), "public", "logout"),
         ),
-        deployed=False,
     ),
     Route(
         "linear_credentials",
@@ -101,7 +100,6 @@ ROUTES: tuple[Route, ...] = (
             Endpoint("", ("POST",), "admin", "store"),
             Endpoint("/<org_id>", ("DELETE",), "admin", "forget"),
         ),
-        deployed=False,
     ),
 )
 BY_NAME = {r.name: r for r in ROUTES}

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,33 @@ PASSED_THROUGH = (
 )
 
 
+# Values never printed, dry run or not (the plan shows "<secret>" in their place).
+SECRETS = (
+    "DATABASE_URL",
+    "DATABASE_LISTEN_URL",
+    "LINEAR_WEBHOOK_SECRET",
+    "DEVPILOT_ADMIN_TOKEN",
+    "LINEAR_CLIENT_SECRET",
+    "DEVPILOT_ENCRYPTION_KEYS",
+    "SUPABASE_JWT_SECRET",
+    "SUPABASE_JWT_PRIVATE_KEY",
+)
+# deploy.sh's endpoints map: route name (as devpilot-orchestrator --endpoints takes it) -> target.
+ENDPOINT_NAMES = {
+    "claim": "claim",
+    "ack": "ack",
+    "release": "release",
+    "activities": "activities",
+    "realtimeToken": "realtime_token",
+}
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "<secret>" if k in SECRETS else _redacted(v) for k, v in value.items()}
+    return value
+
+
 def function_name(target: str) -> str:
     return f"{PREFIX}-{target.replace('_', '-')}"
 
@@ -76,7 +104,7 @@ class Plan:
     calls: list[str] = field(default_factory=list)
 
     def call(self, service: str, op: str, **kwargs: Any) -> Any:
-        shown = {k: ("<zip bytes>" if k == "ZipFile" else v) for k, v in kwargs.items()}
+        shown = {k: ("<zip bytes>" if k == "ZipFile" else _redacted(v)) for k, v in kwargs.items()}
         self.calls.append(f"{service}.{op} {json.dumps(shown, sort_keys=True, default=str)}")
         if self.dry_run:
             print(self.calls[-1])
@@ -202,7 +230,7 @@ def deploy(env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str) -
             "Environment": {"Variables": variables},
         }
         if plan.exists("lambda", "get_function", FunctionName=name) is None:
-            plan.call("lambda", "create_function", Code={"ZipFile": zip_bytes}, Publish=True, **config)
+            _create_function(plan, Code={"ZipFile": zip_bytes}, Publish=True, **config)
         else:
             plan.call("lambda", "update_function_code", FunctionName=name, ZipFile=zip_bytes, Publish=True)
             _wait_updated(plan, name)
@@ -211,18 +239,10 @@ def deploy(env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str) -
         existing = plan.exists("lambda", "get_function_url_config", FunctionName=name)
         if existing is None:
             made = plan.call("lambda", "create_function_url_config", FunctionName=name, AuthType=auth)
-            if target in PUBLIC:
-                plan.call(
-                    "lambda",
-                    "add_permission",
-                    FunctionName=name,
-                    StatementId="public-function-url",
-                    Action="lambda:InvokeFunctionUrl",
-                    Principal="*",
-                    FunctionUrlAuthType="NONE",
-                )
         else:
             made = plan.call("lambda", "update_function_url_config", FunctionName=name, AuthType=auth)
+        if target in PUBLIC:
+            _allow_public_url(plan, name)
         if made:
             urls[target] = made["FunctionUrl"]
 
@@ -263,6 +283,34 @@ def deploy(env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str) -
     else:
         plan.call("scheduler", "update_schedule", **schedule)
     return {"urls": urls, "executionRole": exec_arn, "schedulerRole": sched_arn}
+
+
+def _allow_public_url(plan: Plan, name: str) -> None:
+    """A public Function URL needs both permissions since October 2025: InvokeFunctionUrl (for auth
+    type NONE) and InvokeFunction, the latter only when invoked through the Function URL."""
+    grants = (
+        ("public-function-url", {"Action": "lambda:InvokeFunctionUrl", "FunctionUrlAuthType": "NONE"}),
+        ("public-function-url-invoke", {"Action": "lambda:InvokeFunction", "InvokedViaFunctionUrl": True}),
+    )
+    for sid, grant in grants:
+        try:
+            plan.call("lambda", "add_permission", FunctionName=name, StatementId=sid, Principal="*", **grant)
+        except Exception as exc:  # already granted by an earlier run: keep it
+            if "ResourceConflictException" not in type(exc).__name__ + str(exc):
+                raise
+
+
+def _create_function(plan: Plan, **config: Any) -> Any:
+    """A new execution role takes a few seconds to be usable by Lambda ("The role defined for the
+    function cannot be assumed by Lambda"): retry that, and only that, for up to a minute."""
+    for attempt in range(12):
+        try:
+            return plan.call("lambda", "create_function", **config)
+        except Exception as exc:
+            if "cannot be assumed" not in str(exc) or attempt == 11:
+                raise
+            time.sleep(5)
+    return None
 
 
 def _wait_updated(plan: Plan, name: str) -> None:
@@ -319,9 +367,17 @@ def main(
         else:
             account = clients["sts"].get_caller_identity()["Account"] if "sts" in clients else "123456789012"
     result = deploy(env, zip_bytes, plan, account)
+    urls = result["urls"] if not args.dry_run else {t: f"<{function_name(t)} url>" for t in TARGETS}
+    for target, url in sorted(urls.items()):
+        printer(f"{target}: {url}")
+    endpoints = {name: urls[t] for name, t in ENDPOINT_NAMES.items() if t in urls}
+    path = Path(env.get("ENDPOINTS_FILE") or "devpilot-endpoints.json")
     if not args.dry_run:
-        for target, url in sorted(result["urls"].items()):
-            printer(f"{target}: {url}")
+        path.write_text(json.dumps(endpoints, indent=2) + "\n")
+    printer(
+        f"endpoints (devpilot-orchestrator --endpoints {path}; also DEVPILOT_ENDPOINTS for the functions):"
+    )
+    printer(json.dumps(endpoints))
     return 0
 
 

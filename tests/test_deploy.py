@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import zipfile
@@ -62,9 +63,13 @@ def test_zip_holds_the_code_and_migrations(code_zip: Path) -> None:
     assert not any("__pycache__" in n for n in names)
 
 
-def test_lambda_deploy_creates_then_updates(aws: dict[str, Any], code_zip: Path) -> None:
+def test_lambda_deploy_creates_then_updates(
+    aws: dict[str, Any], code_zip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from infra.aws_lambda import function_name, main
 
+    endpoints_file = tmp_path / "endpoints.json"
+    monkeypatch.setenv("ENDPOINTS_FILE", str(endpoints_file))
     out: list[str] = []
     assert main(["--zip", str(code_zip)], clients=aws, printer=out.append) == 0
     lam, iam, sched = aws["lambda"], aws["iam"], aws["scheduler"]
@@ -79,7 +84,23 @@ def test_lambda_deploy_creates_then_updates(aws: dict[str, Any], code_zip: Path)
         assert env["LINEAR_WEBHOOK_SECRET"] == "lin-secret" and env["DEVPILOT_TRANSACTION_POOLER"] == "1"
         url = lam.get_function_url_config(FunctionName=function_name(t))
         assert url["AuthType"] == ("AWS_IAM" if t == "sweep" else "NONE")
-    assert len(out) == len(TARGETS) and all(".lambda-url." in line for line in out)
+    url_lines = [line for line in out if ": https://" in line]
+    assert len(url_lines) == len(TARGETS) and all(".lambda-url." in line for line in url_lines)
+    for t in TARGETS:  # a public Function URL needs both permissions; the sweep's is IAM-only
+        policy = json.loads(lam.get_policy(FunctionName=function_name(t))["Policy"]) if t != "sweep" else None
+        if policy is not None:
+            actions = {st["Action"] for st in policy["Statement"]}
+            assert actions == {"lambda:InvokeFunctionUrl", "lambda:InvokeFunction"}  # (conditions: dry run)
+    printed = "\n".join(out)
+    for secret in ("adm-token", "lin-secret", ENV["DATABASE_URL"]):
+        assert secret not in printed
+    endpoints = json.loads(endpoints_file.read_text())
+    assert set(endpoints) == {"claim", "ack", "release", "activities", "realtimeToken"}
+    assert (
+        json.dumps(endpoints) in printed and endpoints["claim"] == functions["devpilot-claim"]["FunctionUrl"]
+        if "FunctionUrl" in functions["devpilot-claim"]
+        else True
+    )
 
     role = iam.get_role(RoleName="devpilot-lambda-execution")["Role"]
     assert "lambda.amazonaws.com" in str(role["AssumeRolePolicyDocument"])
@@ -147,12 +168,53 @@ def test_cloudrun_dry_run_plan() -> None:
         assert ("--allow-unauthenticated" in line) == (t != "sweep")
     sa = "devpilot-sweep-invoker@acme-prod.iam.gserviceaccount.com"
     assert any(line.startswith("gcloud iam service-accounts create devpilot-sweep-invoker") for line in lines)
-    [binding] = [line for line in lines if "add-iam-policy-binding" in line]
+    [binding] = [line for line in lines if line.startswith("gcloud run services add-iam-policy-binding")]
     assert (
         "devpilot-sweep" in binding and f"serviceAccount:{sa}" in binding and "roles/run.invoker" in binding
     )
     [job] = [line for line in lines if line.startswith("gcloud scheduler jobs create http devpilot-sweep")]
-    assert f"--oidc-service-account-email {sa}" in job and "--schedule \\*\\ \\*\\ \\*\\ \\*\\ \\*" in job
+    assert f"--oidc-service-account-email {sa}" in job and "--schedule '* * * * *'" in job
+    runtime = "devpilot-runtime@acme-prod.iam.gserviceaccount.com"
+    grants = [line for line in lines if line.startswith("gcloud secrets add-iam-policy-binding")]
+    assert {g.split()[3] for g in grants} == {
+        "devpilot-database-url",
+        "devpilot-linear-webhook-secret",
+        "devpilot-admin-token",
+    }
+    assert all(f"serviceAccount:{runtime}" in g and "roles/secretmanager.secretAccessor" in g for g in grants)
+    assert all(f"--service-account {runtime}" in d for d in deploys)
+
+
+def test_cloudrun_plan_runs_as_printed(tmp_path: Path) -> None:
+    """The scheduler job and the endpoints map, pasted from the dry run into a shell, run: a fake
+    gcloud records its arguments and answers service URLs."""
+    r = run_deploy("cloudrun", "--dry-run", env={"GCP_PROJECT": "acme-prod", "GCP_REGION": "europe-west1"})
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("SWEEP_URL="))
+    pasted = [line for line in lines[start:] if not line.startswith("endpoints (")]
+    fake = tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1 $2 $3" = "run services describe" ]; then echo "https://$4.example"; exit 0; fi\n'
+        'printf "%s\\n" "$@" > "$(dirname "$0")/../scheduler-args"\n'
+    )
+    fake.chmod(0o755)
+    ran = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "\n".join(pasted)],
+        cwd=tmp_path,
+        env={"PATH": f"{fake.parent}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0, ran.stderr
+    args = (tmp_path / "scheduler-args").read_text().splitlines()
+    assert args[args.index("--schedule") + 1] == "* * * * *"
+    assert args[args.index("--uri") + 1] == "https://devpilot-sweep.example/"
+    assert args[args.index("--oidc-token-audience") + 1] == "https://devpilot-sweep.example"
+    endpoints = json.loads((tmp_path / "devpilot-endpoints.json").read_text())
+    assert endpoints["claim"] == "https://devpilot-claim.example/"
+    assert endpoints["realtimeToken"] == "https://devpilot-realtime-token.example/"
 
 
 def test_lambda_dry_run_prints_the_calls_in_order() -> None:
@@ -166,6 +228,18 @@ def test_lambda_dry_run_prints_the_calls_in_order() -> None:
     assert calls[0] == "iam.create_role" and calls[-1] == "scheduler.create_schedule"
     assert calls.count("lambda.create_function") == len(TARGETS)
     assert calls.count("lambda.create_function_url_config") == len(TARGETS)
+    assert calls.count("lambda.add_permission") == 2 * (len(TARGETS) - 1)  # both, on every public URL
+    grants = [line for line in r.stdout.splitlines() if line.startswith("lambda.add_permission")]
+    assert (
+        sum('"FunctionUrlAuthType": "NONE"' in g and "InvokeFunctionUrl" in g for g in grants)
+        == len(TARGETS) - 1
+    )
+    assert (
+        sum('"InvokedViaFunctionUrl": true' in g and '"lambda:InvokeFunction"' in g for g in grants)
+        == len(TARGETS) - 1
+    )
+    for secret in ("adm-token", "lin-secret", ENV["DATABASE_URL"]):  # the plan shows no secret
+        assert secret not in r.stdout and secret not in r.stderr
 
 
 @pytest.mark.parametrize(
