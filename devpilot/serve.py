@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
+import socket
 import threading
-from types import FrameType
+from collections.abc import Callable
+from typing import Any
 
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+from gunicorn.app.base import BaseApplication
+from werkzeug.serving import WSGIRequestHandler
 
 from functions import runtime
 from functions.app import create_app
@@ -47,8 +49,9 @@ def configuration_report(settings: Settings) -> list[str]:
 
 
 class QuietHandler(WSGIRequestHandler):
-    """Werkzeug's threaded handler, without its access log (ours is structured), and with a socket
-    timeout so a client that never finishes its headers cannot hold a thread forever."""
+    """For in-process test servers (Werkzeug, threaded): no access log (ours is structured), and a
+    socket timeout so a client that never finishes its headers cannot hold a thread forever. What
+    users run, `devpilot serve`, is gunicorn (below)."""
 
     timeout = 15
 
@@ -56,40 +59,68 @@ class QuietHandler(WSGIRequestHandler):
         pass
 
 
+# One worker process (one pool, one LISTEN connection, one in-process sweep) with many threads:
+# a waiting long-poll holds a thread and nothing else, so hundreds of them leave plenty for webhook
+# intake; gthread also hands a slow client's unfinished request back to its poller instead of
+# letting it hold a thread.
+THREADS = 512
+GRACEFUL_SECONDS = 5  # on SIGTERM: requests in flight finish (long-polls are cut short after this)
+
+
+class ProductionServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
+    """`devpilot serve` on gunicorn (gthread worker). The master migrates and binds; the worker
+    builds the runtime after the fork (connections do not survive a fork) and runs the sweep."""
+
+    def __init__(self, options: dict[str, Any], start: Callable[[], None], stop: Callable[[], None]) -> None:
+        self.options, self.start, self.stop = options, start, stop
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+        self.cfg.set("post_worker_init", lambda worker: self.start())
+        self.cfg.set("worker_exit", lambda server, worker: self.stop())
+
+    def load(self) -> Any:
+        return create_app()
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) -> int:
     setup_logging()
     settings = get_settings()
     database = resolve(settings.database_url)
     applied = migrate(database.url)
-    pool = open_pool(database.url, settings)
-    wakeups = Wakeups(settings.database_listen_url or database.url)
-    runtime.install(runtime.Runtime(settings, database, pool, wakeups))
-    wakeups.start()
-
-    server: BaseWSGIServer = make_server(
-        host, port, create_app(), threaded=True, request_handler=QuietHandler
-    )
+    listener = socket.create_server((host, port))  # bound here, so port 0 is known before the fork
+    listener.set_inheritable(True)
     stop = threading.Event()
+    made: list[runtime.Runtime] = []
 
-    def sweeper() -> None:
-        while not stop.wait(sweep_every):
-            try:
-                r = run_sweep()  # counted in /metrics like a scheduled sweep
-                if r["requeued"] or r["deadLettered"]:
-                    log.info(json.dumps({"event": "sweep", **r}))
-            except Exception as exc:  # the next round retries; the table keeps the truth
-                log.warning("sweep failed: %s", exc)
+    def start_worker() -> None:
+        pool = open_pool(database.url, settings)
+        wakeups = Wakeups(settings.database_listen_url or database.url)
+        made.append(runtime.Runtime(settings, database, pool, wakeups))
+        runtime.install(made[0])
+        wakeups.start()
 
-    if sweep_every > 0:
-        threading.Thread(target=sweeper, name="devpilot-sweep", daemon=True).start()
+        def sweeper() -> None:
+            while not stop.wait(sweep_every):
+                try:
+                    r = run_sweep()  # counted in /metrics like a scheduled sweep
+                    if r["requeued"] or r["deadLettered"]:
+                        log.info(json.dumps({"event": "sweep", **r}))
+                except Exception as exc:  # the next round retries; the table keeps the truth
+                    log.warning("sweep failed: %s", exc)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if sweep_every > 0:
+            threading.Thread(target=sweeper, name="devpilot-sweep", daemon=True).start()
+
+    def stop_worker() -> None:
         stop.set()
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        for rt in made:
+            rt.wakeups.stop()
+            rt.pool.close()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    url = f"http://{server.host}:{server.port}"
+    url = f"http://{host}:{listener.getsockname()[1]}"
     print(f"devpilot serving on {url}", flush=True)
     print(
         f"database: {database.describe()}"
@@ -101,13 +132,28 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     for line in configuration_report(settings):
         print(line, flush=True)
     print(f"sweep: every {sweep_every:g}s" if sweep_every > 0 else "sweep: off", flush=True)
+    options = {
+        "bind": [f"fd://{listener.fileno()}"],
+        "workers": 1,
+        "worker_class": "gthread",
+        "threads": THREADS,
+        "worker_connections": THREADS * 2,
+        "graceful_timeout": GRACEFUL_SECONDS,
+        "timeout": 60,
+        "keepalive": 5,
+        "accesslog": None,  # every request already logs one structured line
+        "errorlog": "-",
+        "loglevel": "warning",
+        "proc_name": "devpilot-serve",
+    }
     try:
-        server.serve_forever()
+        ProductionServer(options, start_worker, stop_worker).run()
+    except SystemExit as exc:  # gunicorn's master ends with sys.exit once its workers have stopped
+        code = exc.code if isinstance(exc.code, int) else 0
+    else:
+        code = 0
     finally:
-        stop.set()
-        wakeups.stop()
-        pool.close()
         if database.embedded and database.handle is not None:
             database.handle.cleanup()
         print("devpilot stopped", flush=True)
-    return 0
+    return code

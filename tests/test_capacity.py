@@ -1,0 +1,96 @@
+"""`devpilot serve` (gunicorn, gthread) with hundreds of long-polls waiting: webhook intake is not
+starved. (How fast it is lives in bench/; this checks that it keeps answering.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.db import Pool
+from shared.linear import sign
+from shared.orchestrators import register
+from tests.helpers.api import ADMIN, SECRET, issue_event
+from tests.test_reliability import _free_port
+
+ROOT = Path(__file__).parent.parent
+LONG_POLLS = 300
+
+
+def p99(samples: list[float]) -> float:
+    return sorted(samples)[int(len(samples) * 0.99) - 1]
+
+
+def test_three_hundred_waiting_long_polls_do_not_starve_webhook_intake(pool: Pool, db_url: str) -> None:
+    register(pool, org_id="org-a", linear_user_id="user-1", name="target")
+    idle = register(pool, org_id="org-a", linear_user_id="user-2", name="long-poller")
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": db_url,
+        "DEVPILOT_ADMIN_TOKEN": ADMIN,
+        "LINEAR_WEBHOOK_SECRET": SECRET,
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    polls: list[socket.socket] = []
+    try:
+        with httpx.Client(base_url=url, timeout=10) as http:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+
+            def webhooks(n: int, tag: str) -> list[float]:
+                took = []
+                for i in range(n):
+                    body = json.dumps(issue_event(issue_id=f"{tag}-{i}")).encode()
+                    t0 = time.perf_counter()
+                    r = http.post("/webhook", content=body, headers={"Linear-Signature": sign(SECRET, body)})
+                    took.append(time.perf_counter() - t0)
+                    assert r.json()["status"] == "dispatched"
+                return took
+
+            before = webhooks(60, "before")
+            body = json.dumps({"waitSeconds": 25}).encode()
+            for _ in range(LONG_POLLS):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(
+                    b"POST /claim HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Authorization: Bearer {idle.token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                polls.append(s)
+            time.sleep(2.0)  # all of them waiting now
+            during = webhooks(60, "during")
+            assert http.get("/healthz").json() == {"ok": True}
+        print(
+            f"webhook p99 before {p99(before) * 1000:.1f} ms, with {LONG_POLLS} long-polls {p99(during) * 1000:.1f} ms"
+        )
+        assert p99(during) < max(5 * p99(before), 0.25)
+        for s in polls[:5]:  # and the long-polls are still being held, not refused or closed
+            s.settimeout(0.2)
+            with pytest.raises(TimeoutError):
+                s.recv(1)
+    finally:
+        for s in polls:
+            s.close()
+        server.terminate()
+        server.wait(timeout=20)
