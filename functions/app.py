@@ -111,6 +111,9 @@ def _answer(
     except Exception:
         log.exception("unhandled error on %s", name)
         resp = error(500, "internal", "unexpected server error")
+    # Nothing this service answers is meant to be framed (the dashboard least of all).
+    resp.headers.setdefault("X-Frame-Options", "DENY")
+    resp.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
     elapsed = time.perf_counter() - started
     if name in ROUTE_HISTOGRAMS:
         ROUTE_HISTOGRAMS[name].observe(elapsed)

@@ -3,14 +3,16 @@ figures, refreshing itself, with an inline SVG chart of queue depth and delivery
 the last hour. No front-end build: one HTML response, no script.
 
 Auth: the admin bearer token in `Authorization`, or the login form (POST /dashboard/login), which
-sets a Secure, HttpOnly, SameSite=Strict cookie holding an HMAC of the admin token — never the
-token itself, and it stops working when the token is rotated.
+starts a new random session per login (the Secure, HttpOnly, SameSite=Strict cookie holds it; the
+database only its hash; at most 12 hours). POST /dashboard/logout ends it on the server. Repeated
+wrong tokens from one client get 429 for a while. No dashboard answer may be framed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from html import escape
 from typing import Any
 from urllib.parse import parse_qs
@@ -19,14 +21,24 @@ import flask
 
 from functions.runtime import Runtime
 from functions.web import Call, bearer, raw_body, require_admin
+from shared.sql import query
 from shared.status import Snapshot, format_age, snapshot
 
 COOKIE = "devpilot_dashboard"
 REFRESH_SECONDS = 10
 
 
-def _cookie_value(admin_token: str) -> str:
-    return hmac.new(admin_token.encode(), b"devpilot-dashboard-v1", hashlib.sha256).hexdigest()
+SESSION_SECONDS = 12 * 3600
+LOGIN_LIMIT, LOGIN_WINDOW_SECONDS = 5, 15 * 60  # wrong tokens from one client, then 429 for the window
+
+
+def _hash(session: str) -> bytes:
+    return hashlib.sha256(session.encode()).digest()
+
+
+def _one(rt: Runtime, name: str, params: dict[str, Any]) -> Any:
+    with rt.pool.connection() as conn:
+        return conn.execute(query(name), params).fetchone()
 
 
 def _authorised(request: flask.Request, rt: Runtime) -> bool:
@@ -37,7 +49,7 @@ def _authorised(request: flask.Request, rt: Runtime) -> bool:
     if given is not None:
         return hmac.compare_digest(given.encode(), token.encode())
     cookie = request.cookies.get(COOKIE, "")
-    return hmac.compare_digest(cookie.encode(), _cookie_value(token).encode())
+    return bool(cookie) and _one(rt, "dashboard_session_valid", {"token_hash": _hash(cookie)}) is not None
 
 
 def _page(title: str, body: str, refresh: bool = False) -> str:
@@ -164,8 +176,9 @@ def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -
     resp = flask.Response(body, status=status, mimetype="text/html")
     resp.headers["Cache-Control"] = "no-store"
     resp.headers["Content-Security-Policy"] = (
-        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
     )
+    resp.headers["X-Frame-Options"] = "DENY"
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp
@@ -176,25 +189,48 @@ def login_form(call: Call) -> flask.Response:
 
 
 def login(call: Call) -> flask.Response:
+    client = {
+        "client": call.request.remote_addr or "unknown",
+        "limit": LOGIN_LIMIT,
+        "window": LOGIN_WINDOW_SECONDS,
+    }
+    if _one(call.rt, "dashboard_login_blocked", client) is not None:
+        return _html(
+            login_page("too many wrong tokens; try again later"),
+            429,
+            {"Retry-After": str(LOGIN_WINDOW_SECONDS)},
+        )
     form = parse_qs(raw_body(call.request).decode("utf-8", "replace"))
     token = (form.get("token") or [""])[0]
     expected = call.rt.settings.admin_token
     if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
+        with call.rt.pool.connection() as conn:
+            conn.execute(query("dashboard_login_failed"), client)
         return _html(login_page("wrong token"), 401)
+    session = secrets.token_urlsafe(32)
+    with call.rt.pool.connection() as conn:
+        conn.execute(
+            query("dashboard_session_create"), {"token_hash": _hash(session), "seconds": SESSION_SECONDS}
+        )
+        conn.execute(query("dashboard_login_ok"), client)
     resp = _html("", 303, {"Location": "/dashboard"})
     resp.set_cookie(
         COOKIE,
-        _cookie_value(expected),
+        session,
         secure=True,
         httponly=True,
         samesite="Strict",
         path="/dashboard",
-        max_age=12 * 3600,
+        max_age=SESSION_SECONDS,
     )
     return resp
 
 
 def logout(call: Call) -> flask.Response:
+    cookie = call.request.cookies.get(COOKIE, "")
+    if cookie:
+        with call.rt.pool.connection() as conn:
+            conn.execute(query("dashboard_session_end"), {"token_hash": _hash(cookie)})
     resp = _html("", 303, {"Location": "/dashboard/login"})
     resp.delete_cookie(COOKIE, path="/dashboard")
     return resp

@@ -124,6 +124,41 @@ def test_dashboard_auth_and_figures(api: Api) -> None:
     assert page.text.count('class="axis-depth"') == 3 and "−60 min" in page.text  # the chart has a scale
 
 
+def login(api: Api, token: str) -> Any:
+    return api.http.post(
+        "/dashboard/login",
+        content=f"token={token}",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+
+
+def test_dashboard_sessions_are_per_login_end_on_logout_and_limit_guessing(api: Api) -> None:
+    first, second = login(api, ADMIN), login(api, ADMIN)
+    a = first.headers["set-cookie"].split(";")[0].split("=", 1)[1]
+    b = second.headers["set-cookie"].split(";")[0].split("=", 1)[1]
+    assert a != b  # a new random session at every login, not a function of the admin token
+    cookie = {"Cookie": f"devpilot_dashboard={a}"}
+    assert api.http.get("/dashboard", headers=cookie).status_code == 200
+    assert api.http.get("/dashboard/logout", headers=cookie).status_code == 405  # a GET ends nothing
+    assert api.http.get("/dashboard", headers=cookie).status_code == 200
+    assert api.http.post("/dashboard/logout", headers=cookie).status_code == 303
+    assert api.http.get("/dashboard", headers=cookie).status_code == 401  # ended on the server
+    assert api.http.get("/dashboard", headers={"Cookie": f"devpilot_dashboard={b}"}).status_code == 200
+    for path in ("/dashboard", "/dashboard/login"):
+        r = api.http.get(path)
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+    assert (
+        "frame-ancestors 'none'"
+        in api.http.get("/dashboard", headers={"Authorization": "Bearer x"}).headers[
+            "content-security-policy"
+        ]
+    )
+    for _ in range(5):
+        assert login(api, "guess").status_code == 401
+    blocked = login(api, ADMIN)  # even the right token, from this client, for a while
+    assert blocked.status_code == 429 and "set-cookie" not in blocked.headers
+
+
 def _chromium() -> tuple[str, str] | None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
