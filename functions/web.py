@@ -13,9 +13,8 @@ import flask
 from pydantic import BaseModel, ValidationError
 
 from functions.runtime import Runtime
-from shared import agent_tokens
+from shared import agent_tokens, jsoninput
 from shared.dispatch import Dispatch
-from shared.linear import has_nul
 from shared.orchestrators import Orchestrator, authenticate, authenticate_agent
 
 MAX_BODY = 1024 * 1024  # 1 MiB
@@ -73,13 +72,11 @@ def json_body(request: flask.Request, model: type[M], *, empty_ok: bool = False)
     if not data.strip() and empty_ok:
         return model()
     try:
-        parsed = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ApiError(400, "bad_request", "body is not valid JSON") from None
+        parsed = jsoninput.load(data)
+    except jsoninput.BadJson as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
     if not isinstance(parsed, dict):
         raise ApiError(400, "bad_request", "body must be a JSON object")
-    if has_nul(parsed):
-        raise ApiError(400, "bad_request", "strings must not contain NUL (U+0000)")
     try:
         return model.model_validate(parsed)
     except ValidationError as exc:

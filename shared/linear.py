@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from shared import jsoninput
 from shared.models import IssueRef, Prompt
 
 
@@ -62,24 +63,11 @@ class Webhook:
         return [*parts, self.entity.get("updatedAt")]
 
 
-def has_nul(value: Any) -> bool:
-    """Postgres text and jsonb cannot hold U+0000; such input is refused, not half-stored."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(has_nul(k) or has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(has_nul(v) for v in value)
-    return False
-
-
 def parse(body: bytes) -> Webhook:
     try:
-        raw = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadWebhook(f"body is not JSON: {exc}") from None
-    if has_nul(raw):
-        raise BadWebhook("strings must not contain NUL (U+0000)")
+        raw = jsoninput.load(body)
+    except jsoninput.BadJson as exc:
+        raise BadWebhook(str(exc)) from None
     if not isinstance(raw, dict):
         raise BadWebhook("body must be a JSON object")
     for field in ("type", "action"):
