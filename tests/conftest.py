@@ -8,6 +8,7 @@ import pytest
 from shared.db import Pool, open_pool
 from shared.orchestrators import register
 from shared.settings import Settings
+from tests.helpers import bouncer
 from tests.helpers.api import Api
 from tests.helpers.data import MakeOrch, Orch, api_settings
 from tests.helpers.pg import Server
@@ -25,7 +26,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[Server]:
     server = Server()
+    if bouncer.POOLER:  # fail (skip) early and clearly when PgBouncer cannot run here
+        try:
+            bouncer.shared(server.admin_url)
+        except bouncer.Unavailable as exc:
+            pytest.skip(f"DEVPILOT_TEST_POOLER=pgbouncer, but PgBouncer cannot run here: {exc}")
     yield server
+    if bouncer._shared:
+        bouncer._shared[0].close()
     server.close()
 
 
@@ -73,8 +81,10 @@ def api(db_url: str, api_overrides: dict[str, object]) -> Iterator[Api]:
 
     from tests.helpers.api import Served
 
-    settings = api_settings(**api_overrides)
-    p = open_pool(db_url, settings, min_size=2, max_size=30)
+    env = bouncer.app_env(db_url)
+    pooled = {"DEVPILOT_TRANSACTION_POOLER": True} if bouncer.POOLER else {}
+    settings = api_settings(**pooled, **api_overrides)
+    p = open_pool(env["DATABASE_URL"], settings, min_size=2, max_size=30)
     served = Served(db_url, settings, p)
     with httpx.Client(base_url=served.url, timeout=30) as client:
         yield Api(served.url, settings, p, client, served)

@@ -23,6 +23,7 @@ from shared.db import Pool
 from shared.orchestrators import register, revoke
 from shared.queue import claim, release, sweep
 from shared.settings import Settings
+from tests.helpers import bouncer
 from tests.helpers.api import ADMIN, SECRET, Api, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one, row_counts
 
@@ -108,7 +109,7 @@ def _start_serve(db_url: str, port: int, **extra_env: str) -> subprocess.Popen[b
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT),
-            "DATABASE_URL": db_url,
+            **bouncer.app_env(db_url),
             "DEVPILOT_ADMIN_TOKEN": ADMIN,
             "LINEAR_WEBHOOK_SECRET": SECRET,
             **extra_env,
