@@ -5,7 +5,7 @@ cd "$(dirname "$0")"
 
 usage() {
   cat <<'USAGE'
-usage: ./deploy.sh cloudrun|lambda|migrate [--dry-run]
+usage: ./deploy.sh cloudrun|lambda|migrate [--dry-run] [--shape=routes|api]
 
   cloudrun   one Cloud Run service per target (gcloud run deploy <name> --source . --function <target>),
              secrets from Secret Manager, and a Cloud Scheduler job (every minute) that calls the
@@ -20,6 +20,8 @@ usage: ./deploy.sh cloudrun|lambda|migrate [--dry-run]
              the functions.
 
   --dry-run  print every command or API call, in order, and change nothing.
+  --shape=routes (default) one function per route; --shape=api one function serving every route by
+             path (the `api` target), plus the sweep on its own for the scheduler.
 
 Settings (environment):
   cloudrun:  GCP_PROJECT, GCP_REGION, and Secret Manager secret names holding the values:
@@ -40,9 +42,11 @@ USAGE
 target=${1:-}
 shift || true
 dry=0
+shape=routes
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
+    --shape=routes|--shape=api) shape=${arg#--shape=} ;;
     -h|--help) usage; exit 0 ;;
     *) echo "deploy.sh: unknown option $arg" >&2; usage >&2; exit 2 ;;
   esac
@@ -65,7 +69,7 @@ need() {
 }
 
 # The deployed rows of the one route table, as "<target> <public|scheduler>" lines.
-mapfile -t ROUTE_LINES < <("$PY" -m functions.routes --deployed)
+mapfile -t ROUTE_LINES < <("$PY" -m functions.routes --deployed --shape "$shape")
 
 shown() {  # a shell line: printed as is in a dry run (paste it and it runs), evaluated otherwise
   if [ "$dry" = 1 ]; then echo "$1"; else eval "$1"; fi
@@ -135,9 +139,18 @@ cloudrun() {
   shown "gcloud scheduler jobs $verb http devpilot-sweep --location $(printf %q "$r") --project $(printf %q "$p") --schedule '* * * * *' --uri \"\$SWEEP_URL/\" --http-method POST --oidc-service-account-email $(printf %q "$sa") --oidc-token-audience \"\$SWEEP_URL\""
   # The endpoints map devpilot-orchestrator --endpoints takes (each route's own service URL).
   local name_target fmt="" vals=""
+  if [ "$shape" = api ]; then  # one service: every route by path under its URL
+    shown "URL_api=\$(gcloud run services describe devpilot-api $where --format='value(status.url)')"
+  fi
   for name_target in claim:claim ack:ack release:release activities:activities realtimeToken:realtime_token; do
     local svc="devpilot-${name_target#*:}"
     svc=${svc//_/-}
+    if [ "$shape" = api ]; then
+      local path=${name_target#*:}
+      fmt+="${fmt:+, }\"${name_target%%:*}\": \"%s/${path//_/-}\""
+      vals+=" \"\$URL_api\""
+      continue
+    fi
     shown "URL_${name_target%%:*}=\$(gcloud run services describe $svc $where --format='value(status.url)')"
     fmt+="${fmt:+, }\"${name_target%%:*}\": \"%s/\""
     vals+=" \"\$URL_${name_target%%:*}\""
@@ -152,6 +165,7 @@ case "$target" in
   lambda)
     args=()
     [ "$dry" = 1 ] && args+=(--dry-run)
+    args+=(--shape "$shape")
     need AWS_REGION DATABASE_URL LINEAR_WEBHOOK_SECRET DEVPILOT_ADMIN_TOKEN
     "$PY" -m infra.aws_lambda "${args[@]}"  # prints its API calls itself in a dry run
     ;;

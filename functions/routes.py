@@ -105,12 +105,25 @@ ROUTES: tuple[Route, ...] = (
 BY_NAME = {r.name: r for r in ROUTES}
 
 
+def deployed_targets(shape: str = "routes") -> list[tuple[str, str]]:
+    """What a deploy creates, as (target, exposure): each deployed route its own function
+    ("routes"), or the `api` target serving every route by path on one URL plus the scheduler-only
+    routes on their own ("api", for those who want one URL)."""
+    if shape == "api":
+        return [("api", "public")] + [(r.name, "scheduler") for r in ROUTES if r.deployed and r.scheduler_only]
+    return [(r.name, "scheduler" if r.scheduler_only else "public") for r in ROUTES if r.deployed]
+
+
 def main(argv: list[str]) -> int:
-    """`python -m functions.routes [--deployed]`: one line per target, `<name> <public|scheduler>`
-    (what deploy.sh reads)."""
-    for r in ROUTES:
-        if r.deployed or "--deployed" not in argv:
-            print(r.name, "scheduler" if r.scheduler_only else "public")
+    """`python -m functions.routes [--deployed] [--shape routes|api]`: one line per target,
+    `<name> <public|scheduler>` (what deploy.sh reads)."""
+    shape = argv[argv.index("--shape") + 1] if "--shape" in argv else "routes"
+    if "--deployed" in argv or shape == "api":
+        lines = deployed_targets(shape)
+    else:
+        lines = [(r.name, "scheduler" if r.scheduler_only else "public") for r in ROUTES]
+    for name, exposure in lines:
+        print(name, exposure)
     return 0
 
 

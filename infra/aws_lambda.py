@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from functions.routes import ROUTES
+from functions.routes import deployed_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "devpilot"
 # Every deployed row of the one route table; all are public URLs (the app checks bearer tokens and
 # Linear signatures) except scheduler-only routes, which IAM guards.
-TARGETS = tuple(r.name for r in ROUTES if r.deployed)
-PUBLIC = tuple(r.name for r in ROUTES if r.deployed and not r.scheduler_only)
+TARGETS = tuple(t for t, _ in deployed_targets())
+PUBLIC = tuple(t for t, exposure in deployed_targets() if exposure == "public")
 RUNTIME = "python3.12"
 LAMBDA_TRUST = {
     "Version": "2012-10-17",
@@ -179,7 +179,9 @@ def environment(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def deploy(env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str) -> dict[str, Any]:
+def deploy(
+    env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str, shape: str = "routes"
+) -> dict[str, Any]:
     region = env["AWS_REGION"]
     exec_role = f"{PREFIX}-lambda-execution"
     sched_role = f"{PREFIX}-scheduler-invoke-sweep"
@@ -218,7 +220,9 @@ def deploy(env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str) -
 
     variables = environment(env)
     urls: dict[str, str] = {}
-    for target in TARGETS:
+    targets = deployed_targets(shape)
+    public = {t for t, exposure in targets if exposure == "public"}
+    for target, _ in targets:
         name = function_name(target)
         config: dict[str, Any] = {
             "FunctionName": name,
@@ -235,13 +239,13 @@ def deploy(env: dict[str, str], zip_bytes: bytes, plan: Plan, account_id: str) -
             plan.call("lambda", "update_function_code", FunctionName=name, ZipFile=zip_bytes, Publish=True)
             _wait_updated(plan, name)
             plan.call("lambda", "update_function_configuration", **config)
-        auth = "NONE" if target in PUBLIC else "AWS_IAM"
+        auth = "NONE" if target in public else "AWS_IAM"
         existing = plan.exists("lambda", "get_function_url_config", FunctionName=name)
         if existing is None:
             made = plan.call("lambda", "create_function_url_config", FunctionName=name, AuthType=auth)
         else:
             made = plan.call("lambda", "update_function_url_config", FunctionName=name, AuthType=auth)
-        if target in PUBLIC:
+        if target in public:
             _allow_public_url(plan, name)
         if made:
             urls[target] = made["FunctionUrl"]
@@ -336,6 +340,9 @@ def main(
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--zip", type=Path, help="use this deployment zip instead of building one")
     parser.add_argument("--skip-dependencies", action="store_true", help="zip only the project code")
+    parser.add_argument(
+        "--shape", choices=["routes", "api"], default="routes", help="a function per route, or one for every route"
+    )
     args = parser.parse_args(argv)
     env = dict(os.environ)
     missing = missing_settings(env)
@@ -366,11 +373,16 @@ def main(
             account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
         else:
             account = clients["sts"].get_caller_identity()["Account"] if "sts" in clients else "123456789012"
-    result = deploy(env, zip_bytes, plan, account)
-    urls = result["urls"] if not args.dry_run else {t: f"<{function_name(t)} url>" for t in TARGETS}
+    result = deploy(env, zip_bytes, plan, account, args.shape)
+    targets = [t for t, _ in deployed_targets(args.shape)]
+    urls = result["urls"] if not args.dry_run else {t: f"<{function_name(t)} url>" for t in targets}
     for target, url in sorted(urls.items()):
         printer(f"{target}: {url}")
-    endpoints = {name: urls[t] for name, t in ENDPOINT_NAMES.items() if t in urls}
+    if args.shape == "api":  # one URL: every route by path under it
+        paths = {"claim": "claim", "ack": "ack", "release": "release", "activities": "activities", "realtimeToken": "realtime-token"}
+        endpoints = {name: urls["api"].rstrip("/") + "/" + path for name, path in paths.items()}
+    else:
+        endpoints = {name: urls[t] for name, t in ENDPOINT_NAMES.items() if t in urls}
     path = Path(env.get("ENDPOINTS_FILE") or "devpilot-endpoints.json")
     if not args.dry_run:
         path.write_text(json.dumps(endpoints, indent=2) + "\n")

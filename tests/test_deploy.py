@@ -273,3 +273,22 @@ def test_zip_with_linux_wheels(tmp_path: Path) -> None:
     assert any(n.startswith("psycopg_binary") for n in names) and any(
         n.startswith("apig_wsgi") for n in names
     )
+
+
+def test_the_api_shape_deploys_one_url_for_every_route_and_the_sweep_apart() -> None:
+    r = run_deploy(
+        "cloudrun", "--dry-run", "--shape=api", env={"GCP_PROJECT": "acme-prod", "GCP_REGION": "europe-west1"}
+    )
+    assert r.returncode == 0, r.stderr
+    deploys = [line for line in r.stdout.splitlines() if line.startswith("gcloud run deploy ")]
+    assert [d.split()[3] for d in deploys] == ["devpilot-api", "devpilot-sweep"]
+    assert "--allow-unauthenticated" in deploys[0] and "--no-allow-unauthenticated" in deploys[1]
+    r = run_deploy("lambda", "--dry-run", "--shape=api", env=ENV)
+    assert r.returncode == 0, r.stderr
+    created = [line for line in r.stdout.splitlines() if line.startswith("lambda.create_function ")]
+    assert ['"functions.aws.api"' in c for c in created] == [
+        True,
+        False,
+    ] and '"functions.aws.sweep"' in created[1]
+    endpoints = json.loads(r.stdout.strip().splitlines()[-1])
+    assert endpoints["claim"].endswith("/claim") and endpoints["realtimeToken"].endswith("/realtime-token")

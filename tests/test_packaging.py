@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
+import time
 import tomllib
 from pathlib import Path
 
@@ -103,6 +105,40 @@ def test_non_editable_install_migrates_from_another_directory(pg_server: Server,
         assert versions == shipped
         assert {"dispatch_queue", "dispatch_sessions", "orchestrators", "linear_notices"} <= tables
     finally:
+        pg_server.drop(name)
+
+
+def test_non_editable_install_serves_a_request(pg_server: Server, tmp_path: Path) -> None:
+    """`devpilot serve` from the installed package (gunicorn and all), from another directory."""
+    import httpx
+
+    venv = _installed(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    name, url = pg_server.fresh_database()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "devpilot"), "serve", "--port", str(port), "--sweep-every", "0"],
+        cwd=elsewhere,
+        env={**env, "DATABASE_URL": url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        answer = None
+        while time.monotonic() < deadline and answer is None:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert answer == {"ok": True}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
         pg_server.drop(name)
 
 
