@@ -110,7 +110,9 @@ def deployed_targets(shape: str = "routes") -> list[tuple[str, str]]:
     ("routes"), or the `api` target serving every route by path on one URL plus the scheduler-only
     routes on their own ("api", for those who want one URL)."""
     if shape == "api":
-        return [("api", "public")] + [(r.name, "scheduler") for r in ROUTES if r.deployed and r.scheduler_only]
+        return [("api", "public")] + [
+            (r.name, "scheduler") for r in ROUTES if r.deployed and r.scheduler_only
+        ]
     return [(r.name, "scheduler" if r.scheduler_only else "public") for r in ROUTES if r.deployed]
 
 

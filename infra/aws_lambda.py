@@ -341,7 +341,10 @@ def main(
     parser.add_argument("--zip", type=Path, help="use this deployment zip instead of building one")
     parser.add_argument("--skip-dependencies", action="store_true", help="zip only the project code")
     parser.add_argument(
-        "--shape", choices=["routes", "api"], default="routes", help="a function per route, or one for every route"
+        "--shape",
+        choices=["routes", "api"],
+        default="routes",
+        help="a function per route, or one for every route",
     )
     args = parser.parse_args(argv)
     env = dict(os.environ)
@@ -379,7 +382,13 @@ def main(
     for target, url in sorted(urls.items()):
         printer(f"{target}: {url}")
     if args.shape == "api":  # one URL: every route by path under it
-        paths = {"claim": "claim", "ack": "ack", "release": "release", "activities": "activities", "realtimeToken": "realtime-token"}
+        paths = {
+            "claim": "claim",
+            "ack": "ack",
+            "release": "release",
+            "activities": "activities",
+            "realtimeToken": "realtime-token",
+        }
         endpoints = {name: urls["api"].rstrip("/") + "/" + path for name, path in paths.items()}
     else:
         endpoints = {name: urls[t] for name, t in ENDPOINT_NAMES.items() if t in urls}
