@@ -48,9 +48,10 @@ class Dispatch:
         self.wakeups = wakeups
         self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="devpilot-notices")
 
-    def _after_commit(self, notice_ids: list[UUID]) -> Future[notices.SendResult] | None:
-        """Post the notices a committed transaction wrote, now, off the request path."""
-        if not notice_ids:
+    def _after_commit(self, notice_ids: list[UUID] | None) -> Future[notices.SendResult] | None:
+        """Post the notices a committed transaction wrote (None: every one due), now, off the
+        request path."""
+        if notice_ids is not None and not notice_ids:
             return None
 
         def run() -> notices.SendResult:
@@ -58,7 +59,7 @@ class Dispatch:
                 return notices.send_pending(self.pool, self.settings, ids=notice_ids)
             except Exception:
                 log.exception("sending notices failed; the sweep retries")
-                return notices.SendResult(0, len(notice_ids))
+                return notices.SendResult(0, len(notice_ids or []))
 
         return self._sender.submit(run)
 
@@ -172,14 +173,8 @@ class Dispatch:
         """The OAuth callback: tokens stored in one transaction; then whatever the org's outbox held
         while it was disconnected goes out."""
         installed = linear_auth.finish_install(self.pool, self.settings, code, state)
-        self._sender.submit(self._send_all)
+        self._after_commit(None)
         return installed
-
-    def _send_all(self) -> None:
-        try:
-            notices.send_pending(self.pool, self.settings)
-        except Exception:
-            log.exception("sending notices failed; the sweep retries")
 
     def close(self) -> None:
         self._sender.shutdown(wait=False)

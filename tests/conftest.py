@@ -4,6 +4,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from pytest_httpserver import HTTPServer
 
 from shared.db import Pool, open_pool
 from shared.orchestrators import register
@@ -11,6 +12,7 @@ from shared.settings import Settings
 from tests.helpers import bouncer
 from tests.helpers.api import Api
 from tests.helpers.data import MakeOrch, Orch, api_settings
+from tests.helpers.linear import Linear
 from tests.helpers.pg import Server
 
 
@@ -76,17 +78,30 @@ def api_overrides() -> dict[str, object]:
 
 
 @pytest.fixture
-def api(db_url: str, api_overrides: dict[str, object]) -> Iterator[Api]:
+def api(db_url: str, api_overrides: dict[str, object], httpserver: HTTPServer) -> Iterator[Api]:
     import httpx
 
     from tests.helpers.api import Served
 
     env = bouncer.app_env(db_url)
     pooled = {"DEVPILOT_TRANSACTION_POOLER": True} if bouncer.POOLER else {}
-    settings = api_settings(**pooled, **api_overrides)
+    # Posts to Linear go to the local stand-in (tests/helpers/linear.py), never out.
+    linear_api: dict[str, object] = {"LINEAR_API_URL": httpserver.url_for("/graphql")}
+    settings = api_settings(**pooled, **{**linear_api, **api_overrides})
     p = open_pool(env["DATABASE_URL"], settings, min_size=2, max_size=30)
     served = Served(db_url, settings, p)
     with httpx.Client(base_url=served.url, timeout=30) as client:
         yield Api(served.url, settings, p, client, served)
     served.close()
     p.close()
+
+
+@pytest.fixture
+def linear(api: Api, httpserver: HTTPServer) -> Linear:
+    """A stand-in Linear that checks every call against Linear's schema, and org-a connected to it."""
+    stand_in = Linear(httpserver)
+    r = api.http.post(
+        "/linear-credentials", json={"orgId": "org-a", "accessToken": "lin-test"}, headers=api.admin()
+    )
+    assert r.status_code == 200, r.text
+    return stand_in

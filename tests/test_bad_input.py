@@ -4,10 +4,8 @@ through the in-process app and through `devpilot serve` (gunicorn) itself."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +15,9 @@ import pytest
 
 from shared.db import Pool
 from shared.orchestrators import register
-from tests.helpers.api import ADMIN, SECRET, Api
+from tests.helpers.api import SECRET, Api
 from tests.helpers.data import row_counts
-from tests.test_reliability import _free_port
+from tests.helpers.serving import free_port, start_serve, wait_healthy
 
 ROOT = Path(__file__).parent.parent
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -53,30 +51,10 @@ def _sig(body: bytes) -> str:
 def served(pool: Pool, db_url: str) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
     """`devpilot serve` as users run it."""
     token = register(pool, org_id="org-a", linear_user_id="u", name="m").token
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": db_url,
-        "DEVPILOT_ADMIN_TOKEN": ADMIN,
-        "LINEAR_WEBHOOK_SECRET": SECRET,
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    port = free_port()
+    proc = start_serve(db_url, port, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_healthy(url)
     yield url, token, proc
     if proc.poll() is None:
         proc.kill()

@@ -4,10 +4,7 @@ starved. (How fast it is lives in bench/; this checks that it keeps answering.)"
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +14,8 @@ import pytest
 from shared.db import Pool
 from shared.linear import sign
 from shared.orchestrators import register
-from tests.helpers.api import ADMIN, SECRET, issue_event
-from tests.test_reliability import _free_port
+from tests.helpers.api import SECRET, issue_event
+from tests.helpers.serving import free_port, start_serve, wait_healthy
 
 ROOT = Path(__file__).parent.parent
 LONG_POLLS = 300
@@ -31,32 +28,13 @@ def p99(samples: list[float]) -> float:
 def test_three_hundred_waiting_long_polls_do_not_starve_webhook_intake(pool: Pool, db_url: str) -> None:
     register(pool, org_id="org-a", linear_user_id="user-1", name="target")
     idle = register(pool, org_id="org-a", linear_user_id="user-2", name="long-poller")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": db_url,
-        "DEVPILOT_ADMIN_TOKEN": ADMIN,
-        "LINEAR_WEBHOOK_SECRET": SECRET,
-    }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    port = free_port()
+    server = start_serve(db_url, port)
     url = f"http://127.0.0.1:{port}"
     polls: list[socket.socket] = []
     try:
+        wait_healthy(url)
         with httpx.Client(base_url=url, timeout=10) as http:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
 
             def webhooks(n: int, tag: str) -> list[float]:
                 took = []

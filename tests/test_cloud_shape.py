@@ -17,15 +17,15 @@ import pytest
 
 from shared.linear import sign
 from tests.helpers.api import ADMIN, SECRET, issue_event
+from tests.helpers.serving import free_port
 from tests.test_orchestrator import ROOT, Orch, wait_for
-from tests.test_reliability import _free_port
 
 TARGETS = ("webhook", "claim", "ack", "release", "activities", "orchestrators", "api")
 
 
 @pytest.fixture
 def functions(db_url: str) -> Iterator[dict[str, str]]:
-    ports = {t: _free_port() for t in TARGETS}
+    ports = {t: free_port() for t in TARGETS}
     urls = {t: f"http://127.0.0.1:{p}/" for t, p in ports.items()}
     endpoints = {
         "claim": urls["claim"],

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID, uuid4
 
-import pytest
 from pytest_httpserver import HTTPServer
 
 from shared import agent_tokens
@@ -25,21 +24,6 @@ from tests.helpers.data import row_counts
 from tests.helpers.linear import Linear
 
 LINEAR_TOKEN = "lin_app_token_for_conversations"
-
-
-@pytest.fixture
-def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {"LINEAR_API_URL": httpserver.url_for("/graphql")}
-
-
-@pytest.fixture
-def linear(api: Api, httpserver: HTTPServer) -> Linear:
-    stand_in = Linear(httpserver)
-    r = api.http.post(
-        "/linear-credentials", json={"orgId": "org-a", "accessToken": LINEAR_TOKEN}, headers=api.admin()
-    )
-    assert r.status_code == 200
-    return stand_in
 
 
 def claim_all(api: Api, token: str) -> list[dict[str, Any]]:
@@ -387,23 +371,17 @@ def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
     from shared.orchestrators import register
     from tests.helpers.api import ADMIN, SECRET
     from tests.helpers.data import ENCRYPTION_KEY
-    from tests.test_reliability import _free_port, _start_serve
+    from tests.helpers.serving import free_port, start_serve, wait_healthy
 
     stand_in = Linear(httpserver)
     orch = register(pool, org_id="org-a", linear_user_id="user-1", name="m")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"LINEAR_API_URL": httpserver.url_for("/graphql"), "DEVPILOT_ENCRYPTION_KEYS": ENCRYPTION_KEY}
-    server = _start_serve(db_url, port, **env)
+    server = start_serve(db_url, port, env)
     try:
+        wait_healthy(url)
         with httpx.Client(base_url=url, timeout=5) as http:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
             stored = http.post(
                 "/linear-credentials",
                 json={"orgId": "org-a", "accessToken": "lin"},
@@ -434,7 +412,7 @@ def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
                     if n % 3 == accepted and not killed:  # before the first try, or between the two
                         server.send_signal(signal.SIGKILL)
                         server.wait()
-                        server = _start_serve(db_url, port, **env)
+                        server = start_serve(db_url, port, env)
                         killed = True
                     try:
                         r = http.post("/activities", json=body, headers=auth)

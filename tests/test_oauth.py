@@ -158,6 +158,17 @@ def test_a_refused_refresh_disconnects_and_posts_wait_for_a_new_install(
     assert credentials(api.pool)["disconnected_at"] is not None
     listed = api.http.get("/linear-credentials", headers=api.admin()).json()["orgs"]
     assert listed[0]["connected"] is False
+    # operators see it: devpilot status, the dashboard, /metrics
+    from shared.status import snapshot
+
+    [conn_state] = snapshot(api.pool).to_json()["linear"]
+    assert conn_state["orgId"] == ORG and conn_state["connected"] is False and conn_state["disconnectReason"]
+    assert 'class="bad disconnected"' in api.http.get("/dashboard", headers=api.admin()).text
+    api.settings.__dict__["metrics_enabled"] = True
+    assert (
+        f'devpilot_linear_connected{{org_id="{ORG}"}} 0.0'
+        in api.http.get("/metrics", headers=api.admin()).text
+    )
     agent_post(api, "as-o6")
     api.http.post("/sweep", headers=api.admin())
     with api.pool.connection() as conn:
@@ -216,7 +227,7 @@ def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
     """Two `devpilot serve` processes on one database, both sending posts of an org whose token is
     due: one refresh, no refused (reused) refresh token, every post sent with the new token."""
     from shared.orchestrators import register
-    from tests.test_reliability import _free_port, _start_serve
+    from tests.helpers.serving import free_port, start_serve, wait_healthy
 
     linear = LinearOAuth(httpserver, refresh_delay=0.5)
     env = {
@@ -225,18 +236,12 @@ def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
         "DEVPILOT_HOME": str(tmp_path),
     }
     env = {k: str(v) for k, v in env.items()}
-    ports = [_free_port(), _free_port()]
-    servers = [_start_serve(db_url, p, **env) for p in ports]
+    ports = [free_port(), free_port()]
+    servers = [start_serve(db_url, p, env) for p in ports]
     try:
         clients = [httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=30) for p in ports]
-        for c in clients:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if c.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
+        for p in ports:
+            wait_healthy(f"http://127.0.0.1:{p}")
         r = clients[0].get("/oauth/install")
         state = parse_qs(urlsplit(r.headers["Location"]).query)["state"][0]
         assert (

@@ -12,28 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pytest_httpserver import HTTPServer
 
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
 COMMAND = [sys.executable, str(ROOT / "tests/helpers/agent_command.py")]
-
-
-@pytest.fixture
-def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {"LINEAR_API_URL": httpserver.url_for("/graphql")}
-
-
-@pytest.fixture
-def linear(api: Api, httpserver: HTTPServer) -> Linear:
-    stand_in = Linear(httpserver)
-    r = api.http.post(
-        "/linear-credentials", json={"orgId": "org-a", "accessToken": "lin"}, headers=api.admin()
-    )
-    assert r.status_code == 200
-    return stand_in
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers.pg import Server
-from tests.test_reliability import _free_port
+from tests.helpers.serving import free_port
 
 ROOT = Path(__file__).parent.parent
 
@@ -26,7 +26,7 @@ def test_the_readme_walkthrough_works_pasted_into_a_fresh_shell(pg_server: Serve
     name, url = pg_server.fresh_database()
     keep = ("PATH", "HOME", "LANG", "TMPDIR", "XDG_RUNTIME_DIR")
     env = {k: v for k, v in os.environ.items() if k in keep}  # a fresh shell: none of our settings
-    env.update({"PORT": str(_free_port()), "DATABASE_URL": url})
+    env.update({"PORT": str(free_port()), "DATABASE_URL": url})
     script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + walkthrough()
     try:
         r = subprocess.run(

@@ -23,9 +23,9 @@ from shared.db import Pool
 from shared.orchestrators import register, revoke
 from shared.queue import claim, release, sweep
 from shared.settings import Settings
-from tests.helpers import bouncer
-from tests.helpers.api import ADMIN, SECRET, Api, issue_event
+from tests.helpers.api import SECRET, Api, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one, row_counts
+from tests.helpers.serving import free_port, start_serve
 
 ROOT = Path(__file__).parent.parent
 INVARIANT = """
@@ -96,38 +96,15 @@ def test_killed_after_each_statement_of_the_intake_transaction(pool: Pool, db_ur
     del reg
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_serve(db_url: str, port: int, **extra_env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            **bouncer.app_env(db_url),
-            "DEVPILOT_ADMIN_TOKEN": ADMIN,
-            "LINEAR_WEBHOOK_SECRET": SECRET,
-            **extra_env,
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def test_serve_sigkilled_repeatedly_under_retrying_senders(pool: Pool, db_url: str) -> None:
     """Linear-like senders retry one delivery id until they get a 200 while `serve` is SIGKILLed at
     random moments: afterwards one session per delivery, the invariant holds, all work claimable once."""
     from shared.linear import sign
 
     orch = register(pool, org_id="org-a", linear_user_id="user-1", name="m")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = [_start_serve(db_url, port)]
+    server = [start_serve(db_url, port)]
     heavy = os.environ.get("DEVPILOT_HEAVY") == "1"
     deliveries = 1200 if heavy else 240
     senders = 16 if heavy else 8
@@ -165,7 +142,7 @@ def test_serve_sigkilled_repeatedly_under_retrying_senders(pool: Pool, db_url: s
             server[0].send_signal(signal.SIGKILL)
             server[0].wait()
             kills[0] += 1
-            server[0] = _start_serve(db_url, port)
+            server[0] = start_serve(db_url, port)
 
     threads = [threading.Thread(target=send, args=(n,)) for n in range(senders)]
     k = threading.Thread(target=killer)

@@ -8,31 +8,11 @@ import threading
 from typing import Any
 from uuid import UUID
 
-import pytest
-from pytest_httpserver import HTTPServer
-
 from shared.queue import claim, sweep
 from shared.settings import Settings
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.linear import Linear
 from tests.test_reliability import assert_invariant
-
-
-@pytest.fixture
-def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {"LINEAR_API_URL": httpserver.url_for("/graphql")}
-
-
-@pytest.fixture
-def linear(api: Api, httpserver: HTTPServer) -> Linear:
-    stand_in = Linear(httpserver)
-    assert (
-        api.http.post(
-            "/linear-credentials", json={"orgId": "org-a", "accessToken": "lin"}, headers=api.admin()
-        ).status_code
-        == 200
-    )
-    return stand_in
 
 
 def claim_all(api: Api, token: str) -> list[dict[str, Any]]:

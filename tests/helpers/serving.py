@@ -1,0 +1,61 @@
+"""`devpilot serve` as a real process, the way users run it, for tests that kill it, restart it or
+run two of it: started on a free port against a test database, waited on until it answers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import bouncer
+from tests.helpers.api import ADMIN, SECRET
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_serve(
+    db_url: str,
+    port: int,
+    extra_env: dict[str, str] | None = None,
+    *,
+    stderr: int | None = subprocess.DEVNULL,
+) -> subprocess.Popen[str]:
+    """Started, not waited on (a test that kills it restarts it at once)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            **bouncer.app_env(db_url),
+            "DEVPILOT_ADMIN_TOKEN": ADMIN,
+            "LINEAR_WEBHOOK_SECRET": SECRET,
+            **(extra_env or {}),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def wait_healthy(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url.rstrip("/") + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not become healthy")

@@ -1,0 +1,67 @@
+"""The claim and the sweep skip rows another transaction holds (SKIP LOCKED): they never wait on an
+ack in flight. And a long-poll wakes on the enqueue's NOTIFY, well before its re-check backstop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from shared.db import Pool, connect
+from shared.dispatch import RECHECK_SECONDS
+from shared.queue import claim, sweep
+from shared.settings import Settings
+from tests.helpers.api import Api, issue_event
+from tests.helpers.data import MakeOrch, enqueue_one
+
+
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_claim_skips_a_row_another_transaction_holds(
+    pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    o = make_orchestrator()
+    held = enqueue_one(pool, o, 1)[1].queue_id
+    free = enqueue_one(pool, o, 2)[1].queue_id
+    with connect(db_url, autocommit=False) as locker:
+        locker.execute("SELECT id FROM dispatch_queue WHERE id = %s FOR UPDATE", (held,))  # an ack in flight
+        t, out = in_thread(lambda: claim(pool, o.id, max=10, lease_seconds=60))
+        t.join(timeout=3)
+        assert not t.is_alive(), "the claim waited on a locked row"
+        assert [m.queue_id for m in out[0]] == [free]
+        locker.rollback()
+
+
+def test_the_sweep_skips_a_row_another_transaction_holds(
+    pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    o = make_orchestrator()
+    for n in range(3):
+        enqueue_one(pool, o, n)
+    got = claim(pool, o.id, max=10, lease_seconds=1)
+    later = datetime.now(UTC) + timedelta(seconds=5)
+    with connect(db_url, autocommit=False) as locker:
+        locker.execute("SELECT id FROM dispatch_queue WHERE id = %s FOR UPDATE", (got[0].queue_id,))
+        t, out = in_thread(lambda: sweep(pool, Settings(), now=later))
+        t.join(timeout=3)
+        assert not t.is_alive(), "the sweep waited on a locked row"
+        assert out[0].requeued == 2
+        locker.rollback()
+
+
+def test_a_long_poll_wakes_on_the_notify_not_the_recheck(api: Api) -> None:
+    _, token = api.register()
+    t, out = in_thread(lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic()))
+    time.sleep(1.0)  # waiting now (its first look found nothing)
+    sent_at = time.monotonic()
+    api.webhook(issue_event(issue_id="wake"))
+    t.join(timeout=25)
+    answer, answered_at = out[0]
+    assert len(answer["messages"]) == 1
+    assert answered_at - sent_at < RECHECK_SECONDS / 2  # the NOTIFY, not the polling backstop
