@@ -28,7 +28,7 @@ from orchestrator.log import Log
 from shared import agent_tokens
 
 Transport = Literal["poll", "listen", "realtime"]
-TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"
+TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"  # the variable's name, not its value  # nosec B105
 
 
 def is_uuid(value: object) -> bool:

@@ -36,7 +36,7 @@ def redact(url: str) -> str:
     except Exception:
         return "<unparseable DATABASE_URL>"
     if "password" in parts:
-        parts["password"] = "***"
+        parts["password"] = "***"  # the mask that hides the password in logs  # nosec B105
     return make_conninfo("", **{k: str(v) for k, v in parts.items() if v is not None})
 
 

@@ -16,7 +16,7 @@ from shared import agent_tokens
 from shared.db import Pool, transaction
 from shared.sql import query
 
-TOKEN_PREFIX = "dpo_"
+TOKEN_PREFIX = "dpo_"  # the visible prefix of every machine token, not a secret  # nosec B105
 
 
 @dataclass(frozen=True)
