@@ -61,8 +61,8 @@ class QuietHandler(WSGIRequestHandler):
 
 # One worker process (one pool, one LISTEN connection, one in-process sweep) with many threads:
 # a waiting long-poll holds a thread and nothing else, so hundreds of them leave plenty for webhook
-# intake; gthread also hands a slow client's unfinished request back to its poller instead of
-# letting it hold a thread.
+# intake; a client that sends nothing is handed back to gthread's poller, and one that trickles its
+# headers is cut off after devpilot.worker.HEADER_DEADLINE seconds.
 THREADS = 512
 GRACEFUL_SECONDS = 5  # on SIGTERM: requests in flight finish (long-polls are cut short after this)
 
@@ -92,6 +92,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     applied = migrate(database.url)
     listener = socket.create_server((host, port))  # bound here, so port 0 is known before the fork
     listener.set_inheritable(True)
+    url = f"http://{host}:{listener.getsockname()[1]}"
     stop = threading.Event()
     made: list[runtime.Runtime] = []
 
@@ -113,6 +114,19 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
 
         if sweep_every > 0:
             threading.Thread(target=sweeper, name="devpilot-sweep", daemon=True).start()
+        # Said once the worker can answer (it builds its runtime after the fork), so whoever reads
+        # "serving on" may call at once.
+        print(f"devpilot serving on {url}", flush=True)
+        print(
+            f"database: {database.describe()}"
+            + (" (embedded; set DATABASE_URL to use your own)" if database.embedded else ""),
+            flush=True,
+        )
+        if applied:
+            print(f"migrations applied: {', '.join(applied)}", flush=True)
+        for line in configuration_report(settings):
+            print(line, flush=True)
+        print(f"sweep: every {sweep_every:g}s" if sweep_every > 0 else "sweep: off", flush=True)
 
     def stop_worker() -> None:
         stop.set()
@@ -120,22 +134,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
             rt.wakeups.stop()
             rt.pool.close()
 
-    url = f"http://{host}:{listener.getsockname()[1]}"
-    print(f"devpilot serving on {url}", flush=True)
-    print(
-        f"database: {database.describe()}"
-        + (" (embedded; set DATABASE_URL to use your own)" if database.embedded else ""),
-        flush=True,
-    )
-    if applied:
-        print(f"migrations applied: {', '.join(applied)}", flush=True)
-    for line in configuration_report(settings):
-        print(line, flush=True)
-    print(f"sweep: every {sweep_every:g}s" if sweep_every > 0 else "sweep: off", flush=True)
     options = {
         "bind": [f"fd://{listener.fileno()}"],
         "workers": 1,
-        "worker_class": "gthread",
+        "worker_class": "devpilot.worker.DeadlineWorker",  # gthread, plus a deadline for headers
         "threads": THREADS,
         "worker_connections": THREADS * 2,
         "graceful_timeout": GRACEFUL_SECONDS,

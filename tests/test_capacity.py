@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +70,51 @@ def test_three_hundred_waiting_long_polls_do_not_starve_webhook_intake(pool: Poo
                 s.recv(1)
     finally:
         for s in polls:
+            s.close()
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def test_clients_trickling_their_headers_do_not_hold_the_server(pool: Pool, db_url: str) -> None:
+    """150 clients each sending their request a byte at a time: /healthz still answers within a
+    second or two, and the server cuts every one of them off at its header deadline."""
+    from devpilot.worker import HEADER_DEADLINE
+
+    port = free_port()
+    server = start_serve(db_url, port)
+    url = f"http://127.0.0.1:{port}"
+    slow: list[socket.socket] = []
+    try:
+        wait_healthy(url)
+        for _ in range(150):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /claim HTTP/1.1\r\nHost: x\r\n")
+            slow.append(s)
+        started = time.monotonic()
+        closed: set[int] = set()
+
+        def trickle() -> None:
+            while len(closed) < len(slow) and time.monotonic() - started < HEADER_DEADLINE + 20:
+                for i, s in enumerate(slow):
+                    if i in closed:
+                        continue
+                    try:
+                        s.sendall(b"X")
+                    except OSError:
+                        closed.add(i)
+                time.sleep(0.5)
+
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        time.sleep(3.0)  # every one of them is in its headers now
+        t0 = time.monotonic()
+        assert httpx.get(url + "/healthz", timeout=5).json() == {"ok": True}
+        assert time.monotonic() - t0 < 2
+        t.join(timeout=HEADER_DEADLINE + 25)
+        assert len(closed) == len(slow), f"{len(slow) - len(closed)} trickling clients still held"
+        assert time.monotonic() - started < HEADER_DEADLINE + 15
+    finally:
+        for s in slow:
             s.close()
         server.terminate()
         server.wait(timeout=20)
