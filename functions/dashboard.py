@@ -178,7 +178,6 @@ def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -
     resp.headers["Content-Security-Policy"] = (
         "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
     )
-    resp.headers["X-Frame-Options"] = "DENY"
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp

@@ -112,7 +112,7 @@ def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
         if tx.one(query("orchestrator_revoke"), params) is None:
             return None
         moved = tx.one(query("revoke_move_starts"), params)
-        rest = tx.one(query("revoke_cancel_rest"), params)
+        rest = tx.one(query("revoke_cancel_rest"), {**params, "reason": "its machine was revoked"})
     assert moved is not None and rest is not None
     return Revoked(int(moved["moved"]), int(rest["cancelled"]), list(rest["notice_ids"] or []))
 

@@ -63,14 +63,11 @@ SELECT (SELECT count(*) FROM sessions) AS moved,
 -- In the revoke transaction, after revoke_move_starts: whatever the revoked machine still holds
 -- (its prompts and stops, which never move, and starts nobody else could take) is cancelled; an
 -- agent session whose start is cancelled hears why in Linear (for orgs Linear is told about).
-WITH q AS (
+WITH removed AS (
     DELETE FROM dispatch_queue dq WHERE dq.orchestrator_id = %(id)s RETURNING dq.session_id
-), cancelled AS (
-    UPDATE dispatch_sessions ds
-    SET status = 'cancelled', updated_at = now(), failure_reason = 'its machine was revoked'
-    FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
-    RETURNING ds.id, ds.org_id, ds.agent_session_id, ds.issue_id, ds.kind
-), notices AS (
+),
+-- include: cancel_removed
+, notices AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
     SELECT c.org_id, c.id, 'failed', c.agent_session_id, c.issue_id,
            'The machine this was queued for was removed from devpilot, and no other machine of yours is registered.'

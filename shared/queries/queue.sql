@@ -216,12 +216,23 @@ SELECT (SELECT count(*) FROM requeued) AS requeued,
 -- Bookkeeping only: when the sweep ran and what it did (operators' view).
 INSERT INTO sweep_runs (requeued, dead_lettered) VALUES (%(requeued)s, %(dead_lettered)s);
 
+-- name: cancel_removed
+-- A fragment, included after a `removed` CTE (the session_id of queue rows it deleted): those
+-- sessions become `cancelled` with %(reason)s, in the same statement, so the invariant holds at
+-- commit. Serves cancel_open_issue, cancel_agent_session and revoke_cancel_rest.
+cancelled AS (
+    UPDATE dispatch_sessions ds
+    SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
+    FROM removed WHERE ds.id = removed.session_id AND ds.status = 'queued'
+    RETURNING ds.id, ds.org_id, ds.agent_session_id, ds.issue_id, ds.kind
+)
+
 -- name: cancel_open_issue
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: the issue's
--- still-undelivered assignment dispatch (not yet acked; never an agent session's message). Locks the queue row first, in the same order as ack,
--- sweep and release, so a racing ack either wins (nothing is cancelled) or finds the row gone
--- (404); never a deadlock, never both.
-WITH q AS (
+-- still-undelivered assignment dispatch (not yet acked; never an agent session's message). Locks
+-- the queue row first, in the same order as ack, sweep and release, so a racing ack either wins
+-- (nothing is cancelled) or finds the row gone (404); never a deadlock, never both.
+WITH removed AS (
     DELETE FROM dispatch_queue dq
     USING dispatch_sessions s
     WHERE dq.session_id = s.id
@@ -229,25 +240,21 @@ WITH q AS (
       AND s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
       AND (%(linear_user_id)s::text IS NULL OR s.linear_user_id = %(linear_user_id)s::text)
     RETURNING dq.session_id
-)
-UPDATE dispatch_sessions ds
-SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
-FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
-RETURNING ds.id;
+),
+-- include: cancel_removed
+SELECT id FROM cancelled;
 
 -- name: cancel_agent_session
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
 -- undelivered message of one agent session (Linear's stop). Same lock order as cancel_open_issue,
 -- so an ack racing it either wins (delivered: the caller then queues a `stop`) or gets 404.
-WITH q AS (
+WITH removed AS (
     DELETE FROM dispatch_queue dq
     WHERE dq.org_id = %(org_id)s AND dq.agent_session_id = %(agent_session_id)s
     RETURNING dq.session_id
-)
-UPDATE dispatch_sessions ds
-SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
-FROM q WHERE ds.id = q.session_id AND ds.status = 'queued'
-RETURNING ds.id;
+),
+-- include: cancel_removed
+SELECT id FROM cancelled;
 
 -- name: reroute_quiet
 -- AVAILABLE -> AVAILABLE on another machine (the sweep): unclaimed `start` messages of a machine not
