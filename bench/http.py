@@ -140,3 +140,54 @@ def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -
         return sorted((got[m] - sent[m]) * 1000 for m in got)
     finally:
         s.close()
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its live children (gunicorn's master and worker)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    for p in pids:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def server_cpu_ms(db_url: str, n: int) -> dict[str, float]:
+    """The serve process's own CPU per request (ms), over `n` sequential requests of each kind from
+    one keep-alive client: an empty /claim, a dispatched /webhook, /healthz. What a serverless
+    platform bills per request is this CPU, not the client's wall clock."""
+    s = Serve(db_url)
+    out: dict[str, float] = {}
+    try:
+        _, token = s.register()
+        auth = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+
+            def hook(i: int) -> httpx.Response:
+                body = json.dumps(assignment(uuid.uuid4().hex, f"C-{i}", "u")).encode()
+                return c.post(
+                    "/webhook",
+                    content=body,
+                    headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": uuid.uuid4().hex},
+                )
+
+            kinds: dict[str, Any] = {
+                "healthz": lambda i: c.get("/healthz"),
+                "empty_claim": lambda i: c.post("/claim", json={"max": 1}, headers=auth),
+                "webhook": hook,
+            }
+            for name, call in kinds.items():
+                for i in range(50):  # warm: pool filled, statements prepared
+                    call(i)
+                before = _tree_cpu_seconds(s.proc.pid)
+                for i in range(n):
+                    r = call(i)
+                    assert r.status_code == 200, r.text
+                out[name] = round((_tree_cpu_seconds(s.proc.pid) - before) / n * 1000, 3)
+    finally:
+        s.close()
+    return out

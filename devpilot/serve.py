@@ -14,7 +14,7 @@ from gunicorn.app.base import BaseApplication
 from werkzeug.serving import WSGIRequestHandler
 
 from functions import runtime
-from functions.app import create_app
+from functions.app import wsgi
 from functions.logs import setup_logging
 from functions.sweep import run_sweep
 from shared import crypto
@@ -82,7 +82,7 @@ class ProductionServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships
         self.cfg.set("worker_exit", lambda server, worker: self.stop())
 
     def load(self) -> Any:
-        return create_app()
+        return wsgi
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) -> int:

@@ -8,6 +8,15 @@ import sys
 import time
 
 
+class Fields(dict[str, object]):
+    """A structured log line: `log.info("%s", Fields(...))`. Our formatter takes the fields as they
+    are (one JSON encoding per line, not an encode here and a decode-and-encode in the handler);
+    any other handler sees the JSON text, made only if it asks."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, separators=(",", ":"), default=str)
+
+
 class StructuredFormatter(logging.Formatter):
     """Every line structured: JSON objects when not on a terminal (request lines are already JSON;
     other records are wrapped), `key=value` text on a terminal."""
@@ -17,13 +26,15 @@ class StructuredFormatter(logging.Formatter):
         self.as_json = as_json
 
     def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage()
-        try:
-            fields = json.loads(msg) if msg.startswith("{") else None
-        except json.JSONDecodeError:
-            fields = None
+        fields: object = record.args  # (logging unwraps a lone mapping argument)
+        if not isinstance(fields, Fields):
+            msg = record.getMessage()
+            try:
+                fields = json.loads(msg) if msg.startswith("{") else None
+            except json.JSONDecodeError:
+                fields = None
         if not isinstance(fields, dict):
-            fields = {"msg": msg}
+            fields = {"msg": record.getMessage()}
         fields = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),

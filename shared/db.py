@@ -8,6 +8,7 @@ first argument: a `psycopg.Connection`, a pool or `None` is a mypy error, and at
 
 from __future__ import annotations
 
+import select
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,6 +103,23 @@ def _open(conn: Conn, settings: Settings | None) -> Iterator[Tx]:
             tx._active = False
 
 
+def check_on_checkout(conn: Conn) -> None:
+    """The pool's check before lending a connection, without a round trip in the usual case.
+
+    An idle pooled connection is sent nothing unasked (none of them LISTENs), so a socket with
+    something to read means the server spoke first: the goodbye of a terminated backend, a restart,
+    a pooler closing. Only then is the connection pinged (psycopg_pool's own check), and a dead one
+    is replaced before any request sees it. A ping on every checkout would be one more round trip
+    per statement, on every request, for the rare case this already catches.
+    """
+    if conn.closed:  # (a broken connection is closed too)
+        raise psycopg.OperationalError("connection is closed")
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+    if poller.poll(0):
+        ConnectionPool.check_connection(conn)
+
+
 def connect(url: str, *, autocommit: bool = True, pooler: bool = False) -> Conn:
     """One direct connection (migrations, LISTEN, tests)."""
     return psycopg.connect(
@@ -113,8 +131,8 @@ def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int 
     """The pool every handler shares, opened explicitly (and waited on, so a bad URL fails here).
 
     Connections are autocommit so every transaction is an explicit `transaction()` block; a broken
-    connection is detected on checkout and replaced, so the pool recovers from a restart or a
-    pg_terminate_backend by itself.
+    connection is detected on checkout (`check_on_checkout`) and replaced, so the pool recovers from
+    a restart or a pg_terminate_backend by itself.
     """
     kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
     if settings.database_transaction_pooler:
@@ -131,7 +149,7 @@ def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int 
         min_size=min_size,
         max_size=max_size or settings.database_pool_max,
         configure=configure,
-        check=ConnectionPool.check_connection,
+        check=check_on_checkout,
         timeout=10.0,
         open=False,
         name="devpilot",

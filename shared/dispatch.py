@@ -75,7 +75,6 @@ class Dispatch:
         orchestrator's wake-ups on the instance's single LISTEN connection before looking at the
         table (so a NOTIFY between the look and the wait is kept), and looks again at least every
         RECHECK_SECONDS whatever happens, so a lost NOTIFY costs latency, never a message."""
-        orchestrators.touch(self.pool, orchestrator_id)
 
         def take(handover: int | None = None) -> list[TaskDispatchMessage]:
             return queue.claim(

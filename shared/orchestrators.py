@@ -73,6 +73,7 @@ def authenticate_agent(pool: Pool, token: str) -> tuple[Orchestrator, str] | Non
 
 
 def authenticate(pool: Pool, token: str) -> Orchestrator | None:
+    """The active machine holding this token, recorded as seen now; None for any other token."""
     with pool.connection() as conn:
         row = conn.execute(query("orchestrator_by_token"), {"token_hash": hash_token(token)}).fetchone()
     if row is None:
@@ -115,13 +116,6 @@ def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
         rest = tx.one(query("revoke_cancel_rest"), {**params, "reason": "its machine was revoked"})
     assert moved is not None and rest is not None
     return Revoked(int(moved["moved"]), int(rest["cancelled"]), list(rest["notice_ids"] or []))
-
-
-def touch(pool: Pool, orchestrator_id: UUID) -> None:
-    """Record last-seen, in its own short autocommit statement so claims of one orchestrator never
-    queue behind each other on the orchestrators row."""
-    with pool.connection() as conn:
-        conn.execute(query("touch_orchestrator"), {"orchestrator_id": orchestrator_id})
 
 
 def is_active(pool: Pool, orchestrator_id: UUID) -> bool:

@@ -220,7 +220,7 @@ def test_service_down_and_back(api: Api, orch_factory: Any) -> None:
     from werkzeug.serving import make_server
 
     from devpilot.serve import QuietHandler
-    from functions.app import create_app
+    from functions.app import wsgi
 
     o = orch_factory("poll", interval=0.2)
     o.start()
@@ -232,7 +232,7 @@ def test_service_down_and_back(api: Api, orch_factory: Any) -> None:
     api.served.server.server_close()
     wait_for(lambda: "unreachable" in o.log(), what="away log line")
     time.sleep(2.0)
-    again = make_server("127.0.0.1", port, create_app(), threaded=True, request_handler=QuietHandler)
+    again = make_server("127.0.0.1", port, wsgi, threaded=True, request_handler=QuietHandler)
     t = threading.Thread(target=again.serve_forever, daemon=True)  # ... and comes back on its port
     t.start()
     try:

@@ -187,14 +187,14 @@ def test_healthz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.Mon
 
     from devpilot.serve import QuietHandler
     from functions import runtime
-    from functions.app import create_app
+    from functions.app import wsgi
     from shared.settings import get_settings
 
     monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1")
     monkeypatch.setenv("DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS", "1")
     get_settings.cache_clear()
     runtime.install(None)
-    server = make_server("127.0.0.1", 0, create_app(), threaded=True, request_handler=QuietHandler)
+    server = make_server("127.0.0.1", 0, wsgi, threaded=True, request_handler=QuietHandler)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     try:

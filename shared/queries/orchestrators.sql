@@ -6,9 +6,22 @@ VALUES (%(org_id)s, %(linear_user_id)s, %(name)s, %(token_hash)s)
 RETURNING id;
 
 -- name: orchestrator_by_token
--- Active orchestrators only: a revoked token authenticates nothing, from its next request on.
-SELECT id, org_id, linear_user_id, name FROM orchestrators
-WHERE token_hash = %(token_hash)s AND revoked_at IS NULL;
+-- Who is calling, and that it was seen, in one statement (one round trip per request instead of
+-- two). Active orchestrators only: a revoked token authenticates nothing, from its next request on.
+-- Last-seen (routing prefers the most recently seen machine; the sweep reroutes from a quiet one) is
+-- written at most once a second per machine, so idle polls and concurrent calls cost a read, not a
+-- row update; the condition is on the row being updated, so a second caller waiting on the first's
+-- row lock re-reads it and writes nothing.
+WITH me AS (
+    SELECT id, org_id, linear_user_id, name FROM orchestrators
+    WHERE token_hash = %(token_hash)s AND revoked_at IS NULL
+), seen AS (
+    UPDATE orchestrators o SET last_seen_at = now()
+    FROM me
+    WHERE o.id = me.id AND (o.last_seen_at IS NULL OR o.last_seen_at < now() - interval '1 second')
+    RETURNING o.id
+)
+SELECT id, org_id, linear_user_id, name FROM me;
 
 -- name: orchestrator_list
 SELECT id, org_id, linear_user_id, name, created_at, last_seen_at, revoked_at
@@ -22,12 +35,6 @@ WHERE id = %(id)s RETURNING id, revoked_at, pg_notify('devpilot_dispatch', id::t
 
 -- name: orchestrator_active
 SELECT id FROM orchestrators WHERE id = %(id)s AND revoked_at IS NULL;
-
--- name: touch_orchestrator
--- Records that the orchestrator was seen; routing prefers the most recently seen. At most one
--- write a second per machine, so idle polls and concurrent claimers cost a read, not a row update.
-UPDATE orchestrators SET last_seen_at = now()
-WHERE id = %(orchestrator_id)s AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second');
 
 -- name: orchestrator_by_id
 -- For an agent token: the active machine it names, with the hash its mac is keyed with.

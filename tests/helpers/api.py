@@ -14,7 +14,7 @@ from werkzeug.serving import make_server
 
 from devpilot.serve import QuietHandler
 from functions import runtime
-from functions.app import create_app
+from functions.app import wsgi
 from shared.db import Pool
 from shared.embedded import Database
 from shared.linear import sign
@@ -175,7 +175,7 @@ class Served:
     def __init__(self, db_url: str, settings: Settings, pool: Pool) -> None:
         self.wakeups = Wakeups(db_url)
         runtime.install(runtime.Runtime(settings, Database(db_url, embedded=False), pool, self.wakeups))
-        self.server = make_server("127.0.0.1", 0, create_app(), threaded=True, request_handler=QuietHandler)
+        self.server = make_server("127.0.0.1", 0, wsgi, threaded=True, request_handler=QuietHandler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.port}"

@@ -1,0 +1,99 @@
+"""What the cheaper request path (#17: fewer round trips per request) must still guarantee.
+
+- The pool lends a connection without pinging it first, yet a connection the server has ended
+  (pg_terminate_backend, a restart) is never lent: the next request answers 200, not 503.
+- Authentication records that the machine was seen, in the same statement, at most once a second,
+  and never for a revoked token.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from uuid import UUID
+
+import psycopg
+
+from shared.db import Pool, open_pool, transaction
+from shared.settings import Settings
+from tests.helpers.api import Api
+
+
+def _terminate_all_but_me(db_url: str) -> int:
+    with psycopg.connect(db_url, autocommit=True) as killer:
+        rows = killer.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        ).fetchall()
+    return len(rows)
+
+
+def test_a_connection_the_server_ended_is_never_lent(db_url: str, settings: Settings) -> None:
+    pool: Pool = open_pool(db_url, settings, min_size=3, max_size=3)
+    try:
+        pool.wait()
+        before = set()
+        for _ in range(3):
+            with transaction(pool) as tx:
+                row = tx.one("SELECT pg_backend_pid() AS pid")
+                assert row is not None
+                before.add(row["pid"])
+        assert _terminate_all_but_me(db_url) >= 1
+        time.sleep(0.3)  # the server's goodbye reaches the idle sockets
+        for _ in range(6):  # every idle connection was ended; each checkout must get a live one
+            with transaction(pool) as tx:
+                row = tx.one("SELECT pg_backend_pid() AS pid")
+                assert row is not None and row["pid"] not in before
+    finally:
+        pool.close()
+
+
+def test_serve_answers_200_right_after_its_connections_were_terminated(api: Api, db_url: str) -> None:
+    for _ in range(5):
+        assert api.http.get("/healthz").status_code == 200
+    assert _terminate_all_but_me(db_url) >= 1
+    time.sleep(0.3)
+    assert [api.http.get("/healthz").status_code for _ in range(10)] == [200] * 10
+
+
+def _last_seen(api: Api, oid: str) -> datetime | None:
+    with api.pool.connection() as conn:
+        row = conn.execute("SELECT last_seen_at FROM orchestrators WHERE id = %s", (UUID(oid),)).fetchone()
+    assert row is not None
+    value: datetime | None = row["last_seen_at"]
+    return value
+
+
+def _set_seen_long_ago(api: Api, oid: str) -> None:
+    with api.pool.connection() as conn:
+        conn.execute(
+            "UPDATE orchestrators SET last_seen_at = now() - interval '1 hour' WHERE id = %s", (UUID(oid),)
+        )
+
+
+def test_any_authenticated_call_marks_the_machine_seen_at_most_once_a_second(api: Api) -> None:
+    oid, token = api.register()
+    _set_seen_long_ago(api, oid)
+    old = _last_seen(api, oid)
+    ack = api.post_as(token, "/ack", {"queueId": str(UUID(int=1)), "claimToken": str(UUID(int=2))})
+    assert ack.status_code < 500
+    first = _last_seen(api, oid)
+    assert old is not None and first is not None and (first - old).total_seconds() > 3000  # an ack counts
+    assert api.post_as(token, "/claim").status_code == 200
+    assert _last_seen(api, oid) == first  # within the second: a read, no write
+    time.sleep(1.1)
+    assert api.post_as(token, "/claim").status_code == 200
+    later = _last_seen(api, oid)
+    assert later is not None and later > first
+
+
+def test_a_revoked_or_unknown_token_marks_nothing_seen(api: Api) -> None:
+    oid, token = api.register()
+    other_id, other = api.register(user="someone-else")
+    assert api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin()).status_code == 200
+    _set_seen_long_ago(api, oid)
+    _set_seen_long_ago(api, other_id)
+    before = (_last_seen(api, oid), _last_seen(api, other_id))
+    assert api.post_as(token, "/claim").status_code == 401
+    assert api.post_as(other + "x", "/claim").status_code == 401
+    assert (_last_seen(api, oid), _last_seen(api, other_id)) == before
