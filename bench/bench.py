@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import core, http, peers
+from bench import coldstart, core, cost, http, peers
 from bench.db import BenchServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -86,20 +86,40 @@ def main() -> int:
         )
         print(f"peers: {json.dumps(out['peers'])}")
         out["http"] = http.http_rates(s.fresh("http"), secs, threads=4 if q else 8)
+        lib_1x1 = drain.get("1x1", 0)
+        out["http"]["ratios"] = {
+            "webhooks_vs_library_enqueue": round(
+                out["http"]["webhooks"]["rate"] / max(out["enqueue"].values()), 2
+            ),
+            "claim_ack_vs_library_1x1": round(out["http"]["claim_ack_cycles"]["rate"] / max(1, lib_1x1), 2),
+        }
         print(f"http: {json.dumps(out['http'])}")
+        out["server_cpu_ms"] = http.server_cpu_ms(s.fresh("cpu"), 500 if q else 3000)
+        print(f"server CPU per request (devpilot serve), ms: {json.dumps(out['server_cpu_ms'])}")
+        out["cold_start"] = cold_start(s, 1 if q else 5)
+        print(f"cold start (spawn -> first answer): {json.dumps(out['cold_start'])}")
         lat: dict[str, Any] = {}
-        for transport in ("poll", "listen"):
+        for transport in ("poll", "listen", "realtime"):
             ms = http.pickup_latency(s.fresh(f"lat{transport}"), transport, 8 if q else 60, interval=1.0)
             lat[transport] = {"n": len(ms), "p50_ms": pct(ms, 0.5), "p99_ms": pct(ms, 0.99), "samples": ms}
         out["latency"] = lat
         print(
-            "latency webhook 200 -> claimed: "
+            "latency webhook sent -> claimed: "
             + ", ".join(f"{k} p50 {v['p50_ms']} ms p99 {v['p99_ms']} ms (n={v['n']})" for k, v in lat.items())
         )
         idle = core.empty_claim_db_us(s.fresh("idle"), samples=100 if q else 300)
         idle["idle_orchestrators_per_core_at_5s"] = round(5.0 / (idle["force_generic_plan"] / 1e6))
         out["idle"] = idle
         print(f"empty claim: {json.dumps(idle)}")
+        measured = cost.Measured(
+            cpu_ms=out["server_cpu_ms"]["empty_claim"],
+            wall_ms=out["server_cpu_ms"]["empty_claim_wall_ms"],
+            db_us=round(idle["force_generic_plan"]),
+        )
+        out["idle_fleet_cost"] = cost.table(measured)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "idle-fleet-cost.md").write_text(cost.markdown(out["idle_fleet_cost"], measured))
+        print(cost.markdown(out["idle_fleet_cost"], measured))
         sizes = [10_000, 50_000] if q else [10_000, 100_000, 1_000_000]
         out["scaling"] = core.scaling(lambda label: s.fresh(label), sizes)
         print(f"scaling: {json.dumps(out['scaling'])}")
@@ -112,6 +132,18 @@ def main() -> int:
     plot(out, RESULTS / "latest.png")
     print(table(out))
     return 0
+
+
+def cold_start(s: BenchServer, repeats: int) -> dict[str, Any]:
+    from bench.core import SETTINGS
+    from shared.db import open_pool
+    from shared.orchestrators import register
+
+    url = s.fresh("cold")
+    pool = open_pool(url, SETTINGS, max_size=2)
+    token = register(pool, org_id="bench", linear_user_id="cold", name="cold").token
+    pool.close()
+    return coldstart.cold_starts(url, token, repeats)
 
 
 def table(out: dict[str, Any]) -> str:
@@ -134,12 +166,30 @@ def table(out: dict[str, Any]) -> str:
         ),
         ("claim+ack cycles over HTTP", f"{round(out['http']['claim_ack_cycles']['rate']):,}/s"),
         (
+            "HTTP / library: webhooks, claim+ack 1x1",
+            f"{out['http']['ratios']['webhooks_vs_library_enqueue']}x, "
+            f"{out['http']['ratios']['claim_ack_vs_library_1x1']}x",
+        ),
+        (
+            "server CPU: empty claim / webhook / healthz",
+            f"{out['server_cpu_ms']['empty_claim']} / {out['server_cpu_ms']['webhook']} / "
+            f"{out['server_cpu_ms']['healthz']} ms",
+        ),
+        (
+            "cold start claim / ack / webhook",
+            " / ".join(f"{out['cold_start'][t]['median_ms']} ms" for t in ("claim", "ack", "webhook")),
+        ),
+        (
             "pickup, poll 1 s",
             f"p50 {out['latency']['poll']['p50_ms']} ms, p99 {out['latency']['poll']['p99_ms']} ms",
         ),
         (
             "pickup, listen",
             f"p50 {out['latency']['listen']['p50_ms']} ms, p99 {out['latency']['listen']['p99_ms']} ms",
+        ),
+        (
+            "pickup, realtime (local stand-in)",
+            f"p50 {out['latency']['realtime']['p50_ms']} ms, p99 {out['latency']['realtime']['p99_ms']} ms",
         ),
         ("empty claim, db time (generic plan)", f"{out['idle']['force_generic_plan']:.0f} µs"),
         ("idle orchestrators / core at 5 s", f"{out['idle']['idle_orchestrators_per_core_at_5s']:,}"),
@@ -177,7 +227,7 @@ def plot(out: dict[str, Any], path: Path) -> None:
         if xs:
             a.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
     a.set_xscale("log")
-    a.set_xlabel("webhook 200 -> claimed (ms)")
+    a.set_xlabel("webhook sent -> claimed (ms)")
     a.set_ylabel("fraction")
     a.set_title("pickup latency CDF")
     a.legend()

@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from typing import TYPE_CHECKING
 
 from shared.settings import Settings
 
+if TYPE_CHECKING:
+    from cryptography.fernet import InvalidToken, MultiFernet
+
 __all__ = ["InvalidToken", "NotConfigured", "keys"]
+
+
+def __getattr__(name: str) -> type[InvalidToken]:
+    # `cryptography` is loaded on first use, not on import: the routes an idle fleet calls (claim,
+    # ack) never touch a secret, and their cold start should not pay for it.
+    if name == "InvalidToken":
+        from cryptography.fernet import InvalidToken
+
+        return InvalidToken
+    raise AttributeError(name)
 
 
 class NotConfigured(RuntimeError):
@@ -30,6 +42,8 @@ def _local_key_file() -> Path:
 
 
 def keys(settings: Settings) -> MultiFernet:
+    from cryptography.fernet import Fernet, MultiFernet
+
     if settings.encryption_keys:
         try:
             return MultiFernet([Fernet(k.strip()) for k in settings.encryption_keys.split(",") if k.strip()])

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
 from psycopg.types.json import Jsonb
 
-from shared import intake, linear_auth, notices, orchestrators, queue
+from shared import orchestrators, queue
 from shared.db import Pool, transaction
 from shared.linear import Webhook
 from shared.models import TaskDispatchMessage
@@ -23,6 +23,9 @@ from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query
 from shared.wakeups import Wakeups
+
+if TYPE_CHECKING:
+    from shared import linear_auth, notices
 
 log = logging.getLogger("devpilot.dispatch")
 
@@ -54,6 +57,8 @@ class Dispatch:
         if notice_ids is not None and not notice_ids:
             return None
 
+        from shared import notices  # (loaded when a notice is due, not by every target's cold start)
+
         def run() -> notices.SendResult:
             try:
                 return notices.send_pending(self.pool, self.settings, ids=notice_ids)
@@ -66,6 +71,8 @@ class Dispatch:
     def receive_webhook(self, hook: Webhook, delivery: str | None) -> dict[str, object]:
         """One verified, fresh Linear webhook (`delivery`: its Linear-Delivery header): its one
         intake transaction, then its notices."""
+        from shared import intake
+
         received = intake.receive(self.pool, hook, delivery)
         self._after_commit(received.notice_ids)
         return received.answer
@@ -120,6 +127,8 @@ class Dispatch:
     def sweep(self) -> queue.SweepResult:
         """Re-queue expired leases and dead-letter at the limit, then send every Linear notice still
         unsent (Linear was down, or an instance died between a commit and its send)."""
+        from shared import notices
+
         result = queue.sweep(self.pool, self.settings)
         sent = notices.send_pending(self.pool, self.settings)
         if sent.sent or sent.failed:
@@ -171,6 +180,8 @@ class Dispatch:
     def connect_linear(self, code: str, state: str) -> linear_auth.Installed:
         """The OAuth callback: tokens stored in one transaction; then whatever the org's outbox held
         while it was disconnected goes out."""
+        from shared import linear_auth
+
         installed = linear_auth.finish_install(self.pool, self.settings, code, state)
         self._after_commit(None)
         return installed

@@ -9,11 +9,13 @@ no database is behind it; the test decides when an "insert" happens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 
 class PhoenixStandIn:
@@ -44,6 +46,10 @@ class PhoenixStandIn:
             await self._stop.wait()
 
     async def _handle(self, ws: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):  # a client that goes away is no error here
+            await self._serve(ws)
+
+    async def _serve(self, ws: ServerConnection) -> None:
         async for raw in ws:
             msg = json.loads(raw)
             event, topic, ref = msg.get("event"), msg.get("topic"), msg.get("ref")

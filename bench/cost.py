@@ -1,0 +1,114 @@
+"""What an idle fleet costs: every machine waiting for work, none arriving.
+
+Generated from the figures a bench run measured (server CPU per empty claim, its wall time, the
+database time of one empty claim) and the platforms' published list prices, for three ways of
+waiting. It is a model: each assumption is written next to the number it makes.
+
+List prices (USD, on-demand, before free tiers, read on 2026-12-03):
+- Cloud Run, Tier 1 regions, CPU allocated only during requests (the default):
+  $0.000024 per vCPU-second, $0.0000025 per GiB-second, $0.40 per million requests; billed instance
+  time is rounded up to 100 ms. https://cloud.google.com/run/pricing
+- AWS Lambda, x86, first 6 billion GB-seconds a month: $0.0000166667 per GB-second (billed in 1 ms
+  steps), $0.20 per million requests; a Function URL adds nothing.
+  https://aws.amazon.com/lambda/pricing/
+Free tiers (Cloud Run 180k vCPU-s, 360k GiB-s and 2 M requests a month; Lambda 1 M requests and
+400k GB-s) are left out: at these volumes they are a rounding error, and the table compares modes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MONTH_S = 30.44 * 86_400
+
+CLOUD_RUN = {"vcpu_s": 0.000024, "gib_s": 0.0000025, "per_million": 0.40}
+LAMBDA = {"gb_s": 0.0000166667, "per_million": 0.20}
+
+# The deployment as deploy.sh makes it: Cloud Run defaults (1 vCPU, 512 MiB, 80 concurrent requests
+# per instance, autoscaling towards 60 % CPU); Lambda 512 MB (infra/aws_lambda.py).
+RUN_VCPU, RUN_GIB, RUN_CONCURRENCY, RUN_TARGET_CPU = 1.0, 0.5, 80, 0.6
+LAMBDA_GB = 0.5
+
+# How each mode waits (the reference orchestrator's constants, and the service's own):
+POLL_S = 5.0  # --transport poll --poll-interval 5
+LONG_POLL_S = 25.0  # one long-poll open per machine, answered empty after this long
+RECHECK_S = 5.0  # a waiting long-poll looks at the table this often (shared/dispatch.py)
+REALTIME_BACKSTOP_S = 30.0  # realtime: a claim this often while the socket is up (orchestrator)
+REALTIME_TOKEN_S = 540.0  # and a new Realtime token this often (600 s tokens, renewed 60 s early)
+
+
+@dataclass(frozen=True)
+class Measured:
+    cpu_ms: float  # server CPU per empty claim (devpilot serve)
+    wall_ms: float  # wall time of one empty claim, as a client sees it
+    db_us: float  # database time of one empty claim
+
+
+def _cloud_run_busy(requests_per_s: float, cpu_s_per_s: float, held: float) -> tuple[float, float]:
+    """(instances, billed instance-seconds a month). Billed while an instance has a request in
+    flight, in 100 ms steps: with requests arriving at rate r, a step holds one with probability
+    1 - e^(-r/10). Long-polls (`held` open at all times) keep their instances busy all month."""
+    by_cpu = math.ceil(cpu_s_per_s / (RUN_VCPU * RUN_TARGET_CPU)) if cpu_s_per_s else 0
+    by_held = math.ceil(held / RUN_CONCURRENCY)
+    instances = max(1, by_cpu, by_held)
+    if held:
+        return instances, instances * MONTH_S
+    per_instance = requests_per_s / instances
+    return instances, instances * MONTH_S * (1 - math.exp(-per_instance * 0.1))
+
+
+def row(machines: int, mode: str, m: Measured) -> dict[str, Any]:
+    if mode == "poll 5 s":
+        per_s = machines / POLL_S
+        held, lambda_s, db_queries_per_s = 0.0, m.wall_ms / 1000, per_s
+    elif mode == "long-poll 25 s":
+        per_s = machines / LONG_POLL_S
+        # Each open long-poll is billed on Lambda for its whole wait; it re-checks the table
+        # (a claim and a revoked check) every RECHECK_S while it waits.
+        held, lambda_s, db_queries_per_s = float(machines), LONG_POLL_S, machines * 2 / RECHECK_S
+    elif mode == "realtime":
+        per_s = machines * (1 / REALTIME_BACKSTOP_S + 1 / REALTIME_TOKEN_S)
+        held, lambda_s, db_queries_per_s = 0.0, m.wall_ms / 1000, per_s
+    else:
+        raise ValueError(mode)
+    requests = per_s * MONTH_S
+    cpu_s = requests * m.cpu_ms / 1000
+    instances, busy_s = _cloud_run_busy(per_s, per_s * m.cpu_ms / 1000, held)
+    cloud_run = (
+        busy_s * (RUN_VCPU * CLOUD_RUN["vcpu_s"] + RUN_GIB * CLOUD_RUN["gib_s"])
+        + requests / 1e6 * CLOUD_RUN["per_million"]
+    )
+    billed_lambda_s = max(0.001, math.ceil(lambda_s * 1000) / 1000)
+    aws = requests * billed_lambda_s * LAMBDA_GB * LAMBDA["gb_s"] + requests / 1e6 * LAMBDA["per_million"]
+    return {
+        "machines": machines,
+        "mode": mode,
+        "requests_per_month": round(requests),
+        "function_cpu_s": round(cpu_s),
+        "db_s": round(db_queries_per_s * MONTH_S * m.db_us / 1e6),
+        "cloud_run_instances": instances,
+        "cloud_run_usd": round(cloud_run, 2),
+        "lambda_usd": round(aws, 2),
+    }
+
+
+def table(m: Measured) -> list[dict[str, Any]]:
+    return [row(n, mode, m) for n in (1_000, 10_000) for mode in ("poll 5 s", "long-poll 25 s", "realtime")]
+
+
+def markdown(rows: list[dict[str, Any]], m: Measured) -> str:
+    head = (
+        f"Measured: {m.cpu_ms} ms server CPU and {m.wall_ms} ms wall per empty claim, "
+        f"{m.db_us:.0f} µs database time.\n\n"
+        "| machines | waiting by | requests / month | function CPU-s / month | database s / month "
+        "| Cloud Run instances busy | Cloud Run $ / month | Lambda $ / month |\n"
+        "|---:|---|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = [
+        f"| {r['machines']:,} | {r['mode']} | {r['requests_per_month']:,} | {r['function_cpu_s']:,} "
+        f"| {r['db_s']:,} | {r['cloud_run_instances']:,} | {r['cloud_run_usd']:,.2f} | {r['lambda_usd']:,.2f} |"
+        for r in rows
+    ]
+    return head + "\n".join(lines) + "\n"
