@@ -449,3 +449,48 @@ def test_a_message_id_that_is_not_a_uuid_is_never_written_nor_started(
     time.sleep(1.0)
     assert o.proc.poll() is None and len(o.starts()) == 1
     assert o.stop() == 0
+
+
+def test_sigterm_finishes_the_ack_in_flight_and_the_next_run_starts_it(
+    api: Api, orch_factory: Any, db_url: str
+) -> None:
+    """SIGTERM while an ack is in flight: the ack completes (the session is delivered, not left to
+    the sweep), nothing new starts, the process exits 0; the next run finds the acked, unstarted
+    message in its journal and starts it, once. The ack is held in flight by a row lock on the
+    session, so the SIGTERM is known to land during it."""
+    import psycopg
+
+    o = orch_factory("poll", interval=0.3)  # (registers the machine)
+    sent = api.webhook(issue_event(issue_id="sigterm-ack")).json()
+    holder = psycopg.connect(db_url)  # a transaction that holds the session row
+    try:
+        holder.execute(
+            "SELECT 1 FROM dispatch_sessions WHERE message_id = %s FOR UPDATE", (sent["messageId"],)
+        )
+        o.start()
+        with psycopg.connect(db_url, autocommit=True) as watch:
+
+            def ack_waits() -> bool:
+                row = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query ILIKE '%dispatch_%'"
+                ).fetchone()
+                return row is not None and row[0] > 0
+
+            wait_for(ack_waits, timeout=20, what="the ack waiting on the session row")
+        o.signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert o.proc is not None and o.proc.poll() is None  # still finishing its ack
+        holder.rollback()  # the ack goes through now
+        assert o.proc.wait(timeout=20) == 0
+    finally:
+        holder.close()
+    assert delivered(api) == 1  # acked before it exited
+    assert "acked ENG-42" in o.log()
+    assert o.starts() == []  # SIGTERM: nothing new started
+    o.start()
+    wait_for(lambda: len(o.starts()) == 1, what="the acked message started by the next run")
+    assert "resuming" in o.log()
+    time.sleep(1.0)
+    assert o.stop() == 0
+    assert [s["messageId"] for s in o.starts()] == [sent["messageId"]]
