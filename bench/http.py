@@ -194,7 +194,7 @@ def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -
 
 
 def _tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its live children (gunicorn's master and worker)."""
+    """User + system CPU of a process and its live children (the server's master and worker)."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     pids = [pid]

@@ -205,3 +205,37 @@ def test_healthz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.Mon
         server.shutdown()
         runtime.install(None)
         get_settings.cache_clear()
+
+
+def test_the_worker_does_not_outlive_a_sigkilled_serve(db_url: str, tmp_path: Path) -> None:
+    """A SIGKILLed `devpilot serve` leaves no worker behind holding its port and its connections:
+    the worker notices its master is gone and exits, and the port can be served again."""
+    from tests.helpers.serving import start_serve as start_on
+    from tests.helpers.serving import wait_healthy
+
+    proc, url, _ = start_serve(
+        {"DATABASE_URL": db_url, "DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}, tmp_path
+    )
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert children, "serve runs its worker in a process of its own"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(Path(f"/proc/{c}").exists() for c in children):
+        time.sleep(0.1)
+    alive = [c for c in children if Path(f"/proc/{c}").exists() and "zombie" not in _state(c)]
+    assert alive == [], f"worker(s) {alive} outlived their master"
+    port = int(url.rsplit(":", 1)[1])
+    again = start_on(db_url, port)
+    try:
+        wait_healthy(url, timeout=30)
+    finally:
+        again.kill()
+        again.wait()
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
