@@ -30,6 +30,7 @@ from functions.web import (
     ApiError,
     Call,
     View,
+    bearer,
     error,
     notes,
     require_admin,
@@ -72,6 +73,8 @@ def _authorise(auth: Auth, request: flask.Request, rt: Runtime) -> tuple[Orchest
     """Who is calling: the machine (and, for an agent COMMAND's token, the agent session it may use)."""
     if auth == "orchestrator":
         return require_orchestrator(request, rt), None
+    if auth == "poll" and bearer(request) is None:  # (the view checks the token itself)
+        raise ApiError(401, "unauthorized", "missing, wrong or revoked orchestrator token")
     if auth == "agent":
         return require_agent(request, rt)
     if auth == "admin" or (auth == "scheduler" and not rt.settings.sweep_platform_auth):

@@ -3,7 +3,11 @@
 This is the fallback transport AND the reconnect sweep: a first-class route, not the sad path. It
 is fully correct with Realtime disabled and SUPABASE_JWT_SECRET unset, because the delivery
 guarantee lives in the queue table, not in a socket; push only tells a machine to come here sooner.
-With `waitSeconds` it long-polls (shared.dispatch.Dispatch.claim).
+
+A plain poll is one statement: who is calling, that it was seen, and the claim (an idle fleet's
+every poll is this, so it is kept to one round trip). With `waitSeconds` it long-polls
+(shared.dispatch.Dispatch.claim): the machine is known first, so its wake-ups are listened for
+before the table is looked at.
 """
 
 from __future__ import annotations
@@ -12,14 +16,23 @@ import flask
 
 from functions.bodies import ClaimBody
 from functions.telemetry import CLAIMED
-from functions.web import ApiError, Call, note, reply
+from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator
 from shared.dispatch import Refused
 
 
 def claim(call: Call) -> flask.Response:
-    body = call.body(ClaimBody, empty_ok=True)
     try:
-        messages = call.service.claim(call.orch.id, max=body.max, wait_seconds=body.wait_seconds)
+        body = call.body(ClaimBody, empty_ok=True)
+    except ApiError:
+        require_orchestrator(call.request, call.rt)  # a wrong token hears 401 before its body is judged
+        raise
+    try:
+        if body.wait_seconds > 0:
+            orch = require_orchestrator(call.request, call.rt)
+            messages = call.service.claim(orch.id, max=body.max, wait_seconds=body.wait_seconds)
+        else:
+            orch, messages = call.service.poll(bearer(call.request) or "", max=body.max)
+            note(orchestratorId=orch.id)
     except Refused as exc:
         raise ApiError(401, exc.code, exc.detail) from None
     CLAIMED.inc(len(messages))

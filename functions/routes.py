@@ -21,8 +21,9 @@ from typing import Literal
 # Who may call: anyone (the view may still check a signature), the operators' bearer token, a
 # registered machine's bearer token, a machine or its agent COMMAND (a token scoped to one agent
 # session), the scheduler (admin bearer, or the platform's own check on a scheduler-only service),
-# or the operators' dashboard session.
-Auth = Literal["public", "admin", "orchestrator", "agent", "scheduler", "dashboard"]
+# or the operators' dashboard session. "poll": a machine's bearer token, checked by the view in the
+# same statement as its work (the poll route: an idle machine's poll is one round trip).
+Auth = Literal["public", "admin", "orchestrator", "poll", "agent", "scheduler", "dashboard"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def one(name: str, path: str, methods: tuple[str, ...], auth: Auth, *, deployed:
 
 ROUTES: tuple[Route, ...] = (
     one("webhook", "/webhook", ("POST",), "public"),  # Linear's signature is checked by the view
-    one("claim", "/claim", ("POST",), "orchestrator"),
+    one("claim", "/claim", ("POST",), "poll"),
     one("ack", "/ack", ("POST",), "orchestrator"),
     one("release", "/release", ("POST",), "orchestrator"),
     one("sweep", "/sweep", ("POST",), "scheduler"),

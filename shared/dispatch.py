@@ -110,6 +110,16 @@ class Dispatch:
                     raise Refused("unauthorized", "this orchestrator was revoked")
         return messages
 
+    def poll(self, token: str, *, max: int) -> tuple[Orchestrator, list[TaskDispatchMessage]]:
+        """A plain poll (no wait) in one statement: who is calling, that it was seen, and its claim.
+        Refused when the token is no active machine's; nothing is claimed then."""
+        polled = queue.poll(
+            self.pool, orchestrators.hash_token(token), max=max, lease_seconds=self.settings.lease_seconds
+        )
+        if polled is None:
+            raise Refused("unauthorized", "missing, wrong or revoked orchestrator token")
+        return polled
+
     def ack(self, orchestrator_id: UUID, items: list[queue.AckItem]) -> list[queue.AckStatus]:
         result = queue.ack_many(self.pool, orchestrator_id, items)
         self._after_commit(result.notice_ids)

@@ -22,10 +22,12 @@ from datetime import datetime
 from typing import Literal
 from uuid import UUID, uuid4
 
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from shared.db import Conn, Pool, Tx, require_tx, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind, Prompt, TaskDispatchMessage
+from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query
 
@@ -119,8 +121,7 @@ def claim(
     With `handover_seconds` (a long-poll woken by new work, whose client may be gone): the rows are
     handed over instead (`claim_handover` in queue.sql): a fresh token, due again after that many
     seconds unless acked, the attempt not counted."""
-    if not 1 <= max <= 1000:
-        raise ValueError("max must be between 1 and 1000")
+    _check_max(max)
     params = {
         "orchestrator_id": orchestrator_id,
         "max": max,
@@ -134,6 +135,34 @@ def claim(
         rows = conn.execute(
             query("claim" if handover_seconds is None else "claim_handover"), params
         ).fetchall()
+    return _messages(rows)
+
+
+def poll(
+    pool: Pool, token_hash: bytes, *, max: int, lease_seconds: int, now: datetime | None = None
+) -> tuple[Orchestrator, list[TaskDispatchMessage]] | None:
+    """The poll route in one statement (`poll` in queue.sql): the active machine holding this token
+    hash, marked seen, and `claim` for it. None when the hash is no active machine's (nothing is
+    claimed then). The same exactly-once claim as `claim`; one round trip for an idle machine's poll."""
+    _check_max(max)
+    params = {"token_hash": token_hash, "max": max, "lease_seconds": lease_seconds, "now": now}
+    with pool.connection() as conn:  # one statement, autocommit: its own transaction
+        rows = conn.execute(query("poll"), params).fetchall()
+    if not rows:
+        return None
+    first = rows[0]
+    caller = Orchestrator(
+        first["caller_id"], first["caller_org_id"], first["caller_user_id"], first["caller_name"]
+    )
+    return caller, _messages([r for r in rows if r["id"] is not None])
+
+
+def _check_max(max: int) -> None:
+    if not 1 <= max <= 1000:
+        raise ValueError("max must be between 1 and 1000")
+
+
+def _messages(rows: list[DictRow]) -> list[TaskDispatchMessage]:
     rows.sort(key=lambda r: (r["available_at"], r["id"]))
     return [
         TaskDispatchMessage(

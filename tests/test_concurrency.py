@@ -228,25 +228,30 @@ def test_migrations_are_safe_when_several_run_at_once(pg_server: Server) -> None
         pg_server.drop(name)
 
 
+@pytest.mark.parametrize("statement", ["claim", "poll"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_claim_plan_probes_the_claim_index(
-    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+    mode: str, statement: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
     """With many rows of other orchestrators, both the generic plan (what a prepared claim gets after
-    five runs) and the custom plan must read the partial claim index, not the table."""
+    five runs) and the custom plan must read the partial claim index, not the table — the library's
+    claim by machine id and the poll route's one statement (who is calling + claim) alike."""
+    from shared.orchestrators import hash_token
+
     o, busy = make_orchestrator(), make_orchestrator()
     fill_queue(pool, busy, 50_000)
     with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_queue")
     from shared.sql import query
 
-    q = query("claim")
+    q = query(statement)
+    params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "max": 10, "lease_seconds": 60}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         conn.execute(f"SET plan_cache_mode = {mode}")
         with conn.transaction():
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q,
-                {"orchestrator_id": o.id, "max": 10, "lease_seconds": 60, "now": None},
+                {**params, "now": None},
                 prepare=True,
             ).fetchone()
     assert plan is not None

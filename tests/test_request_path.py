@@ -16,7 +16,7 @@ import psycopg
 
 from shared.db import Pool, open_pool, transaction
 from shared.settings import Settings
-from tests.helpers.api import Api
+from tests.helpers.api import Api, issue_event
 
 
 def _terminate_all_but_me(db_url: str) -> int:
@@ -97,3 +97,34 @@ def test_a_revoked_or_unknown_token_marks_nothing_seen(api: Api) -> None:
     assert api.post_as(token, "/claim").status_code == 401
     assert api.post_as(other + "x", "/claim").status_code == 401
     assert (_last_seen(api, oid), _last_seen(api, other_id)) == before
+
+
+def test_a_poll_by_a_revoked_machine_claims_nothing_and_hears_401(api: Api) -> None:
+    """The poll route authenticates in its claim statement: a machine revoked a moment ago (its rows
+    not yet moved, as if the revoke committed during the poll) gets 401 and its work stays unclaimed."""
+    oid, token = api.register()
+    api.webhook(issue_event(issue_id="rev-poll"))
+    with api.pool.connection() as conn:
+        conn.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (UUID(oid),))
+    r = api.post_as(token, "/claim", {"max": 10})
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    with api.pool.connection() as conn:
+        row = conn.execute("SELECT attempts, claim_token FROM dispatch_queue").fetchone()
+    assert row is not None and row["attempts"] == 0 and row["claim_token"] is None
+
+
+def test_a_wrong_token_hears_401_before_its_body_is_judged(api: Api) -> None:
+    _, token = api.register()
+    bad_body = {"max": "lots"}
+    assert api.post_as(token + "x", "/claim", bad_body).status_code == 401
+    assert api.post_as(token, "/claim", bad_body).status_code == 400
+    assert api.http.post("/claim", json={}).status_code == 401  # no token at all
+
+
+def test_a_poll_answers_the_callers_own_work_only(api: Api) -> None:
+    mine_id, mine = api.register(user="user-1")
+    _, other = api.register(user="user-2")
+    sent = api.webhook(issue_event(issue_id="own-1")).json()
+    assert api.post_as(other, "/claim", {"max": 10}).json()["messages"] == []
+    [m] = api.post_as(mine, "/claim", {"max": 10}).json()["messages"]
+    assert m["messageId"] == sent["messageId"] and m["orchestratorId"] == mine_id

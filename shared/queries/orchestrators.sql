@@ -6,22 +6,27 @@ VALUES (%(org_id)s, %(linear_user_id)s, %(name)s, %(token_hash)s)
 RETURNING id;
 
 -- name: orchestrator_by_token
--- Who is calling, and that it was seen, in one statement (one round trip per request instead of
--- two). Active orchestrators only: a revoked token authenticates nothing, from its next request on.
+-- Who is calling, and that it was seen, in one statement (the `caller` fragment).
+WITH
+-- include: caller
+SELECT id, org_id, linear_user_id, name FROM who;
+
+-- name: caller
+-- A fragment: the CTEs `who` (the active machine holding this token hash: one row or none) and
+-- `seen`, which records it was seen. A revoked token authenticates nothing, from its next request on.
 -- Last-seen (routing prefers the most recently seen machine; the sweep reroutes from a quiet one) is
 -- written at most once a second per machine, so idle polls and concurrent calls cost a read, not a
 -- row update; the condition is on the row being updated, so a second caller waiting on the first's
 -- row lock re-reads it and writes nothing.
-WITH me AS (
+who AS (
     SELECT id, org_id, linear_user_id, name FROM orchestrators
     WHERE token_hash = %(token_hash)s AND revoked_at IS NULL
 ), seen AS (
     UPDATE orchestrators o SET last_seen_at = now()
-    FROM me
-    WHERE o.id = me.id AND (o.last_seen_at IS NULL OR o.last_seen_at < now() - interval '1 second')
+    FROM who
+    WHERE o.id = who.id AND (o.last_seen_at IS NULL OR o.last_seen_at < now() - interval '1 second')
     RETURNING o.id
 )
-SELECT id, org_id, linear_user_id, name FROM me;
 
 -- name: orchestrator_list
 SELECT id, org_id, linear_user_id, name, created_at, last_seen_at, revoked_at

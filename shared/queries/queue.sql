@@ -54,17 +54,18 @@ FROM q LEFT JOIN s ON true;
 -- undelivered (its row, queued or claimed, still exists; dispatch_queue_agent_order_idx). An empty
 -- poll never reaches that check: it is a probe of dispatch_queue_claim_idx that finds nothing. A
 -- revoked machine claims nothing, even with a request that was authenticated before the revoke.
+-- The machine is the preceding CTE `who` (its id; no row: nothing is claimed).
 due AS (
     SELECT id
     FROM dispatch_queue q0
-    WHERE orchestrator_id = %(orchestrator_id)s
+    WHERE orchestrator_id = (SELECT id FROM who)
       AND lease_expires_at IS NULL
       AND available_at <= coalesce(%(now)s::timestamptz, now())
       AND (q0.agent_session_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM dispatch_queue earlier
             WHERE earlier.org_id = q0.org_id AND earlier.agent_session_id = q0.agent_session_id
               AND earlier.seq < q0.seq))
-      AND EXISTS (SELECT 1 FROM orchestrators o WHERE o.id = %(orchestrator_id)s AND o.revoked_at IS NULL)
+      AND EXISTS (SELECT 1 FROM orchestrators o WHERE o.id = (SELECT id FROM who) AND o.revoked_at IS NULL)
     ORDER BY available_at, id
     LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
@@ -74,8 +75,12 @@ due AS (
 -- AVAILABLE -> CLAIMED, exactly once: the `claimable` rows get a fresh claim token and lease in the
 -- same statement, and the attempt is counted. The CTE pins the LIMIT so the UPDATE touches no more
 -- rows than were selected.
-WITH
+WITH who AS (SELECT %(orchestrator_id)s::uuid AS id),
 -- include: claimable
+-- include: claim_due
+
+-- name: claim_due
+-- A fragment, the UPDATE of `claim` and `poll`: AVAILABLE -> CLAIMED for the `due` rows.
 UPDATE dispatch_queue q
 SET attempts = q.attempts + 1,
     claim_token = gen_random_uuid(),
@@ -84,7 +89,23 @@ SET attempts = q.attempts + 1,
 FROM due
 WHERE q.id = due.id
 RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.payload, q.attempts,
-          q.claim_token, q.lease_expires_at, q.available_at, q.created_at;
+          q.claim_token, q.lease_expires_at, q.available_at, q.created_at
+
+-- name: poll
+-- The poll route's whole work in one statement (one round trip for an idle machine's poll): who is
+-- calling and that it was seen (the `caller` fragment: active machines only), and `claim` for it.
+-- One row per claimed message, each carrying the caller; exactly one row with no message when the
+-- caller is a machine and nothing is due; no row when the token is no active machine's.
+WITH
+-- include: caller
+,
+-- include: claimable
+, claimed AS (
+-- include: claim_due
+)
+SELECT who.id AS caller_id, who.org_id AS caller_org_id, who.linear_user_id AS caller_user_id,
+       who.name AS caller_name, c.*
+FROM who LEFT JOIN claimed c ON true;
 
 -- name: claim_handover
 -- AVAILABLE -> AVAILABLE, handed over: what a long-poll claims when work arrives while it waits.
@@ -94,7 +115,7 @@ RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.paylo
 -- well before then (the ack takes the latest token of an AVAILABLE row too); if the client is gone,
 -- the orchestrator's next claim after that takes the row at the same attempt. Exactly once still:
 -- until then no claim can take it, and after it a late ack with the old token gets claim_superseded.
-WITH
+WITH who AS (SELECT %(orchestrator_id)s::uuid AS id),
 -- include: claimable
 UPDATE dispatch_queue q
 SET claim_token = gen_random_uuid(),
