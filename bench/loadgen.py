@@ -7,13 +7,13 @@ Prints one JSON line: {"rate": ..., "count": ..., "p50_ms": ..., "p99_ms": ...}.
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import threading
 import time
 import uuid
-
-import httpx
+from urllib.parse import urlsplit
 
 from shared.linear import sign
 
@@ -48,36 +48,49 @@ def main() -> None:
     stop = time.monotonic() + seconds
     count = [0]
 
+    host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80
+
+    def post(
+        conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **headers})
+        r = conn.getresponse()
+        return r.status, r.read()
+
+    # The client is kept lean (the standard library's http.client, one keep-alive connection per
+    # thread) so that on a small machine the figure is the server's, not the load generator's.
     def webhook() -> None:
-        with httpx.Client(base_url=url, timeout=30) as c:
-            while time.monotonic() < stop:
-                body = json.dumps(assignment(uuid.uuid4().hex, "B-1", "u")).encode()
-                t0 = time.perf_counter()
-                r = c.post(
-                    "/webhook",
-                    content=body,
-                    headers={"Linear-Signature": sign(secret, body), "Linear-Delivery": uuid.uuid4().hex},
-                )
-                dt = time.perf_counter() - t0
-                assert r.status_code == 200 and r.json()["status"] == "dispatched", r.text
-                with lock:
-                    lat.append(dt)
-                    count[0] += 1
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        while time.monotonic() < stop:
+            body = json.dumps(assignment(uuid.uuid4().hex, "B-1", "u")).encode()
+            headers = {"Linear-Signature": sign(secret, body), "Linear-Delivery": uuid.uuid4().hex}
+            t0 = time.perf_counter()
+            status, answer = post(conn, "/webhook", body, headers)
+            dt = time.perf_counter() - t0
+            assert status == 200 and json.loads(answer)["status"] == "dispatched", answer
+            with lock:
+                lat.append(dt)
+                count[0] += 1
+        conn.close()
 
     def cycle() -> None:
-        with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {secret}"}) as c:
-            while time.monotonic() < stop:
-                t0 = time.perf_counter()
-                ms = c.post("/claim", json={"max": 1}).json()["messages"]
-                if not ms:
-                    continue
-                m = ms[0]
-                r = c.post("/ack", json={"queueId": m["queueId"], "claimToken": m["claimToken"]})
-                assert r.status_code == 200
-                dt = time.perf_counter() - t0
-                with lock:
-                    lat.append(dt)
-                    count[0] += 1
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        auth = {"Authorization": f"Bearer {secret}"}
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            status, answer = post(conn, "/claim", b'{"max": 1}', auth)
+            ms = json.loads(answer)["messages"]
+            if not ms:
+                continue
+            m = ms[0]
+            ack = json.dumps({"queueId": m["queueId"], "claimToken": m["claimToken"]}).encode()
+            status, answer = post(conn, "/ack", ack, auth)
+            assert status == 200, answer
+            dt = time.perf_counter() - t0
+            with lock:
+                lat.append(dt)
+                count[0] += 1
+        conn.close()
 
     target = webhook if mode == "webhook" else cycle
     ts = [threading.Thread(target=target) for _ in range(threads)]
