@@ -12,7 +12,13 @@ from typing import Any
 
 from orchestrator.client import Api
 
-REFRESH_MARGIN = 60.0  # seconds before expiry to fetch a new token
+REFRESH_MARGIN = 60.0  # seconds before expiry to fetch a new token (a quarter of a shorter token's life)
+
+
+def _refresh_at(expires: float, now: float) -> float:
+    """When to ask for the next token: REFRESH_MARGIN before expiry, or with a quarter of its life
+    left for a token shorter than that (else a 30 s token would be renewed on every tick)."""
+    return expires - min(REFRESH_MARGIN, max(0.0, expires - now) / 4)
 
 
 class RealtimeWake:
@@ -90,17 +96,17 @@ class RealtimeWake:
         self.connected.set()
         self._on_state("up", "realtime subscribed")
         self._on_event()  # anything inserted before we subscribed
-        expires = _expiry(grant)
+        renew = _refresh_at(_expiry(grant), time.time())
         try:
             while not self._stop.is_set():
                 await asyncio.sleep(0.5)
                 if not client.is_connected:
                     raise ConnectionError("socket closed")
-                if expires - time.time() < REFRESH_MARGIN:
+                if time.time() >= renew:
                     fresh = await asyncio.to_thread(self._api.realtime_token)
                     grant = fresh or grant
                     await client.set_auth(grant["token"])
-                    expires = _expiry(grant)
+                    renew = _refresh_at(_expiry(grant), time.time())
         finally:
             self.connected.clear()
             await client.close()

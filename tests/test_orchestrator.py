@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -494,3 +495,83 @@ def test_sigterm_finishes_the_ack_in_flight_and_the_next_run_starts_it(
     time.sleep(1.0)
     assert o.stop() == 0
     assert [s["messageId"] for s in o.starts()] == [sent["messageId"]]
+
+
+def test_realtime_renews_its_token_before_it_expires_and_not_on_every_tick(
+    db_url: str, tmp_path: Path
+) -> None:
+    """With 30 s tokens the orchestrator hands the socket a new token with a quarter of the old
+    one's life left (about 22 s in), once — not at every half-second tick — and keeps claiming."""
+    import httpx
+    import jwt
+
+    from shared.db import open_pool
+    from tests.helpers.api import Api as ApiT
+    from tests.helpers.api import Served
+    from tests.helpers.data import api_settings
+    from tests.helpers.phoenix_standin import PhoenixStandIn
+
+    standin = PhoenixStandIn()
+    secret = "k" * 40
+    settings = api_settings(
+        SUPABASE_URL=standin.url,
+        SUPABASE_ANON_KEY="anon-key",
+        SUPABASE_JWT_SECRET=secret,
+        DEVPILOT_REALTIME_TOKEN_SECONDS=30,
+    )
+    pool = open_pool(db_url, settings, max_size=10)
+    served = Served(db_url, settings, pool)
+    try:
+        with httpx.Client(base_url=served.url, timeout=30) as http:
+            api = ApiT(served.url, settings, pool, http)
+            _, token = api.register()
+            o = Orch(api.url, token, tmp_path, "realtime", interval=120)
+            o.start()
+            wait_for(lambda: "realtime connected" in o.log(), what="realtime subscription")
+            joined_at = time.monotonic()
+            [join] = standin.joins
+            first = jwt.decode(
+                join["payload"]["access_token"], secret, algorithms=["HS256"], audience="authenticated"
+            )
+            wait_for(lambda: len(standin.access_tokens) >= 1, timeout=40, what="a renewed token")
+            renewed_after = time.monotonic() - joined_at
+            assert 15 < renewed_after < 28, renewed_after  # a quarter of 30 s before expiry, not at once
+            time.sleep(3)
+            assert len(set(standin.access_tokens)) == 1  # renewed once, not on every tick
+            fresh = jwt.decode(
+                standin.access_tokens[0], secret, algorithms=["HS256"], audience="authenticated"
+            )
+            assert fresh["exp"] > first["exp"] and fresh["orchestrator_id"] == first["orchestrator_id"]
+            api.webhook(issue_event(issue_id="rt-renewed"))
+            assert standin.push_insert({"orchestrator_id": first["orchestrator_id"]}) == 1
+            wait_for(lambda: len(o.starts()) == 1, timeout=10, what="a claim after the renewal")
+            assert o.stop() == 0
+    finally:
+        served.close()
+        pool.close()
+        standin.close()
+
+
+def test_idle_polls_are_jittered_around_the_interval(
+    api: Api, orch_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle fleet must not poll in lockstep: each wait is the interval times a random factor in
+    [0.8, 1.2] (seen from the server: the times between one machine's /claim calls)."""
+    import logging
+
+    from functions.logs import Fields
+
+    caplog.set_level(logging.INFO, logger="devpilot.request")
+    o = orch_factory("poll", interval=0.3)
+    o.start()
+    time.sleep(8.0)
+    assert o.stop() == 0
+    times = [
+        r.created
+        for r in caplog.records
+        if isinstance(r.args, Fields) and r.args.get("route") == "claim" and r.args.get("status") == 200
+    ]
+    gaps = [b - a for a, b in itertools.pairwise(times[1:])]  # (the first wait follows start-up)
+    assert len(gaps) >= 15, gaps
+    assert min(gaps) > 0.8 * 0.3 - 0.03 and max(gaps) < 1.2 * 0.3 + 0.15, gaps
+    assert max(gaps) - min(gaps) > 0.06, gaps  # not a fixed period

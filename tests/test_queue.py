@@ -372,3 +372,54 @@ def test_transaction_pooler_mode_sets_the_timeout_per_transaction(db_url: str) -
     ):
         row = conn.execute("SHOW statement_timeout").fetchone()
         assert row is not None and row["statement_timeout"] == "4321ms"
+
+
+def _others(pool: Pool, sids: list[UUID]) -> list[tuple[str, int]]:
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT s.status, coalesce(q.attempts, -1) AS attempts FROM dispatch_sessions s"
+            " LEFT JOIN dispatch_queue q ON q.session_id = s.id WHERE s.id = ANY(%s) ORDER BY s.created_at",
+            (sids,),
+        ).fetchall()
+    return [(r["status"], r["attempts"]) for r in rows]
+
+
+@pytest.mark.parametrize("ended_by", ["sweep", "release"])
+def test_a_dead_letter_fails_its_own_session_and_no_other(
+    pool: Pool, make_orchestrator: MakeOrch, ended_by: str
+) -> None:
+    """At the attempt limit one row is dropped and one session failed: every other session — the
+    same machine's, another machine's, another org's, queued or claimed — keeps its row and state."""
+    o, p, q = make_orchestrator(), make_orchestrator(), make_orchestrator(org_id="org-b")
+    doomed, _ = enqueue_one(pool, o, 1)
+    others = [enqueue_one(pool, o, 2)[0], enqueue_one(pool, p, 3)[0], enqueue_one(pool, q, 4)[0]]
+    [held] = claim(pool, p.id, max=1, lease_seconds=3600, now=T0)  # one other row claimed, live lease
+    settings = Settings(DEVPILOT_MAX_ATTEMPTS=1)
+    [m] = [x for x in claim(pool, o.id, max=10, lease_seconds=60, now=T0) if x.session_id == doomed]
+    before = _others(pool, others)
+    if ended_by == "sweep":
+        with pool.connection() as conn:  # only the doomed row's lease has run out
+            conn.execute(
+                "UPDATE dispatch_queue SET lease_expires_at = lease_expires_at + interval '1 day'"
+                " WHERE session_id <> %s AND lease_expires_at IS NOT NULL",
+                (doomed,),
+            )
+        assert sweep(pool, settings, now=T0 + timedelta(seconds=61)) == queue.SweepResult(0, 1)
+    else:
+        assert release(
+            pool, settings, o.id, m.queue_id, m.claim_token, reason="gave up", now=T0
+        ).dead_lettered
+    assert session_status(pool, doomed)[0] == "failed"
+    assert _others(pool, others) == before  # untouched: same states, rows still there, same attempts
+    assert all(status == "queued" and attempts >= 0 for status, attempts in before)
+    assert ack(pool, p.id, held.queue_id, held.claim_token) == "acked"
+
+
+def test_a_lease_ends_exactly_lease_seconds_after_the_claim(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    """DEVPILOT_LEASE_SECONDS: "how long a claim holds a row before the sweep may re-queue it" — held
+    for all of it, free from its last instant on."""
+    o = make_orchestrator()
+    enqueue_one(pool, o)
+    claim(pool, o.id, max=1, lease_seconds=60, now=T0)
+    assert sweep(pool, Settings(), now=T0 + timedelta(seconds=60, microseconds=-1)) == queue.SweepResult(0, 0)
+    assert sweep(pool, Settings(), now=T0 + timedelta(seconds=60)) == queue.SweepResult(1, 0)

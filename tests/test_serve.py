@@ -129,6 +129,7 @@ def test_serve_without_database_url_uses_embedded_postgres(tmp_path: Path) -> No
 def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> None:
     _, token = api.register()
     results: list[tuple[int, dict[str, object]]] = []
+    answered_at: list[tuple[float, int]] = []
     stop = threading.Event()
 
     def sender(n: int) -> None:
@@ -148,6 +149,7 @@ def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> 
                     headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": f"s{n}-{i}"},
                 )
                 results.append((r.status_code, r.json()))
+                answered_at.append((time.monotonic(), r.status_code))
 
     threads = [threading.Thread(target=sender, args=(n,)) for n in range(4)]
     for t in threads:
@@ -160,6 +162,7 @@ def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> 
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             time.sleep(0.2)
+    last_kill = time.monotonic()
     time.sleep(0.5)
     stop.set()
     for t in threads:
@@ -168,6 +171,8 @@ def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> 
     print("status codes seen:", {c: sum(1 for x, _ in results if x == c) for c in codes})
     assert codes <= {200, 503}, codes
     assert 500 not in codes
+    # The pool recovered while the senders were still sending: 200s after the last termination.
+    assert any(t > last_kill and code == 200 for t, code in answered_at)
     assert api.http.get("/healthz").json() == {"ok": True}
     dispatched = {b["queueId"] for code, b in results if code == 200}
     claimed: set[str] = set()
