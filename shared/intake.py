@@ -87,7 +87,6 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent) -> Received:
             tx,
             org_id=org,
             issue_id=plan.cancel_issue_id,
-            linear_user_id=None,
             reason=f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed",
         )
     if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id:

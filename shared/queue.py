@@ -327,14 +327,9 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
     return SweepResult(requeued, dead, rerouted)
 
 
-def cancel_issue(
-    tx: Tx, *, org_id: str, issue_id: str, linear_user_id: str | None, reason: str
-) -> list[UUID]:
-    """Cancel the issue's undelivered dispatch (queued or claimed) in the caller's transaction,
-    optionally only the one routed for `linear_user_id`. Returns the cancelled session ids."""
+def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:
+    """Cancel the issue's undelivered dispatch (queued or claimed) in the caller's transaction.
+    Returns the cancelled session ids."""
     tx = require_tx(tx, "cancel_issue")
-    rows = tx.all(
-        query("cancel_open_issue"),
-        {"org_id": org_id, "issue_id": issue_id, "linear_user_id": linear_user_id, "reason": reason},
-    )
+    rows = tx.all(query("cancel_open_issue"), {"org_id": org_id, "issue_id": issue_id, "reason": reason})
     return [r["id"] for r in rows]

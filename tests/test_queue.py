@@ -289,17 +289,14 @@ def test_cancel_issue_removes_queued_and_claimed(pool: Pool, make_orchestrator: 
     [m] = claim(pool, o.id, max=1, lease_seconds=60)
     assert m.session_id == sid1
     with transaction(pool) as tx:
-        got = queue.cancel_issue(tx, org_id=o.org_id, issue_id=issue(1).id, linear_user_id=None, reason="x")
+        got = queue.cancel_issue(tx, org_id=o.org_id, issue_id=issue(1).id, reason="x")
     assert got == [sid1]
     assert session_status(pool, sid1)[0] == "cancelled"
     assert ack(pool, o.id, m.queue_id, m.claim_token) == "not_found"
     assert session_status(pool, sid2)[0] == "queued"
     # another org's issue with the same id is untouched
     with transaction(pool) as tx:
-        assert (
-            queue.cancel_issue(tx, org_id="org-b", issue_id=issue(2).id, linear_user_id=None, reason="x")
-            == []
-        )
+        assert queue.cancel_issue(tx, org_id="org-b", issue_id=issue(2).id, reason="x") == []
 
 
 def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orchestrator: MakeOrch) -> None:

@@ -295,7 +295,6 @@ def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestra
                         tx,
                         org_id=o.org_id,
                         issue_id=issue(i, o.org_id).id,
-                        linear_user_id=None,
                         reason="race",
                     )
                 )

@@ -259,7 +259,6 @@ WITH removed AS (
     WHERE dq.session_id = s.id
       AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
       AND s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
-      AND (%(linear_user_id)s::text IS NULL OR s.linear_user_id = %(linear_user_id)s::text)
     RETURNING dq.session_id
 ),
 -- include: cancel_removed
