@@ -137,3 +137,19 @@ def test_reroute_racing_a_late_claim_by_the_quiet_machine(api: Api) -> None:
     everything = got[quiet_id] + got[desk_id]
     assert len(everything) == len(set(everything)) == 300
     assert_invariant(api.pool)
+
+
+def test_a_quiet_machines_work_never_moves_to_another_user_or_org(api: Api) -> None:
+    """Only the same user's machine in the same org may take over: another user's busy desktop in
+    the org, or the same user's machine in another workspace, never gets the work."""
+    quiet_id, quiet = api.register(org="org-a", user="user-1", name="laptop")
+    waiting = api.webhook(issue_event(issue_id="iss-stay")).json()
+    colleague_id, colleague = api.register(org="org-a", user="user-2", name="colleague")
+    elsewhere_id, elsewhere = api.register(org="org-b", user="user-1", name="other-workspace")
+    seen(api, quiet_id, 700)
+    seen(api, colleague_id, 1)
+    seen(api, elsewhere_id, 1)
+    assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 0
+    assert claim_all(api, colleague) == [] and claim_all(api, elsewhere) == []
+    [still] = claim_all(api, quiet)
+    assert still["sessionId"] == waiting["sessionId"]
