@@ -153,3 +153,48 @@ def test_a_quiet_machines_work_never_moves_to_another_user_or_org(api: Api) -> N
     assert claim_all(api, colleague) == [] and claim_all(api, elsewhere) == []
     [still] = claim_all(api, quiet)
     assert still["sessionId"] == waiting["sessionId"]
+
+
+def _holder(api: Api, session_id: str) -> str:
+    with api.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT orchestrator_id FROM dispatch_queue WHERE session_id = %s", (session_id,)
+        ).fetchone()
+    assert row is not None
+    return str(row["orchestrator_id"])
+
+
+def test_the_sweep_moves_work_only_from_a_quiet_machine_to_a_live_one_the_freshest(api: Api) -> None:
+    """Rerouting needs both: the holder quiet for DEVPILOT_REROUTE_AFTER_SECONDS, and a machine of the
+    same user seen within it (not revoked). Among several, the most recently seen takes the work."""
+    reroute = Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)
+    laptop_id, _ = api.register(user="user-1", name="laptop")
+    work = api.webhook(issue_event(issue_id="iss-r")).json()["sessionId"]
+    desk_id, _ = api.register(user="user-1", name="desktop")
+    spare_id, _ = api.register(user="user-1", name="spare")
+
+    # Both of the user's other machines quiet too, and the laptop quiet: nowhere better to go.
+    seen(api, laptop_id, 700)
+    seen(api, desk_id, 650)
+    seen(api, spare_id, 900)
+    assert sweep(api.pool, reroute).rerouted == 0 and _holder(api, work) == laptop_id
+
+    # The laptop itself seen recently: it is not quiet, whoever else is live.
+    seen(api, laptop_id, 5)
+    seen(api, desk_id, 1)
+    assert sweep(api.pool, reroute).rerouted == 0 and _holder(api, work) == laptop_id
+
+    # A live machine of the user, but revoked: never a target.
+    seen(api, laptop_id, 700)
+    seen(api, desk_id, 650)
+    with api.pool.connection() as conn:
+        conn.execute(
+            "UPDATE orchestrators SET revoked_at = now(), last_seen_at = now() WHERE id = %s", (spare_id,)
+        )
+    assert sweep(api.pool, reroute).rerouted == 0 and _holder(api, work) == laptop_id
+
+    # Two live candidates: the most recently seen one.
+    third_id, _ = api.register(user="user-1", name="third")
+    seen(api, desk_id, 300)
+    seen(api, third_id, 2)
+    assert sweep(api.pool, reroute).rerouted == 1 and _holder(api, work) == third_id
