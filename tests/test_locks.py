@@ -65,3 +65,25 @@ def test_a_long_poll_wakes_on_the_notify_not_the_recheck(api: Api) -> None:
     answer, answered_at = out[0]
     assert len(answer["messages"]) == 1
     assert answered_at - sent_at < RECHECK_SECONDS / 2  # the NOTIFY, not the polling backstop
+
+
+def test_rerouting_skips_a_row_a_claim_holds(pool: Pool, db_url: str, make_orchestrator: MakeOrch) -> None:
+    """The sweep's move of a quiet machine's work never waits on a claim taking one of its rows: it
+    moves the others, and the held one stays (the claim that holds it wins)."""
+    quiet = make_orchestrator(linear_user_id="u-lock")
+    live = make_orchestrator(linear_user_id="u-lock")
+    rows = [enqueue_one(pool, quiet, n)[1].queue_id for n in range(3)]
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE orchestrators SET last_seen_at = now() - make_interval(secs => %s) WHERE id = %s",
+            (3600, quiet.id),
+        )
+        conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (live.id,))
+    with connect(db_url, autocommit=False) as locker:
+        locker.execute("SELECT id FROM dispatch_queue WHERE id = %s FOR UPDATE", (rows[0],))
+        t, out = in_thread(lambda: sweep(pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)))
+        t.join(timeout=3)
+        assert not t.is_alive(), "rerouting waited on a locked row"
+        assert out[0].rerouted == 2
+        locker.rollback()
+    assert [m.queue_id for m in claim(pool, quiet.id, max=10, lease_seconds=60)] == [rows[0]]

@@ -193,8 +193,19 @@ def test_the_sweep_moves_work_only_from_a_quiet_machine_to_a_live_one_the_freshe
         )
     assert sweep(api.pool, reroute).rerouted == 0 and _holder(api, work) == laptop_id
 
-    # Two live candidates: the most recently seen one.
+    # Two live candidates: the most recently seen one. Nobody else's work moves with it.
     third_id, _ = api.register(user="user-1", name="third")
+    bystander_id, _ = api.register(user="user-9", name="bystander")
+    other_work = api.webhook(issue_event(issue_id="iss-b", assignee="user-9")).json()["sessionId"]
     seen(api, desk_id, 300)
     seen(api, third_id, 2)
+    seen(api, bystander_id, 1)
     assert sweep(api.pool, reroute).rerouted == 1 and _holder(api, work) == third_id
+    assert _holder(api, other_work) == bystander_id
+    with api.pool.connection() as conn:  # the session follows its row, and only that session
+        rows = conn.execute(
+            "SELECT id::text AS id, orchestrator_id::text AS owner FROM dispatch_sessions WHERE id = ANY(%s::uuid[])",
+            ([work, other_work],),
+        ).fetchall()
+    owners = {r["id"]: r["owner"] for r in rows}
+    assert owners == {work: third_id, other_work: bystander_id}
