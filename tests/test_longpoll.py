@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from shared.dispatch import RECHECK_SECONDS
 from tests.helpers.api import Api, issue_event
 from tests.test_orchestrator import Orch, wait_for
 
@@ -72,7 +73,10 @@ def test_a_live_long_poll_gets_the_work_and_acks_it(api: Api) -> None:
 
 
 def test_revoking_a_machine_ends_its_open_long_poll(api: Api) -> None:
+    """At once (the revoke's NOTIFY wakes it, not the re-check), and with 401 — while other machines
+    stay active (the revoked check is about this machine, not any)."""
     oid, token = api.register()
+    api.register(user="user-2")  # another machine, active throughout
     result: list[Any] = []
 
     def poll() -> None:
@@ -86,7 +90,8 @@ def test_revoking_a_machine_ends_its_open_long_poll(api: Api) -> None:
     api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin())
     t.join(timeout=25)
     status, body, took = result[0]
-    assert (status, body["error"]) == (401, "unauthorized") and took < 5
+    assert (status, body["error"]) == (401, "unauthorized")
+    assert took < 0.5 + RECHECK_SECONDS / 2, took  # woken by the revoke, not found by the re-check
 
 
 def test_orchestrator_sigkilled_mid_long_poll_gets_the_next_work_at_attempt_1(

@@ -68,6 +68,9 @@ def test_revoke_moves_starts_to_the_users_other_machine_and_cancels_the_rest(
 
 def test_revoke_with_no_other_machine_cancels_and_tells_linear(api: Api, linear: Linear) -> None:
     oid, _ = api.register(user="user-1")
+    colleague_id, _ = api.register(user="user-2")  # another user's machine: never a target
+    api.register(org="org-b", user="user-1")  # the same user in another workspace: never a target
+    seen(api, colleague_id, 1)
     plain = api.webhook(issue_event(issue_id="iss-alone")).json()
     agent = api.webhook(agent_session_event(session_id="as-alone")).json()
     linear.wait(1)  # "queued for"
@@ -209,3 +212,27 @@ def test_the_sweep_moves_work_only_from_a_quiet_machine_to_a_live_one_the_freshe
         ).fetchall()
     owners = {r["id"]: r["owner"] for r in rows}
     assert owners == {work: third_id, other_work: bystander_id}
+
+
+def test_revoke_hands_the_work_to_the_users_most_recently_seen_machine(api: Api) -> None:
+    """Among the user's other active machines: the most recently seen; machines never seen come
+    after every seen one, the most recently registered first."""
+    laptop_id, _ = api.register(user="user-1", name="laptop")
+    first = api.webhook(issue_event(issue_id="iss-m1")).json()["sessionId"]
+    old_id, _ = api.register(user="user-1", name="old")
+    recent_id, _ = api.register(user="user-1", name="recent")
+    seen(api, old_id, 300)
+    seen(api, recent_id, 5)
+    assert api.http.post(f"/orchestrators/{laptop_id}/revoke", headers=api.admin()).json()["moved"] == 1
+    assert _holder(api, first) == recent_id
+
+    # Nobody seen: the newest registration.
+    with api.pool.connection() as conn:
+        conn.execute("UPDATE orchestrators SET last_seen_at = NULL")
+    second = api.webhook(issue_event(issue_id="iss-m2")).json()["sessionId"]
+    holder = _holder(api, second)
+    newer_id, _ = api.register(user="user-1", name="newer")
+    newest_id, _ = api.register(user="user-1", name="newest")
+    assert holder == recent_id  # (routed to it: it holds both now)
+    assert api.http.post(f"/orchestrators/{holder}/revoke", headers=api.admin()).json()["moved"] == 2
+    assert _holder(api, first) == _holder(api, second) == newest_id != newer_id
