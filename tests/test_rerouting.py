@@ -236,3 +236,30 @@ def test_revoke_hands_the_work_to_the_users_most_recently_seen_machine(api: Api)
     assert holder == recent_id  # (routed to it: it holds both now)
     assert api.http.post(f"/orchestrators/{holder}/revoke", headers=api.admin()).json()["moved"] == 2
     assert _holder(api, first) == _holder(api, second) == newest_id != newer_id
+
+
+def test_rerouted_work_wakes_the_new_machines_long_poll(api: Api) -> None:
+    """The sweep's move NOTIFYs the machine that now holds the work: its open long-poll answers at
+    once, not at its next re-check."""
+    import threading
+    import time
+
+    from shared.dispatch import RECHECK_SECONDS
+
+    quiet_id, _ = api.register(user="user-1", name="laptop")
+    work = api.webhook(issue_event(issue_id="iss-wake")).json()["sessionId"]
+    desk_id, desk = api.register(user="user-1", name="desktop")
+    seen(api, quiet_id, 700)
+    out: list[Any] = []
+    t = threading.Thread(
+        target=lambda: out.append((api.post_as(desk, "/claim", {"waitSeconds": 20}).json(), time.monotonic()))
+    )
+    t.start()
+    time.sleep(1.0)  # the desktop is waiting (its first look found nothing)
+    swept_at = time.monotonic()
+    assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 1
+    t.join(timeout=25)
+    answer, answered_at = out[0]
+    assert [m["sessionId"] for m in answer["messages"]] == [work]
+    assert answered_at - swept_at < RECHECK_SECONDS / 2  # woken by the move's NOTIFY
+    del desk_id
