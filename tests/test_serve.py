@@ -244,3 +244,21 @@ def _state(pid: str) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
     except (OSError, IndexError):
         return "zombie"
+
+
+def test_serve_stops_on_signals_in_quick_succession(db_url: str, tmp_path: Path) -> None:
+    """SIGTERM three times in a row (a shell's job control, an impatient operator): serve still stops
+    within its grace period plus ten seconds, and its worker with it."""
+    for _ in range(3):
+        proc, url, _ = start_serve(
+            {"DATABASE_URL": db_url, "DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}, tmp_path
+        )
+        assert httpx.get(url + "/healthz").status_code == 200
+        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
