@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -285,56 +287,78 @@ def test_realtime_disabled_route_means_polling(api: Api, orch_factory: Any) -> N
     assert "realtime_disabled" in o.log()
 
 
-def test_realtime_joins_with_the_token_and_claims_on_an_event(db_url: str, tmp_path: Path) -> None:
-    """Against a local Phoenix-channel server standing in for Supabase Realtime."""
+@dataclass
+class RealtimeRig:
+    standin: Any  # tests.helpers.phoenix_standin.PhoenixStandIn
+    api: Api
+    orchestrator_id: str
+    orch: Orch
+
+
+REALTIME_SECRET = "k" * 40
+
+
+@contextmanager
+def realtime_orchestrator(db_url: str, tmp_path: Path, **settings: object) -> Iterator[RealtimeRig]:
+    """The service with Realtime pointed at a local Phoenix-channel stand-in, and a realtime
+    orchestrator whose poll interval (120 s) cannot explain a pickup, subscribed before it is yielded."""
     import httpx
-    import jwt
 
     from shared.db import open_pool
-    from tests.helpers.api import Api as ApiT
     from tests.helpers.api import Served
     from tests.helpers.data import api_settings
     from tests.helpers.phoenix_standin import PhoenixStandIn
 
     standin = PhoenixStandIn()
-    secret = "k" * 40
-    settings = api_settings(
-        SUPABASE_URL=standin.url, SUPABASE_ANON_KEY="anon-key", SUPABASE_JWT_SECRET=secret
+    config = api_settings(
+        SUPABASE_URL=standin.url,
+        SUPABASE_ANON_KEY="anon-key",
+        SUPABASE_JWT_SECRET=REALTIME_SECRET,
+        **settings,
     )
-    pool = open_pool(db_url, settings, max_size=10)
-    served = Served(db_url, settings, pool)
+    pool = open_pool(db_url, config, max_size=10)
+    served = Served(db_url, config, pool)
     try:
         with httpx.Client(base_url=served.url, timeout=30) as http:
-            api = ApiT(served.url, settings, pool, http)
+            api = Api(served.url, config, pool, http)
             oid, token = api.register()
-            o = Orch(api.url, token, tmp_path, "realtime", interval=120)  # polling cannot explain a pickup
+            o = Orch(api.url, token, tmp_path, "realtime", interval=120)
             o.start()
             wait_for(lambda: "realtime connected" in o.log(), what="realtime subscription")
-            [join] = standin.joins
-            assert join["topic"] == f"realtime:devpilot:orchestrator_id=eq.{oid}"
-            assert "apikey=anon-key" in join["path"]
-            [change] = join["payload"]["config"]["postgres_changes"]
-            assert change == {
-                "event": "INSERT",
-                "schema": "public",
-                "table": "dispatch_queue",
-                "filter": f"orchestrator_id=eq.{oid}",
-            }
-            claims = jwt.decode(
-                join["payload"]["access_token"], secret, algorithms=["HS256"], audience="authenticated"
-            )
-            assert claims["orchestrator_id"] == oid
-            time.sleep(0.5)
-            api.webhook(issue_event(issue_id="rt-1"))
-            time.sleep(1.0)
-            assert o.starts() == []  # nothing woke it yet: no event, long poll interval
-            assert standin.push_insert({"orchestrator_id": oid}) == 1
-            wait_for(lambda: len(o.starts()) == 1, timeout=10, what="start on the realtime event")
-            assert o.stop() == 0
+            yield RealtimeRig(standin, api, oid, o)
     finally:
         served.close()
         pool.close()
         standin.close()
+
+
+def test_realtime_joins_with_the_token_and_claims_on_an_event(db_url: str, tmp_path: Path) -> None:
+    """Against a local Phoenix-channel server standing in for Supabase Realtime."""
+    import jwt
+
+    with realtime_orchestrator(db_url, tmp_path) as rig:
+        standin, api, oid, o = rig.standin, rig.api, rig.orchestrator_id, rig.orch
+        [join] = standin.joins
+        assert join["topic"] == f"realtime:devpilot:orchestrator_id=eq.{oid}"
+        assert "apikey=anon-key" in join["path"]
+        [change] = join["payload"]["config"]["postgres_changes"]
+        assert change == {
+            "event": "INSERT",
+            "schema": "public",
+            "table": "dispatch_queue",
+            "filter": f"orchestrator_id=eq.{oid}",
+        }
+        claims = jwt.decode(
+            join["payload"]["access_token"], REALTIME_SECRET, algorithms=["HS256"], audience="authenticated"
+        )
+        assert claims["orchestrator_id"] == oid
+        time.sleep(0.5)
+        api.webhook(issue_event(issue_id="rt-1"))
+        time.sleep(1.0)
+        assert o.starts() == []  # nothing woke it yet: no event, long poll interval
+        assert standin.push_insert({"orchestrator_id": oid}) == 1
+        wait_for(lambda: len(o.starts()) == 1, timeout=10, what="start on the realtime event")
+        assert o.stop() == 0
 
 
 @pytest.mark.parametrize("marker", [True, False])
@@ -502,54 +526,30 @@ def test_realtime_renews_its_token_before_it_expires_and_not_on_every_tick(
 ) -> None:
     """With 30 s tokens the orchestrator hands the socket a new token with a quarter of the old
     one's life left (about 22 s in), once — not at every half-second tick — and keeps claiming."""
-    import httpx
     import jwt
 
-    from shared.db import open_pool
-    from tests.helpers.api import Api as ApiT
-    from tests.helpers.api import Served
-    from tests.helpers.data import api_settings
-    from tests.helpers.phoenix_standin import PhoenixStandIn
+    def decoded(token: str) -> dict[str, Any]:
+        claims: dict[str, Any] = jwt.decode(
+            token, REALTIME_SECRET, algorithms=["HS256"], audience="authenticated"
+        )
+        return claims
 
-    standin = PhoenixStandIn()
-    secret = "k" * 40
-    settings = api_settings(
-        SUPABASE_URL=standin.url,
-        SUPABASE_ANON_KEY="anon-key",
-        SUPABASE_JWT_SECRET=secret,
-        DEVPILOT_REALTIME_TOKEN_SECONDS=30,
-    )
-    pool = open_pool(db_url, settings, max_size=10)
-    served = Served(db_url, settings, pool)
-    try:
-        with httpx.Client(base_url=served.url, timeout=30) as http:
-            api = ApiT(served.url, settings, pool, http)
-            _, token = api.register()
-            o = Orch(api.url, token, tmp_path, "realtime", interval=120)
-            o.start()
-            wait_for(lambda: "realtime connected" in o.log(), what="realtime subscription")
-            joined_at = time.monotonic()
-            [join] = standin.joins
-            first = jwt.decode(
-                join["payload"]["access_token"], secret, algorithms=["HS256"], audience="authenticated"
-            )
-            wait_for(lambda: len(standin.access_tokens) >= 1, timeout=40, what="a renewed token")
-            renewed_after = time.monotonic() - joined_at
-            assert 15 < renewed_after < 28, renewed_after  # a quarter of 30 s before expiry, not at once
-            time.sleep(3)
-            assert len(set(standin.access_tokens)) == 1  # renewed once, not on every tick
-            fresh = jwt.decode(
-                standin.access_tokens[0], secret, algorithms=["HS256"], audience="authenticated"
-            )
-            assert fresh["exp"] > first["exp"] and fresh["orchestrator_id"] == first["orchestrator_id"]
-            api.webhook(issue_event(issue_id="rt-renewed"))
-            assert standin.push_insert({"orchestrator_id": first["orchestrator_id"]}) == 1
-            wait_for(lambda: len(o.starts()) == 1, timeout=10, what="a claim after the renewal")
-            assert o.stop() == 0
-    finally:
-        served.close()
-        pool.close()
-        standin.close()
+    with realtime_orchestrator(db_url, tmp_path, DEVPILOT_REALTIME_TOKEN_SECONDS=30) as rig:
+        standin, o = rig.standin, rig.orch
+        joined_at = time.monotonic()
+        [join] = standin.joins
+        first = decoded(join["payload"]["access_token"])
+        wait_for(lambda: len(standin.access_tokens) >= 1, timeout=40, what="a renewed token")
+        renewed_after = time.monotonic() - joined_at
+        assert 15 < renewed_after < 28, renewed_after  # a quarter of 30 s before expiry, not at once
+        time.sleep(3)
+        assert len(set(standin.access_tokens)) == 1  # renewed once, not on every tick
+        fresh = decoded(standin.access_tokens[0])
+        assert fresh["exp"] > first["exp"] and fresh["orchestrator_id"] == first["orchestrator_id"]
+        rig.api.webhook(issue_event(issue_id="rt-renewed"))
+        assert standin.push_insert({"orchestrator_id": rig.orchestrator_id}) == 1
+        wait_for(lambda: len(o.starts()) == 1, timeout=10, what="a claim after the renewal")
+        assert o.stop() == 0
 
 
 def test_idle_polls_are_jittered_around_the_interval(
