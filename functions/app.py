@@ -39,7 +39,7 @@ from functions.web import (
     start_notes,
 )
 from shared import crypto
-from shared.orchestrators import Orchestrator
+from shared.orchestrators import UNAUTHORIZED, Orchestrator
 from shared.settings import SettingsError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def _authorise(auth: Auth, request: flask.Request, rt: Runtime) -> tuple[Orchest
     if auth == "orchestrator":
         return require_orchestrator(request, rt), None
     if auth == "poll" and bearer(request) is None:  # (the view checks the token itself)
-        raise ApiError(401, "unauthorized", "missing, wrong or revoked orchestrator token")
+        raise ApiError(401, "unauthorized", UNAUTHORIZED)
     if auth == "agent":
         return require_agent(request, rt)
     if auth == "admin" or (auth == "scheduler" and not rt.settings.sweep_platform_auth):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from functions.runtime import Runtime
 from shared import agent_tokens, jsoninput
 from shared.dispatch import Dispatch
-from shared.orchestrators import Orchestrator, authenticate, authenticate_agent
+from shared.orchestrators import UNAUTHORIZED, Orchestrator, authenticate, authenticate_agent
 
 MAX_BODY = 1024 * 1024  # 1 MiB
 
@@ -118,7 +118,7 @@ def require_orchestrator(request: flask.Request, rt: Runtime) -> Orchestrator:
     token = bearer(request)
     orch = authenticate(rt.pool, token) if token else None
     if orch is None:
-        raise ApiError(401, "unauthorized", "missing, wrong or revoked orchestrator token")
+        raise ApiError(401, "unauthorized", UNAUTHORIZED)
     note(orchestratorId=orch.id)
     return orch
 

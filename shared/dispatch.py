@@ -117,7 +117,7 @@ class Dispatch:
             self.pool, orchestrators.hash_token(token), max=max, lease_seconds=self.settings.lease_seconds
         )
         if polled is None:
-            raise Refused("unauthorized", "missing, wrong or revoked orchestrator token")
+            raise Refused("unauthorized", orchestrators.UNAUTHORIZED)
         return polled
 
     def ack(self, orchestrator_id: UUID, items: list[queue.AckItem]) -> list[queue.AckStatus]:

@@ -16,6 +16,7 @@ from shared import agent_tokens
 from shared.db import Pool, transaction
 from shared.sql import query
 
+UNAUTHORIZED = "missing, wrong or revoked orchestrator token"  # what a refused machine is told
 TOKEN_PREFIX = "dpo_"  # the visible prefix of every machine token, not a secret  # nosec B105
 
 

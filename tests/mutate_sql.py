@@ -60,38 +60,38 @@ def _code(line: str) -> str:
     return line.split("--", 1)[0]
 
 
+# (operator, text, replacement): everywhere, and in conditions only (a WHERE/AND/ON line).
+ANYWHERE = [
+    ("lock skips nothing", " SKIP LOCKED", ""),
+    ("no row lock", "FOR UPDATE SKIP LOCKED", ""),
+    ("null check inverted", "IS NULL", "IS NOT NULL"),
+    ("null check inverted", "IS NOT NULL", "IS NULL"),
+    ("exists inverted", "NOT EXISTS", "EXISTS"),
+    ("count off by one", "+ 1", "+ 0"),
+    ("least/greatest", "least(", "greatest("),
+    ("least/greatest", "greatest(", "least("),
+    ("limit off by one", "LIMIT %(max)s", "LIMIT %(max)s + 1"),
+    ("order reversed", " DESC", " ASC"),
+]
+IN_CONDITIONS = [
+    ("comparison", " <= ", " < "),
+    ("comparison", " >= ", " > "),
+    ("comparison", " < ", " <= "),
+    ("comparison", " > ", " >= "),
+    ("equality inverted", " = ", " <> "),
+    ("and -> or", " AND ", " OR "),
+]
+
+
 def _swaps(line: str) -> Iterator[tuple[str, str]]:
     code = _code(line)
     if not code.strip():
         return
-    cond = bool(CONDITION.search(code))
-    simple = [
-        ("lock skips nothing", " SKIP LOCKED", ""),
-        ("no row lock", "FOR UPDATE SKIP LOCKED", ""),
-        ("null check inverted", "IS NULL", "IS NOT NULL"),
-        ("null check inverted", "IS NOT NULL", "IS NULL"),
-        ("exists inverted", "NOT EXISTS", "EXISTS"),
-        ("count off by one", "+ 1", "+ 0"),
-        ("least/greatest", "least(", "greatest("),
-        ("least/greatest", "greatest(", "least("),
-        ("limit off by one", "LIMIT %(max)s", "LIMIT %(max)s + 1"),
-        ("order reversed", " DESC", " ASC"),
-    ]
-    if cond:
-        simple += [
-            ("comparison", " <= ", " < "),
-            ("comparison", " >= ", " > "),
-            ("comparison", " < ", " <= "),
-            ("comparison", " > ", " >= "),
-            ("equality inverted", " = ", " <> "),
-            ("and -> or", " AND ", " OR "),
-        ]
-    for op, old, new in simple:
+    swaps = ANYWHERE + (IN_CONDITIONS if CONDITION.search(code) else [])
+    for op, old, new in swaps:
         start = 0
         while (i := code.find(old, start)) >= 0:
-            if not (old == " < " and code[i : i + 3] == " <>") and not (
-                old == "EXISTS" and code[i - 4 : i] == "NOT "
-            ):
+            if not (old == " < " and code[i : i + 3] == " <>"):  # (" <> " is not a comparison to flip)
                 yield op, line[:i] + new + line[i + len(old) :]
             start = i + len(old)
     notify = re.search(r"pg_notify\((?:[^()]|\([^()]*\))*\)", code)
