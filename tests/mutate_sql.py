@@ -5,7 +5,7 @@ mutmut mutates Python; the claim, ack, release, sweep, intake and routing rules 
 no rows, a comparison one off, a condition inverted, a NOTIFY gone — runs the core tests against a
 copy of the repository carrying that bug, and lists every bug no test noticed.
 
-    python -m tests.mutate_sql [--files queue.sql,intake.sql] [--max N] [--report PATH]
+    python -m tests.mutate_sql [--files queue.sql,intake.sql] [--start N] [--max N] [--report PATH] [--list]
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ TESTS = [  # fastest first: with -x most mutants are caught in the first file
     "tests/test_conversations.py",
     "tests/test_rerouting.py",
 ]
+# Beyond the core: the tests that exercise one file's statements through HTTP (dedupe, activities).
+EXTRA_TESTS = {
+    "intake.sql": ["tests/test_http.py", "tests/test_security.py"],
+    "notices.sql": ["tests/test_oauth.py", "tests/test_security.py"],
+    "orchestrators.sql": ["tests/test_security.py", "tests/test_operators.py"],
+}
 DESELECT = "not sigkilled and not plan_probes"
 
 CONDITION = re.compile(r"^\s*(WHERE|AND|OR|ON|WHEN|FILTER)\b|\bWHERE\b", re.IGNORECASE)
@@ -120,15 +126,17 @@ def _copy(dest: Path) -> None:
             shutil.copy2(src, target)
 
 
-def run(files: list[str], limit: int | None, report: Path) -> int:
-    found = mutants(files)[:limit] if limit else mutants(files)
+def run(files: list[str], start: int, limit: int | None, report: Path) -> int:
+    found = mutants(files)[start - 1 :]
+    found = found[:limit] if limit else found
     work = Path(tempfile.mkdtemp(prefix="devpilot-mutate-"))
     _copy(work)
     env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
     base = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", "120"]
-    cmd = [*base, *TESTS, "-k", DESELECT]
+    tests = [*TESTS, *dict.fromkeys(t for f in files for t in EXTRA_TESTS.get(f, []))]
+    cmd = [*base, *tests, "-k", DESELECT]
     print(
-        f"{len(found)} mutants of {', '.join(files)}; tests: {' '.join(TESTS)} (-k '{DESELECT}')", flush=True
+        f"{len(found)} mutants of {', '.join(files)}; tests: {' '.join(tests)} (-k '{DESELECT}')", flush=True
     )
     clean = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     if clean.returncode != 0:
@@ -170,16 +178,19 @@ def run(files: list[str], limit: int | None, report: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.mutate_sql")
     ap.add_argument("--files", default=",".join(DEFAULT_FILES), help="query files under shared/queries")
+    ap.add_argument(
+        "--start", type=int, default=1, help="begin at this mutant (1-based, as --list numbers them)"
+    )
     ap.add_argument("--max", type=int, default=None, help="stop after this many mutants")
     ap.add_argument("--report", type=Path, default=ROOT / "mutation-sql.md")
     ap.add_argument("--list", action="store_true", help="list the mutants and stop")
     args = ap.parse_args()
     files = [f.strip() for f in args.files.split(",") if f.strip()]
     if args.list:
-        for m in mutants(files):
-            print(m.describe())
+        for i, m in enumerate(mutants(files), 1):
+            print(f"{i}. {m.describe()}")
         return 0
-    return run(files, args.max, args.report)
+    return run(files, args.start, args.max, args.report)
 
 
 if __name__ == "__main__":
