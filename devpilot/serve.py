@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -148,6 +149,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
         "loglevel": "warning",
         "proc_name": "devpilot-serve",
     }
+    master = os.getpid()
     try:
         ProductionServer(options, start_worker, stop_worker).run()
     except SystemExit as exc:  # gunicorn's master ends with sys.exit once its workers have stopped
@@ -155,7 +157,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     else:
         code = 0
     finally:
-        if database.embedded and database.handle is not None:
-            database.handle.cleanup()
-        print("devpilot stopped", flush=True)
+        # The forked worker unwinds through here too when it exits; only the master owns the
+        # embedded database and says it stopped.
+        if os.getpid() == master:
+            if database.embedded and database.handle is not None:
+                database.handle.cleanup()
+            print("devpilot stopped", flush=True)
     return code
