@@ -8,6 +8,8 @@ import threading
 from typing import Any
 from uuid import UUID
 
+import pytest
+
 from shared.queue import claim, sweep
 from shared.settings import Settings
 from tests.helpers.api import Api, agent_session_event, issue_event
@@ -238,9 +240,10 @@ def test_revoke_hands_the_work_to_the_users_most_recently_seen_machine(api: Api)
     assert _holder(api, first) == _holder(api, second) == newest_id != newer_id
 
 
-def test_rerouted_work_wakes_the_new_machines_long_poll(api: Api) -> None:
-    """The sweep's move NOTIFYs the machine that now holds the work: its open long-poll answers at
-    once, not at its next re-check."""
+@pytest.mark.parametrize("mover", ["sweep", "revoke"])
+def test_rerouted_work_wakes_the_new_machines_long_poll(api: Api, mover: str) -> None:
+    """The move's NOTIFY (the sweep's, or the revoke's) wakes the machine that now holds the work:
+    its open long-poll answers at once, not at its next re-check."""
     import threading
     import time
 
@@ -248,7 +251,7 @@ def test_rerouted_work_wakes_the_new_machines_long_poll(api: Api) -> None:
 
     quiet_id, _ = api.register(user="user-1", name="laptop")
     work = api.webhook(issue_event(issue_id="iss-wake")).json()["sessionId"]
-    desk_id, desk = api.register(user="user-1", name="desktop")
+    _, desk = api.register(user="user-1", name="desktop")
     seen(api, quiet_id, 700)
     out: list[Any] = []
     t = threading.Thread(
@@ -256,10 +259,12 @@ def test_rerouted_work_wakes_the_new_machines_long_poll(api: Api) -> None:
     )
     t.start()
     time.sleep(1.0)  # the desktop is waiting (its first look found nothing)
-    swept_at = time.monotonic()
-    assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 1
+    moved_at = time.monotonic()
+    if mover == "sweep":
+        assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 1
+    else:
+        assert api.http.post(f"/orchestrators/{quiet_id}/revoke", headers=api.admin()).json()["moved"] == 1
     t.join(timeout=25)
     answer, answered_at = out[0]
     assert [m["sessionId"] for m in answer["messages"]] == [work]
-    assert answered_at - swept_at < RECHECK_SECONDS / 2  # woken by the move's NOTIFY
-    del desk_id
+    assert answered_at - moved_at < RECHECK_SECONDS / 2  # woken by the move's NOTIFY
