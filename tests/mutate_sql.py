@@ -37,11 +37,26 @@ TESTS = [  # fastest first: with -x most mutants are caught in the first file
     "tests/test_conversations.py",
     "tests/test_rerouting.py",
 ]
-# Beyond the core: the tests that exercise one file's statements through HTTP (dedupe, activities).
-EXTRA_TESTS = {
-    "intake.sql": ["tests/test_http.py", "tests/test_security.py"],
-    "notices.sql": ["tests/test_oauth.py", "tests/test_security.py"],
-    "orchestrators.sql": ["tests/test_security.py", "tests/test_operators.py"],
+# A file whose statements are reached mostly through HTTP (dedupe, conversations, activities) is
+# run against those tests, first: with -x a mutant they catch costs no run of the whole core.
+TESTS_FOR = {
+    "intake.sql": [
+        "tests/test_http.py",
+        "tests/test_conversations.py",
+        "tests/test_security.py",
+        "tests/test_rerouting.py",
+        "tests/test_queue.py",
+        "tests/test_concurrency.py",
+    ],
+    "notices.sql": [
+        "tests/test_notices.py",
+        "tests/test_conversations.py",
+        "tests/test_oauth.py",
+        "tests/test_security.py",
+        "tests/test_bad_input.py",
+        "tests/test_rerouting.py",
+    ],
+    "orchestrators.sql": [*TESTS, "tests/test_security.py", "tests/test_operators.py"],
 }
 DESELECT = "not sigkilled and not plan_probes"
 
@@ -133,7 +148,7 @@ def run(files: list[str], start: int, limit: int | None, report: Path) -> int:
     _copy(work)
     env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
     base = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", "120"]
-    tests = [*TESTS, *dict.fromkeys(t for f in files for t in EXTRA_TESTS.get(f, []))]
+    tests = list(dict.fromkeys(t for f in files for t in TESTS_FOR.get(f, TESTS)))
     cmd = [*base, *tests, "-k", DESELECT]
     print(
         f"{len(found)} mutants of {', '.join(files)}; tests: {' '.join(tests)} (-k '{DESELECT}')", flush=True
@@ -151,6 +166,7 @@ def run(files: list[str], start: int, limit: int | None, report: Path) -> int:
         lines = original.splitlines(keepends=True)
         lines[m.line - 1] = m.mutated
         path.write_text("".join(lines))
+        began = time.monotonic()
         try:
             result = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
         finally:
@@ -158,7 +174,11 @@ def run(files: list[str], start: int, limit: int | None, report: Path) -> int:
         killed = result.returncode != 0
         if not killed:
             survived.append(m)
-        print(f"[{i}/{len(found)}] {'killed  ' if killed else 'SURVIVED'} {m.describe()}", flush=True)
+        took = time.monotonic() - began
+        print(
+            f"[{i}/{len(found)}] {'killed  ' if killed else 'SURVIVED'} ({took:.0f}s) {m.describe()}",
+            flush=True,
+        )
     minutes = (time.monotonic() - started) / 60
     lines_out = [
         "# SQL mutants that no test noticed",
