@@ -1,4 +1,5 @@
-"""Deploy paths: Lambda end to end under moto (mock_aws), the Cloud Run plan from --dry-run."""
+"""Deploy paths: Lambda end to end under moto (mock_aws); Cloud Run from --dry-run and, for real, against
+a gcloud stand-in (tests/helpers/gcloud_standin.py)."""
 
 from __future__ import annotations
 
@@ -215,6 +216,51 @@ def test_cloudrun_plan_runs_as_printed(tmp_path: Path) -> None:
     endpoints = json.loads((tmp_path / "devpilot-endpoints.json").read_text())
     assert endpoints["claim"] == "https://devpilot-claim.example/"
     assert endpoints["realtimeToken"] == "https://devpilot-realtime-token.example/"
+
+
+def test_cloudrun_deploy_twice_updates_in_place(tmp_path: Path) -> None:
+    """The real run (not the dry run) against a gcloud stand-in that keeps what it creates and
+    refuses what gcloud refuses: the second deploy adds a revision to every service, creates no
+    second account and updates the scheduler job instead of creating it again."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "tests/helpers/gcloud_standin.py"} "$@"\n')
+    gcloud.chmod(0o755)
+    state = tmp_path / "gcloud.json"
+    env = {
+        "GCP_PROJECT": "acme-prod",
+        "GCP_REGION": "europe-west1",
+        "GCLOUD_STANDIN_STATE": str(state),
+        "ENDPOINTS_FILE": str(tmp_path / "endpoints.json"),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+    first = run_deploy("cloudrun", env=env)
+    assert first.returncode == 0, first.stderr
+    endpoints = json.loads((tmp_path / "endpoints.json").read_text())
+    second = run_deploy("cloudrun", env=env)
+    assert second.returncode == 0, second.stderr
+    assert json.loads((tmp_path / "endpoints.json").read_text()) == endpoints
+    assert endpoints["claim"] == "https://devpilot-claim-abc123.a.run.app/"
+
+    world = json.loads(state.read_text())
+    services = {f"devpilot-{t.replace('_', '-')}": t for t in TARGETS}
+    assert {name: s["function"] for name, s in world["services"].items()} == services
+    assert all(s["revisions"] == 2 for s in world["services"].values())  # updated, not duplicated
+    assert sorted(world["accounts"]) == [
+        "devpilot-runtime@acme-prod.iam.gserviceaccount.com",
+        "devpilot-sweep-invoker@acme-prod.iam.gserviceaccount.com",
+    ]
+    verbs = [c[2] for c in world["calls"] if c[:2] == ["scheduler", "jobs"] and c[2] != "describe"]
+    assert verbs == ["create", "update"]
+    assert world["jobs"]["devpilot-sweep"] == {
+        "uri": "https://devpilot-sweep-abc123.a.run.app/",
+        "updates": 1,
+    }
+    creates = [c for c in world["calls"] if c[:3] == ["iam", "service-accounts", "create"]]
+    assert len(creates) == 2  # one per account, both on the first run
 
 
 def test_lambda_dry_run_prints_the_calls_in_order() -> None:
