@@ -192,14 +192,13 @@ class AckItem:
 
 def _explain_miss(conn: Conn, orchestrator_id: UUID, item: AckItem) -> AckStatus:
     """After the compare-and-set missed: a repeat of a successful ack, a superseded token, or none."""
-    params = {"queue_id": item.queue_id, "orchestrator_id": orchestrator_id, "claim_token": item.claim_token}
+    params = {"queue_id": item.queue_id, "orchestrator_id": orchestrator_id}
     miss = conn.execute(query("ack_explain_miss"), params).fetchone()
     assert miss is not None
     if miss["session_status"] == "delivered":
         return "acked" if miss["acked_token"] == item.claim_token else "claim_superseded"
-    if miss["live_token"] is not None or miss["session_status"] == "queued":
-        return "claim_superseded"
-    return "not_found"
+    # queued: the row is there (the invariant), and this token is not its latest claim's.
+    return "claim_superseded" if miss["session_status"] == "queued" else "not_found"
 
 
 @dataclass(frozen=True)

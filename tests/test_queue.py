@@ -217,6 +217,7 @@ def test_sweep_leaves_live_leases_alone(pool: Pool, make_orchestrator: MakeOrch)
 def test_ack_fencing(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o, other = make_orchestrator(), make_orchestrator()
     sid, enq = enqueue_one(pool, o)
+    assert ack(pool, o.id, enq.queue_id, uuid4()) == "claim_superseded"  # its own row, not this claim
     [a] = claim(pool, o.id, max=1, lease_seconds=60, now=T0)
     # a's lease expires and the row is re-queued; a is still the latest claim and may ack ...
     sweep(pool, Settings(), now=T0 + timedelta(seconds=61))
