@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
@@ -101,6 +103,33 @@ def test_enqueue_refuses_anything_but_an_open_tx(
                 message=DispatchPayload(issue=issue()),
             )
     assert counts(pool) == before
+
+
+def test_every_write_in_the_intake_transaction_refuses_a_connection(
+    pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """Each function that writes in the caller's transaction refuses a plain connection before
+    writing anything, and its error names it (so the caller knows which call was wrong)."""
+    from shared.routing import route
+
+    o = make_orchestrator()
+    sid, _ = enqueue_one(pool, o)
+    calls: dict[str, Callable[[Any], object]] = {
+        "create_session": lambda h: create_session(
+            h, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
+        ),
+        "enqueue_dispatch": lambda h: enqueue_dispatch(
+            h, org_id=o.org_id, orchestrator_id=o.id, session_id=sid, message=DispatchPayload(issue=issue())
+        ),
+        "cancel_issue": lambda h: queue.cancel_issue(h, org_id=o.org_id, issue_id=issue().id, reason="x"),
+        "route": lambda h: route(h, org_id=o.org_id, linear_user_id=o.linear_user_id),
+    }
+    with connect(db_url) as conn:
+        for name, call in calls.items():
+            with pytest.raises(TypeError, match=rf"^{name}\(\) needs an open transaction"):
+                call(conn)
+    assert counts(pool) == (1, 1)
+    assert session_status(pool, sid) == ("queued", None)
 
 
 def test_a_session_without_its_queue_row_cannot_commit(pool: Pool, make_orchestrator: MakeOrch) -> None:
