@@ -102,13 +102,17 @@ def test_stale_webhook_is_401(api: Api) -> None:
 
 
 def test_redelivery_is_a_duplicate(api: Api) -> None:
+    """A redelivery answers with the session its own first delivery created, not another's."""
     api.register()
-    event = issue_event()
+    event, other = issue_event(issue_id="iss-a"), issue_event(issue_id="iss-b")
     first = api.webhook(event, delivery="d-1").json()
-    again = api.webhook(event, delivery="d-1")
-    assert again.status_code == 200
-    assert again.json() == {"status": "duplicate", "sessionId": first["sessionId"]}
-    assert rows(api)["sessions"] == 1
+    second = api.webhook(other, delivery="d-2").json()
+    assert first["sessionId"] != second["sessionId"]
+    for body, delivery, session in ((other, "d-2", second), (event, "d-1", first)):
+        again = api.webhook(body, delivery=delivery)
+        assert again.status_code == 200
+        assert again.json() == {"status": "duplicate", "sessionId": session["sessionId"]}
+    assert rows(api)["sessions"] == 2
 
 
 def test_without_delivery_header_the_change_identifies_the_delivery(api: Api) -> None:
