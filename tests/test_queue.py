@@ -300,16 +300,70 @@ def test_release_counts_as_a_failed_attempt(pool: Pool, make_orchestrator: MakeO
     [a] = claim(pool, o.id, max=1, lease_seconds=60, now=T0)
     r = release(pool, settings, o.id, a.queue_id, a.claim_token, reason="disk full", now=T0)
     assert r.status == "released" and r.available_at == T0 + timedelta(seconds=60)
-    assert release(pool, settings, o.id, a.queue_id, a.claim_token, now=T0).status == "released"
+    again = release(pool, settings, o.id, a.queue_id, a.claim_token, now=T0)  # said again, same time
+    assert again.status == "released" and again.available_at == T0 + timedelta(seconds=60)
     assert release(pool, settings, o.id, a.queue_id, uuid4(), now=T0).status == "claim_superseded"
     assert release(pool, settings, o.id, uuid4(), a.claim_token, now=T0).status == "not_found"
     [b] = claim(pool, o.id, max=1, lease_seconds=60, now=T0 + timedelta(seconds=60))
     assert release(pool, settings, o.id, a.queue_id, a.claim_token, now=T0).status == "claim_superseded"
     r = release(pool, settings, o.id, b.queue_id, b.claim_token, reason="gave up", now=T0)
-    assert r.dead_lettered
+    assert r.status == "released" and r.dead_lettered and r.available_at is None
     status, reason = session_status(pool, sid)
     assert status == "failed" and reason is not None and "gave up" in reason
     assert counts(pool) == (1, 0)
+
+
+def test_release_after_the_ack_changes_nothing(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    sid, _ = enqueue_one(pool, o)
+    [a] = claim(pool, o.id, max=1, lease_seconds=60, now=T0)
+    assert ack(pool, o.id, a.queue_id, a.claim_token) == "acked"
+    assert release(pool, Settings(), o.id, a.queue_id, a.claim_token, now=T0).status == "claim_superseded"
+    assert session_status(pool, sid) == ("delivered", None)
+
+
+@pytest.mark.parametrize("limit", [1, 5], ids=["dead-lettered", "requeued"])
+def test_the_sweep_goes_through_every_batch(
+    pool: Pool, make_orchestrator: MakeOrch, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """More expired claims than one batch: every one is swept, each counted once; 21 = three full
+    batches of 7 and an empty one, 20 = two full and a short one."""
+    monkeypatch.setattr(queue, "SWEEP_BATCH", 7)
+    for n, rows in enumerate((21, 20)):
+        o = make_orchestrator()
+        for i in range(rows):
+            enqueue_one(pool, o, n=i)
+        at = T0 + timedelta(days=n)
+        assert len(claim(pool, o.id, max=100, lease_seconds=60, now=at)) == rows
+        r = sweep(pool, Settings(DEVPILOT_MAX_ATTEMPTS=limit), now=at + timedelta(seconds=61))
+        assert (r.requeued, r.dead_lettered) == ((0, rows) if limit == 1 else (rows, 0))
+        with pool.connection() as conn:
+            left = conn.execute(
+                "SELECT count(*) AS n FROM dispatch_queue WHERE orchestrator_id = %s AND lease_expires_at IS NOT NULL",
+                (o.id,),
+            ).fetchone()
+        assert left is not None and left["n"] == 0
+
+
+def test_rerouting_goes_through_every_batch(
+    pool: Pool, make_orchestrator: MakeOrch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queue, "SWEEP_BATCH", 7)
+    quiet = make_orchestrator(linear_user_id="u-batch", name="laptop")
+    for i in range(21):
+        enqueue_one(pool, quiet, n=i)
+    live = make_orchestrator(linear_user_id="u-batch", name="desktop")
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE orchestrators SET last_seen_at = now() - interval '1 hour' WHERE id = %s", (quiet.id,)
+        )
+        conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (live.id,))
+    assert sweep(pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 21
+    with pool.connection() as conn:
+        held = conn.execute(
+            "SELECT orchestrator_id, count(*) AS n FROM dispatch_queue GROUP BY orchestrator_id"
+        ).fetchall()
+    assert [(r["orchestrator_id"], r["n"]) for r in held] == [(live.id, 21)]
 
 
 def test_cancel_issue_removes_queued_and_claimed(pool: Pool, make_orchestrator: MakeOrch) -> None:
