@@ -166,6 +166,15 @@ def test_claim_returns_due_rows_oldest_first_with_fresh_tokens(
     assert claim(pool, o.id, max=10, lease_seconds=60) == []
 
 
+def test_the_library_claims_1_to_1000_at_a_time(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    o = make_orchestrator()
+    enqueue_one(pool, o)
+    for bad in (0, 1001):
+        with pytest.raises(ValueError, match=r"^max must be between 1 and 1000$"):
+            claim(pool, o.id, max=bad, lease_seconds=60)
+    assert counts(pool) == (1, 1) and len(claim(pool, o.id, max=1000, lease_seconds=60)) == 1
+
+
 def test_future_rows_are_not_due(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     with transaction(pool) as tx:
