@@ -145,6 +145,39 @@ def test_dead_letter_gets_a_comment_and_unroutable_plain_assignments_nothing(
     assert "No machine is registered" in activity["content"]["body"]
 
 
+def test_sending_named_notices_sends_only_those(api: Api, httpserver: HTTPServer) -> None:
+    """After a commit a request sends the notices it wrote, by id (or follows their agent sessions);
+    other orgs' or sessions' due notices are left to the sweep, not posted from this request."""
+    from shared import notices as outbox
+    from shared.db import transaction
+
+    stand_in = Linear(httpserver)
+    store_token(api)
+    ids = []
+    with transaction(api.pool) as tx:
+        for agent_session in ("as-mine", "as-other"):
+            ids.append(
+                outbox.write(
+                    tx,
+                    org_id="org-a",
+                    kind="dispatched",
+                    body=f"for {agent_session}",
+                    session_id=None,
+                    agent_session_id=agent_session,
+                    issue_id=None,
+                )
+            )
+    mine, other = ids
+    assert mine is not None and other is not None
+    assert outbox.send_pending(api.pool, api.settings, ids=[mine]).sent == 1
+    assert [c["variables"]["input"]["id"] for c in stand_in.calls] == [str(mine)]
+    assert {str(n["id"]): n["sent_at"] is not None for n in notices(api)} == {
+        str(mine): True,
+        str(other): False,
+    }
+    assert outbox.send_pending(api.pool, api.settings).sent == 1  # the sweep's round: any due one
+
+
 def test_no_credentials_no_notices(api: Api, httpserver: HTTPServer) -> None:
     Linear(httpserver)
     _, token = api.register(user="creator-1")
