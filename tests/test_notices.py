@@ -178,6 +178,54 @@ def test_sending_named_notices_sends_only_those(api: Api, httpserver: HTTPServer
     assert outbox.send_pending(api.pool, api.settings).sent == 1  # the sweep's round: any due one
 
 
+def _write(api: Api, org: str, agent_session: str, body: str) -> Any:
+    from shared import notices as outbox
+    from shared.db import transaction
+
+    with transaction(api.pool) as tx:
+        return outbox.write(
+            tx,
+            org_id=org,
+            kind="dispatched",
+            body=body,
+            session_id=None,
+            agent_session_id=agent_session,
+            issue_id=None,
+        )
+
+
+def test_a_disconnected_orgs_posts_wait_while_others_go(api: Api, httpserver: HTTPServer) -> None:
+    from shared import notices as outbox
+
+    stand_in = Linear(httpserver)
+    store_token(api, "org-a")
+    store_token(api, "org-b")
+    going, waiting = _write(api, "org-a", "as-a", "a"), _write(api, "org-b", "as-b", "b")
+    with api.pool.connection() as conn:
+        conn.execute("UPDATE linear_credentials SET disconnected_at = now() WHERE org_id = 'org-b'")
+    assert outbox.send_pending(api.pool, api.settings).sent == 1
+    assert [c["variables"]["input"]["id"] for c in stand_in.calls] == [str(going)]
+    [held] = [n for n in notices(api) if n["id"] == waiting]
+    assert held["sent_at"] is None and held["attempts"] == 0  # waits for a new install, untouched
+
+
+def test_a_given_up_post_no_longer_holds_its_session_back(api: Api, httpserver: HTTPServer) -> None:
+    from shared import notices as outbox
+
+    stand_in = Linear(httpserver)
+    store_token(api)
+    first, second = _write(api, "org-a", "as-1", "first"), _write(api, "org-a", "as-1", "second")
+    with api.pool.connection() as conn:  # the first is unsent and waiting out a backoff: it holds
+        conn.execute(
+            "UPDATE linear_notices SET available_at = now() + interval '1 hour' WHERE id = %s", (first,)
+        )
+    assert outbox.send_pending(api.pool, api.settings).sent == 0
+    with api.pool.connection() as conn:  # given up (past the attempt limit): it no longer holds
+        conn.execute("UPDATE linear_notices SET available_at = 'infinity' WHERE id = %s", (first,))
+    assert outbox.send_pending(api.pool, api.settings).sent == 1
+    assert [c["variables"]["input"]["id"] for c in stand_in.calls] == [str(second)]
+
+
 def test_no_credentials_no_notices(api: Api, httpserver: HTTPServer) -> None:
     Linear(httpserver)
     _, token = api.register(user="creator-1")
