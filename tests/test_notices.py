@@ -226,6 +226,30 @@ def test_a_given_up_post_no_longer_holds_its_session_back(api: Api, httpserver: 
     assert [c["variables"]["input"]["id"] for c in stand_in.calls] == [str(second)]
 
 
+def test_a_post_being_sent_is_skipped_not_waited_for(api: Api, db_url: str, httpserver: HTTPServer) -> None:
+    """Another sender holds one notice (its row lock, mid-take): this sender posts the rest at once,
+    never that one, and does not wait for the other's transaction."""
+    import threading
+
+    from shared import notices as outbox
+    from shared.db import connect
+
+    stand_in = Linear(httpserver)
+    store_token(api)
+    held, free = _write(api, "org-a", "as-held", "held"), _write(api, "org-a", "as-free", "free")
+    with connect(db_url, autocommit=False) as other:
+        other.execute("SELECT 1 FROM linear_notices WHERE id = %s FOR UPDATE", (held,))
+        done: list[int] = []
+        t = threading.Thread(target=lambda: done.append(outbox.send_pending(api.pool, api.settings).sent))
+        t.start()
+        t.join(timeout=10)
+        finished = not t.is_alive()
+        other.rollback()
+    t.join()
+    assert finished, "the sender waited on a notice another sender holds"
+    assert done == [1] and [c["variables"]["input"]["id"] for c in stand_in.calls] == [str(free)]
+
+
 def test_no_credentials_no_notices(api: Api, httpserver: HTTPServer) -> None:
     Linear(httpserver)
     _, token = api.register(user="creator-1")
