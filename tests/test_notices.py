@@ -209,6 +209,25 @@ def test_a_disconnected_orgs_posts_wait_while_others_go(api: Api, httpserver: HT
     assert held["sent_at"] is None and held["attempts"] == 0  # waits for a new install, untouched
 
 
+def test_a_failed_post_backs_off_itself_and_no_other(api: Api, httpserver: HTTPServer) -> None:
+    from shared import notices as outbox
+
+    Linear(httpserver, fail=1)
+    store_token(api, "org-a")
+    store_token(api, "org-b")
+    failing, bystander = _write(api, "org-a", "as-a", "a"), _write(api, "org-b", "as-b", "b")
+    with api.pool.connection() as conn:  # org-b's post is not taken this round
+        conn.execute("UPDATE linear_credentials SET disconnected_at = now() WHERE org_id = 'org-b'")
+    before = {n["id"]: n for n in notices(api)}
+    assert outbox.send_pending(api.pool, api.settings).failed == 1
+    after = {n["id"]: n for n in notices(api)}
+    assert (
+        "500" in after[failing]["last_error"]
+        and after[failing]["available_at"] > before[failing]["available_at"]
+    )
+    assert after[bystander] == before[bystander]  # untouched: attempts, due time, last error
+
+
 def test_a_given_up_post_no_longer_holds_its_session_back(api: Api, httpserver: HTTPServer) -> None:
     from shared import notices as outbox
 
