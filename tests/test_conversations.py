@@ -231,6 +231,14 @@ def test_activities_idempotent_in_order_and_only_for_the_holder(api: Api, linear
     for who, session in ((other_machine, "as-8"), (other_org, "as-8"), (token, "as-unknown")):
         r = activity(api, who, session, {"type": "thought", "body": "x"})
         assert (r.status_code, r.json()["error"]) == (404, "not_found")
+    # An id already taken by another agent session's activity is not "the same id again" here,
+    # even for a machine with activities of its own in this session: refused, nothing written.
+    delivered_session(api, token, "as-9")
+    taken = str(uuid4())
+    assert activity(api, token, "as-9", {"type": "thought", "body": "elsewhere"}, taken).status_code == 202
+    before = row_counts(api.pool)
+    r = activity(api, token, "as-8", {"type": "thought", "body": "x"}, taken)
+    assert (r.status_code, r.json()["error"]) == (404, "not_found")
     for bad in (
         {"agentSessionId": "as-8", "content": {"type": "shout", "body": "x"}},
         {"agentSessionId": "as-8", "content": {"type": "action", "body": "no action"}},
