@@ -182,6 +182,53 @@ def test_a_refused_refresh_disconnects_and_posts_wait_for_a_new_install(
     assert credentials(api.pool)["disconnected_at"] is None
 
 
+def test_a_post_put_back_to_wait_keeps_its_attempts_and_touches_no_other(
+    api: Api, linear: LinearOAuth
+) -> None:
+    """A post taken while its org's refresh is refused goes back to waiting: its earlier failed
+    attempts still count (the limit holds), and no other org's post changes."""
+    from shared import notices as outbox
+    from shared.db import transaction
+
+    install(api)
+    linear.refuse_refresh = True
+    linear.expire_all()
+    other = api.http.post(
+        "/linear-credentials", json={"orgId": "org-b", "accessToken": "t"}, headers=api.admin()
+    )
+    assert other.status_code == 200
+    with transaction(api.pool) as tx:
+        mine, theirs = (
+            outbox.write(
+                tx,
+                org_id=org,
+                kind="dispatched",
+                body="x",
+                session_id=None,
+                agent_session_id=s,
+                issue_id=None,
+            )
+            for org, s in ((ORG, "as-w1"), ("org-b", "as-w2"))
+        )
+    with api.pool.connection() as conn:  # two failed posts behind it; theirs waits out a backoff
+        conn.execute("UPDATE linear_notices SET attempts = 2, last_error = 'HTTP 500' WHERE id = %s", (mine,))
+        conn.execute(
+            "UPDATE linear_notices SET attempts = 1, available_at = now() + interval '1 hour' WHERE id = %s",
+            (theirs,),
+        )
+        before = {r["id"]: dict(r) for r in conn.execute("SELECT * FROM linear_notices")}
+    assert outbox.send_pending(api.pool, api.settings).sent == 0
+    with api.pool.connection() as conn:
+        after = {r["id"]: dict(r) for r in conn.execute("SELECT * FROM linear_notices")}
+    assert credentials(api.pool)["disconnected_at"] is not None
+    assert (
+        after[mine]["attempts"] == 2
+        and after[mine]["sent_at"] is None
+        and after[mine]["lease_expires_at"] is None
+    )
+    assert after[theirs] == before[theirs]
+
+
 def test_linear_revoking_the_app_disconnects_the_org(api: Api, linear: LinearOAuth) -> None:
     install(api)
     event = {
