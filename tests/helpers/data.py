@@ -68,6 +68,9 @@ FROM dispatch_queue q WHERE q.session_id = ds.id AND ds.queue_id IS NULL
 def fill_queue(pool: Pool, orch: Orch, n: int) -> None:
     """Set-based test data: n queued sessions with their rows, for plan and scale checks."""
     with transaction(pool) as tx:
+        # Setup, not the claim under test: the app pool's statement timeout must not cut it short
+        # on a loaded machine (50,000 rows and their FK checks took longer once in CI).
+        tx.execute("SET LOCAL statement_timeout = 0")
         tx.execute(FILL_SQL, {"org": orch.org_id, "orch": orch.id, "n": n})
         tx.execute(SYNC_SESSIONS_SQL)
 
