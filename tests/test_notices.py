@@ -13,6 +13,7 @@ from pytest_httpserver import HTTPServer
 
 from shared import intake, linear
 from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.data import write_notice
 from tests.helpers.linear import Linear
 
 TOKEN = "lin_app_token_for_tests"
@@ -149,26 +150,13 @@ def test_sending_named_notices_sends_only_those(api: Api, httpserver: HTTPServer
     """After a commit a request sends the notices it wrote, by id (or follows their agent sessions);
     other orgs' or sessions' due notices are left to the sweep, not posted from this request."""
     from shared import notices as outbox
-    from shared.db import transaction
 
     stand_in = Linear(httpserver)
     store_token(api)
-    ids = []
-    with transaction(api.pool) as tx:
-        for agent_session in ("as-mine", "as-other"):
-            ids.append(
-                outbox.write(
-                    tx,
-                    org_id="org-a",
-                    kind="dispatched",
-                    body=f"for {agent_session}",
-                    session_id=None,
-                    agent_session_id=agent_session,
-                    issue_id=None,
-                )
-            )
-    mine, other = ids
-    assert mine is not None and other is not None
+    mine, other = (
+        write_notice(api.pool, "org-a", "as-mine", "mine"),
+        write_notice(api.pool, "org-a", "as-other", "other"),
+    )
     assert outbox.send_pending(api.pool, api.settings, ids=[mine]).sent == 1
     assert [c["variables"]["input"]["id"] for c in stand_in.calls] == [str(mine)]
     assert {str(n["id"]): n["sent_at"] is not None for n in notices(api)} == {
@@ -178,29 +166,16 @@ def test_sending_named_notices_sends_only_those(api: Api, httpserver: HTTPServer
     assert outbox.send_pending(api.pool, api.settings).sent == 1  # the sweep's round: any due one
 
 
-def _write(api: Api, org: str, agent_session: str, body: str) -> Any:
-    from shared import notices as outbox
-    from shared.db import transaction
-
-    with transaction(api.pool) as tx:
-        return outbox.write(
-            tx,
-            org_id=org,
-            kind="dispatched",
-            body=body,
-            session_id=None,
-            agent_session_id=agent_session,
-            issue_id=None,
-        )
-
-
 def test_a_disconnected_orgs_posts_wait_while_others_go(api: Api, httpserver: HTTPServer) -> None:
     from shared import notices as outbox
 
     stand_in = Linear(httpserver)
     store_token(api, "org-a")
     store_token(api, "org-b")
-    going, waiting = _write(api, "org-a", "as-a", "a"), _write(api, "org-b", "as-b", "b")
+    going, waiting = (
+        write_notice(api.pool, "org-a", "as-a", "a"),
+        write_notice(api.pool, "org-b", "as-b", "b"),
+    )
     with api.pool.connection() as conn:
         conn.execute("UPDATE linear_credentials SET disconnected_at = now() WHERE org_id = 'org-b'")
     assert outbox.send_pending(api.pool, api.settings).sent == 1
@@ -215,7 +190,10 @@ def test_a_failed_post_backs_off_itself_and_no_other(api: Api, httpserver: HTTPS
     Linear(httpserver, fail=1)
     store_token(api, "org-a")
     store_token(api, "org-b")
-    failing, bystander = _write(api, "org-a", "as-a", "a"), _write(api, "org-b", "as-b", "b")
+    failing, bystander = (
+        write_notice(api.pool, "org-a", "as-a", "a"),
+        write_notice(api.pool, "org-b", "as-b", "b"),
+    )
     with api.pool.connection() as conn:  # org-b's post is not taken this round
         conn.execute("UPDATE linear_credentials SET disconnected_at = now() WHERE org_id = 'org-b'")
     before = {n["id"]: n for n in notices(api)}
@@ -233,7 +211,10 @@ def test_a_given_up_post_no_longer_holds_its_session_back(api: Api, httpserver: 
 
     stand_in = Linear(httpserver)
     store_token(api)
-    first, second = _write(api, "org-a", "as-1", "first"), _write(api, "org-a", "as-1", "second")
+    first, second = (
+        write_notice(api.pool, "org-a", "as-1", "first"),
+        write_notice(api.pool, "org-a", "as-1", "second"),
+    )
     with api.pool.connection() as conn:  # the first is unsent and waiting out a backoff: it holds
         conn.execute(
             "UPDATE linear_notices SET available_at = now() + interval '1 hour' WHERE id = %s", (first,)
@@ -255,7 +236,10 @@ def test_a_post_being_sent_is_skipped_not_waited_for(api: Api, db_url: str, http
 
     stand_in = Linear(httpserver)
     store_token(api)
-    held, free = _write(api, "org-a", "as-held", "held"), _write(api, "org-a", "as-free", "free")
+    held, free = (
+        write_notice(api.pool, "org-a", "as-held", "held"),
+        write_notice(api.pool, "org-a", "as-free", "free"),
+    )
     with connect(db_url, autocommit=False) as other:
         other.execute("SELECT 1 FROM linear_notices WHERE id = %s FOR UPDATE", (held,))
         done: list[int] = []

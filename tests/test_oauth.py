@@ -18,7 +18,7 @@ from pytest_httpserver import HTTPServer
 from shared import crypto
 from shared.db import Pool
 from tests.helpers.api import ADMIN, Api, agent_session_event
-from tests.helpers.data import ENCRYPTION_KEY, row_counts
+from tests.helpers.data import ENCRYPTION_KEY, row_counts, write_notice
 from tests.helpers.linear import LinearOAuth
 
 ORG = LinearOAuth.ORG["id"]
@@ -188,7 +188,6 @@ def test_a_post_put_back_to_wait_keeps_its_attempts_and_touches_no_other(
     """A post taken while its org's refresh is refused goes back to waiting: its earlier failed
     attempts still count (the limit holds), and no other org's post changes."""
     from shared import notices as outbox
-    from shared.db import transaction
 
     install(api)
     linear.refuse_refresh = True
@@ -197,19 +196,7 @@ def test_a_post_put_back_to_wait_keeps_its_attempts_and_touches_no_other(
         "/linear-credentials", json={"orgId": "org-b", "accessToken": "t"}, headers=api.admin()
     )
     assert other.status_code == 200
-    with transaction(api.pool) as tx:
-        mine, theirs = (
-            outbox.write(
-                tx,
-                org_id=org,
-                kind="dispatched",
-                body="x",
-                session_id=None,
-                agent_session_id=s,
-                issue_id=None,
-            )
-            for org, s in ((ORG, "as-w1"), ("org-b", "as-w2"))
-        )
+    mine, theirs = write_notice(api.pool, ORG, "as-w1", "x"), write_notice(api.pool, "org-b", "as-w2", "x")
     with api.pool.connection() as conn:  # two failed posts behind it; theirs waits out a backoff
         conn.execute("UPDATE linear_notices SET attempts = 2, last_error = 'HTTP 500' WHERE id = %s", (mine,))
         conn.execute(

@@ -75,6 +75,24 @@ def fill_queue(pool: Pool, orch: Orch, n: int) -> None:
         tx.execute(SYNC_SESSIONS_SQL)
 
 
+def write_notice(pool: Pool, org: str, agent_session: str, body: str) -> UUID:
+    """One Linear notice in the outbox, committed and not sent (nothing posts after this commit)."""
+    from shared import notices
+
+    with transaction(pool) as tx:
+        nid = notices.write(
+            tx,
+            org_id=org,
+            kind="dispatched",
+            body=body,
+            session_id=None,
+            agent_session_id=agent_session,
+            issue_id=None,
+        )
+    assert nid is not None, f"{org} is not an org Linear is told about"
+    return nid
+
+
 ENCRYPTION_KEY = "dGVzdHMtb25seS1lbmNyeXB0aW9uLWtleS0zMmJ5dGU="  # base64 of 32 bytes: tests only
 
 
