@@ -268,3 +268,43 @@ def test_rerouted_work_wakes_the_new_machines_long_poll(api: Api, mover: str) ->
     answer, answered_at = out[0]
     assert [m["sessionId"] for m in answer["messages"]] == [work]
     assert answered_at - moved_at < RECHECK_SECONDS / 2  # woken by the move's NOTIFY
+
+
+@pytest.mark.parametrize("mover", ["sweep", "revoke"])
+def test_follow_ups_queued_behind_a_moved_start_go_with_it(api: Api, mover: str) -> None:
+    """A user follows up twice while the agent session's start still waits on a quiet laptop: the
+    prompts are queued for the laptop, behind the start. When the start moves to the user's
+    desktop, they move with it, in order — the laptop never hears of a conversation it was never
+    given, and a revoke does not cancel them."""
+    laptop_id, laptop = api.register(user="user-1", name="laptop")
+    start = api.webhook(agent_session_event(session_id="as-move")).json()
+    prompt = api.webhook(agent_session_event(session_id="as-move", action="prompted", body="also X")).json()
+    again = api.webhook(agent_session_event(session_id="as-move", action="prompted", body="and Y")).json()
+    assert prompt["orchestratorId"] == again["orchestratorId"] == laptop_id  # behind the start
+    desk_id, desk = api.register(user="user-1", name="desktop")
+    seen(api, laptop_id, 700)
+    seen(api, desk_id, 3)
+    if mover == "sweep":
+        assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 3
+    else:
+        r = api.http.post(f"/orchestrators/{laptop_id}/revoke", headers=api.admin()).json()
+        assert (r["moved"], r["cancelled"]) == (3, 0)
+
+    got: list[tuple[str, str]] = []
+    for _ in range(5):
+        for m in claim_all(api, desk):
+            if m["agentSessionId"] == "as-move":
+                got.append((m["kind"], m["sessionId"]))
+            api.post_as(desk, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
+    assert got == [
+        ("start", start["sessionId"]),
+        ("prompt", prompt["sessionId"]),
+        ("prompt", again["sessionId"]),
+    ]
+    if mover == "sweep":
+        assert claim_all(api, laptop) == []  # nothing of as-move reaches the laptop
+    statuses_now = statuses(api)
+    assert {statuses_now[x["sessionId"]] for x in (start, prompt, again)} == {"delivered"}
+    nxt = api.webhook(agent_session_event(session_id="as-move", action="prompted", body="and Z")).json()
+    assert nxt["orchestratorId"] == desk_id  # the desktop holds the conversation now
+    assert_invariant(api.pool)

@@ -49,20 +49,29 @@ WHERE id = %(id)s AND revoked_at IS NULL;
 -- name: revoke_move_starts
 -- In the revoke transaction: the revoked machine's undelivered `start` messages (queued, or claimed
 -- with a token that no longer works) move to the same user's most recently seen active machine,
--- due at once if they were claimed; the NOTIFY wakes that machine on commit. Nothing moves when
--- there is no such machine (revoke_cancel_rest then cancels them). Never stranded.
+-- due at once if they were claimed, with the prompts queued behind them (`followers`: no machine
+-- has those conversations yet); the NOTIFY wakes that machine on commit. Nothing moves when there
+-- is no such machine (revoke_cancel_rest then cancels them). Never stranded.
 WITH target AS (
     SELECT o.id FROM orchestrators o JOIN orchestrators r ON r.id = %(id)s
     WHERE o.org_id = r.org_id AND o.linear_user_id = r.linear_user_id AND o.revoked_at IS NULL AND o.id <> r.id
     ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id
     LIMIT 1
+), rows AS (
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, t.id AS target
+    FROM dispatch_queue q
+    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+    CROSS JOIN target t
+    WHERE q.orchestrator_id = %(id)s
+), followers AS (
+-- include: followers
 ), moved AS (
     UPDATE dispatch_queue q
-    SET orchestrator_id = t.id, lease_expires_at = NULL, claimed_at = NULL,
+    SET orchestrator_id = r.target, lease_expires_at = NULL, claimed_at = NULL,
         available_at = CASE WHEN q.lease_expires_at IS NULL THEN q.available_at ELSE now() END
-    FROM target t, dispatch_sessions s
-    WHERE q.orchestrator_id = %(id)s AND s.id = q.session_id AND s.kind = 'start'
-    RETURNING q.session_id, t.id AS orchestrator_id
+    FROM (SELECT id, source, target FROM rows UNION SELECT id, source, target FROM followers) r
+    WHERE q.id = r.id AND q.orchestrator_id = r.source
+    RETURNING q.session_id, r.target AS orchestrator_id
 ), sessions AS (
     UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
     FROM moved m WHERE s.id = m.session_id
@@ -73,8 +82,9 @@ SELECT (SELECT count(*) FROM sessions) AS moved,
 
 -- name: revoke_cancel_rest
 -- In the revoke transaction, after revoke_move_starts: whatever the revoked machine still holds
--- (its prompts and stops, which never move, and starts nobody else could take) is cancelled; an
--- agent session whose start is cancelled hears why in Linear (for orgs Linear is told about).
+-- (the prompts and stops of conversations it already had, and starts nobody else could take, with
+-- what was queued behind them) is cancelled; an agent session whose start is cancelled hears why
+-- in Linear (for orgs Linear is told about).
 WITH removed AS (
     DELETE FROM dispatch_queue dq WHERE dq.orchestrator_id = %(id)s RETURNING dq.session_id
 ),

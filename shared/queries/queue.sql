@@ -276,13 +276,25 @@ WITH removed AS (
 -- include: cancel_removed
 SELECT id FROM cancelled;
 
+-- name: followers
+-- A fragment, the body of a `followers` CTE after a `rows` CTE of starts that are moving (id,
+-- org_id, agent_session_id, seq, source, target): the unclaimed messages queued behind each one —
+-- its agent session's, later in order, on the machine it leaves. They go where it goes.
+SELECT f.id, f.orchestrator_id AS source, r.target
+FROM rows r
+JOIN dispatch_queue f ON f.org_id = r.org_id AND f.agent_session_id = r.agent_session_id
+    AND f.seq > r.seq AND f.orchestrator_id = r.source AND f.lease_expires_at IS NULL
+
 -- name: reroute_quiet
 -- AVAILABLE -> AVAILABLE on another machine (the sweep): unclaimed `start` messages of a machine not
 -- seen for `after` seconds (a laptop closed on a train) move to the same user's most recently seen
 -- active machine that was seen within that time. One statement; never a claimed row (a lease is
--- held), never a prompt or a stop (they belong to the machine that holds the conversation). Rows a
--- claim is taking are skipped (SKIP LOCKED), and a claim that comes later finds the row no longer
--- its own: exactly one of them gets it.
+-- held), never a prompt or a stop of a conversation a machine already has. Rows a claim is taking
+-- are skipped (SKIP LOCKED), and a claim that comes later finds the row no longer its own: exactly
+-- one of them gets it. The prompts queued behind a moving start (its agent session's, later seq,
+-- on the same machine) move with it: no machine has that conversation yet, and they cannot have
+-- been claimed while the start was undelivered, so the machine that gets the start gets them, in
+-- order, and the quiet one never hears of a conversation it was never given.
 WITH quiet AS (
     SELECT o.id, t.id AS target
     FROM orchestrators o
@@ -295,15 +307,18 @@ WITH quiet AS (
     ) t
     WHERE o.revoked_at IS NULL AND coalesce(o.last_seen_at, o.created_at) < now() - make_interval(secs => %(after)s)
 ), rows AS (
-    SELECT q.id, q.session_id, quiet.target
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, quiet.target
     FROM quiet
     JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
     JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
     LIMIT %(batch)s
     FOR UPDATE OF q SKIP LOCKED
+), followers AS (
+-- include: followers
 ), moved AS (
     UPDATE dispatch_queue q SET orchestrator_id = r.target
-    FROM rows r WHERE q.id = r.id AND q.lease_expires_at IS NULL
+    FROM (SELECT id, source, target FROM rows UNION SELECT id, source, target FROM followers) r
+    WHERE q.id = r.id AND q.orchestrator_id = r.source AND q.lease_expires_at IS NULL
     RETURNING q.session_id, q.orchestrator_id
 ), sessions AS (
     UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
