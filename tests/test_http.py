@@ -137,9 +137,12 @@ def test_concurrent_duplicate_deliveries_create_one_session(api: Api) -> None:
 
 def test_no_orchestrator_is_ignored_and_records_only_the_delivery(api: Api) -> None:
     api.register(user="someone-else")
-    r = api.webhook(issue_event(assignee="nobody-registered"))
+    event = issue_event(assignee="nobody-registered")
+    r = api.webhook(event, delivery="d-nobody")
     assert r.json() == {"status": "ignored", "reason": "no_orchestrator"}
     assert rows(api)["sessions"] == 0 and rows(api)["deliveries"] == 1
+    # Its redelivery is a duplicate of a delivery that made no session: sessionId null, not "None".
+    assert api.webhook(event, delivery="d-nobody").json() == {"status": "duplicate", "sessionId": None}
 
 
 @pytest.mark.parametrize(

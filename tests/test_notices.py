@@ -13,7 +13,7 @@ from pytest_httpserver import HTTPServer
 
 from shared import intake, linear
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.data import write_notice
+from tests.helpers.data import row_counts, write_notice
 from tests.helpers.linear import Linear
 
 TOKEN = "lin_app_token_for_tests"
@@ -116,11 +116,13 @@ def test_dead_letter_gets_a_comment_and_unroutable_plain_assignments_nothing(
 ) -> None:
     """A dead-lettered assignment is a comment on the issue. An assignment to someone without a
     machine posts nothing (most assignments in a workspace are not for agents); an agent session
-    that nothing can take gets an `error` activity at once, so Linear does not wait on it."""
+    that nothing can take gets an `error` activity at once, so Linear does not wait on it. A plain
+    assignment that is dispatched writes nothing for Linear either (no agent session to speak in)."""
     stand_in = Linear(httpserver)
     store_token(api)
     _, token = api.register(user="user-1")
     api.webhook(issue_event(issue_id="iss-dead", assignee="user-1"))
+    assert row_counts(api.pool)["notices"] == 0
     [m] = api.post_as(token, "/claim").json()["messages"]
     with api.pool.connection() as conn:
         conn.execute("UPDATE dispatch_queue SET attempts = 3 WHERE id = %s", (m["queueId"],))
