@@ -8,10 +8,13 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
+
 from shared.db import Pool, connect
 from shared.dispatch import RECHECK_SECONDS
 from shared.queue import claim, sweep
 from shared.settings import Settings
+from shared.sql import query
 from tests.helpers.api import Api, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one
 
@@ -87,3 +90,35 @@ def test_rerouting_skips_a_row_a_claim_holds(pool: Pool, db_url: str, make_orche
         assert out[0].rerouted == 2
         locker.rollback()
     assert [m.queue_id for m in claim(pool, quiet.id, max=10, lease_seconds=60)] == [rows[0]]
+
+
+def test_a_poll_racing_a_revoke_never_deadlocks(api: Api, db_url: str) -> None:
+    """A revoke locks the machine's row, then deletes its queue rows. A poll that is claiming one of
+    those rows must not then wait for the machine's row to mark it seen: each would wait for the
+    other (Postgres aborts one with a deadlock, seen once in a full-suite run of
+    test_claim_racing_revoke). The poll skips the last-seen touch when the row is locked and
+    finishes; the revoke's delete then takes the row it claimed."""
+    oid, token = api.register()
+    session = api.webhook(issue_event(issue_id="iss-revoking")).json()["sessionId"]
+    with api.pool.connection() as conn:  # not seen for a while: this poll wants to touch last_seen_at
+        conn.execute(
+            "UPDATE orchestrators SET last_seen_at = now() - interval '1 hour' WHERE id = %s", (oid,)
+        )
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(
+            "UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (oid,)
+        )  # the revoke, open
+        t, out = in_thread(
+            lambda: httpx.post(
+                f"{api.url}/claim", json={"max": 1}, headers={"Authorization": f"Bearer {token}"}
+            )
+        )
+        t.join(timeout=5)
+        assert not t.is_alive(), "the poll waited on the machine's row while holding a queue row"
+        r = out[0]
+        assert r.status_code == 200, r.text  # (its snapshot predates the revoke's commit)
+        assert [m["sessionId"] for m in r.json()["messages"]] == [session]
+        rest = revoker.execute(query("revoke_cancel_rest"), {"id": oid, "reason": "revoked"}).fetchone()
+        assert rest is not None and rest["cancelled"] == 1  # the revoke takes the claimed row back
+        revoker.commit()
+    assert api.post_as(token, "/claim", {"max": 1}).status_code == 401

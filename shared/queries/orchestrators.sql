@@ -16,15 +16,19 @@ SELECT id, org_id, linear_user_id, name FROM who;
 -- `seen`, which records it was seen. A revoked token authenticates nothing, from its next request on.
 -- Last-seen (routing prefers the most recently seen machine; the sweep reroutes from a quiet one) is
 -- written at most once a second per machine, so idle polls and concurrent calls cost a read, not a
--- row update; the condition is on the row being updated, so a second caller waiting on the first's
--- row lock re-reads it and writes nothing.
+-- row update. It never waits for the machine's row (SKIP LOCKED): whoever holds it is a concurrent
+-- caller already writing last-seen, or a revoke — which then deletes this machine's queue rows, and
+-- a poll that had claimed one and waited here for the row would deadlock with it.
 who AS (
     SELECT id, org_id, linear_user_id, name FROM orchestrators
     WHERE token_hash = %(token_hash)s AND revoked_at IS NULL
 ), seen AS (
     UPDATE orchestrators o SET last_seen_at = now()
-    FROM who
-    WHERE o.id = who.id AND (o.last_seen_at IS NULL OR o.last_seen_at < now() - interval '1 second')
+    WHERE o.id = (
+        SELECT s.id FROM orchestrators s JOIN who ON who.id = s.id
+        WHERE s.last_seen_at IS NULL OR s.last_seen_at < now() - interval '1 second'
+        FOR UPDATE OF s SKIP LOCKED
+    )
     RETURNING o.id
 )
 
