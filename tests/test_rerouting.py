@@ -122,16 +122,27 @@ def test_reroute_racing_a_late_claim_by_the_quiet_machine(api: Api) -> None:
     seen(api, desk_id, 1)
     got: dict[str, list[str]] = {quiet_id: [], desk_id: []}
     start = threading.Barrier(3)
+    swept = threading.Event()
 
     def drain(oid: str) -> None:
+        # Claims race the move from the start; each machine stops once the move has committed and
+        # it then finds nothing (not after a fixed number of tries: a slow move is not a lost row).
         start.wait()
-        for _ in range(200):
+        while True:
+            moved = swept.is_set()
             batch = claim(api.pool, UUID(oid), max=5, lease_seconds=600)
             got[oid] += [str(m.session_id) for m in batch]
+            if moved and not batch:
+                return
+
+    swept_with: list[Any] = []
 
     def reroute() -> None:
         start.wait()
-        sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600))
+        try:
+            swept_with.append(sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)))
+        finally:
+            swept.set()
 
     threads = [threading.Thread(target=drain, args=(o,)) for o in (quiet_id, desk_id)]
     threads.append(threading.Thread(target=reroute))
@@ -140,7 +151,9 @@ def test_reroute_racing_a_late_claim_by_the_quiet_machine(api: Api) -> None:
     for t in threads:
         t.join(timeout=120)
     everything = got[quiet_id] + got[desk_id]
+    assert len(swept_with) == 1  # the move ran to its end
     assert len(everything) == len(set(everything)) == 300
+    assert len(got[desk_id]) == swept_with[0].rerouted  # the desktop got exactly what was moved to it
     assert_invariant(api.pool)
 
 
