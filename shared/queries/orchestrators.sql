@@ -53,7 +53,7 @@ WHERE id = %(id)s AND revoked_at IS NULL;
 -- name: revoke_move_starts
 -- In the revoke transaction: the revoked machine's undelivered `start` messages (queued, or claimed
 -- with a token that no longer works) move to the same user's most recently seen active machine,
--- due at once if they were claimed, with the prompts queued behind them (`followers`: no machine
+-- due at once if they were claimed, with the prompts queued behind them (`moving`: no machine
 -- has those conversations yet); the NOTIFY wakes that machine on commit. Nothing moves when there
 -- is no such machine (revoke_cancel_rest then cancels them). Never stranded.
 WITH target AS (
@@ -67,13 +67,13 @@ WITH target AS (
     JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
     CROSS JOIN target t
     WHERE q.orchestrator_id = %(id)s
-), followers AS (
--- include: followers
+), moving AS (
+-- include: moving
 ), moved AS (
     UPDATE dispatch_queue q
     SET orchestrator_id = r.target, lease_expires_at = NULL, claimed_at = NULL,
         available_at = CASE WHEN q.lease_expires_at IS NULL THEN q.available_at ELSE now() END
-    FROM (SELECT id, source, target FROM rows UNION SELECT id, source, target FROM followers) r
+    FROM moving r
     WHERE q.id = r.id AND q.orchestrator_id = r.source
     RETURNING q.session_id, r.target AS orchestrator_id
 ), sessions AS (

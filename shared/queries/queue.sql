@@ -276,11 +276,13 @@ WITH removed AS (
 -- include: cancel_removed
 SELECT id FROM cancelled;
 
--- name: followers
--- A fragment, the body of a `followers` CTE after a `rows` CTE of starts that are moving (id,
--- org_id, agent_session_id, seq, source, target): the unclaimed messages queued behind each one —
--- its agent session's, later in order, on the machine it leaves. They go where it goes.
-SELECT f.id, f.orchestrator_id AS source, r.target
+-- name: moving
+-- A fragment, the body of a `moving` CTE after a `rows` CTE of starts that are moving (id, org_id,
+-- agent_session_id, seq, source, target): those starts, and the unclaimed messages queued behind
+-- each one — its agent session's, later in order, on the machine it leaves — which go where it goes.
+SELECT id, source, target FROM rows
+UNION
+SELECT f.id, f.orchestrator_id, r.target
 FROM rows r
 JOIN dispatch_queue f ON f.org_id = r.org_id AND f.agent_session_id = r.agent_session_id
     AND f.seq > r.seq AND f.orchestrator_id = r.source AND f.lease_expires_at IS NULL
@@ -313,11 +315,11 @@ WITH quiet AS (
     JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
     LIMIT %(batch)s
     FOR UPDATE OF q SKIP LOCKED
-), followers AS (
--- include: followers
+), moving AS (
+-- include: moving
 ), moved AS (
     UPDATE dispatch_queue q SET orchestrator_id = r.target
-    FROM (SELECT id, source, target FROM rows UNION SELECT id, source, target FROM followers) r
+    FROM moving r
     WHERE q.id = r.id AND q.orchestrator_id = r.source AND q.lease_expires_at IS NULL
     RETURNING q.session_id, q.orchestrator_id
 ), sessions AS (
