@@ -96,9 +96,9 @@ def enqueue_dispatch(
             "now": now,
         },
     )
-    assert row is not None
-    if row["session_org_id"] != org_id or row["session_status"] != "queued" or not row["same_orchestrator"]:
-        # The session is not this org's or is not queued: abort the caller's transaction.
+    if row is None:
+        # The session is not this org's, not queued or not for this orchestrator: abort the
+        # caller's transaction (nothing was inserted).
         raise ValueError(
             f"session {session_id} is not a queued session of org {org_id} for this orchestrator"
         )

@@ -10,6 +10,7 @@ import sys
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -260,3 +261,46 @@ def test_claim_plan_probes_the_claim_index(
     assert "Seq Scan" not in text, text
     top = plan["QUERY PLAN"][0]
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 50, text
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_enqueue_plan_reads_the_session_by_its_key(
+    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """The enqueue reads its session by primary key in both plans, even when the org has many queued
+    sessions (a generic plan once preferred the partial index of an org's queued sessions and read
+    all of them on every webhook)."""
+    from psycopg.types.json import Jsonb
+
+    from shared.sql import query
+
+    o = make_orchestrator()
+    fill_queue(pool, o, 20_000)  # and not analysed yet, as after a burst of webhooks
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        with pytest.raises(RuntimeError), transaction(conn) as tx:
+            sid = create_session(
+                tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
+            )
+            plan = tx.conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("enqueue"),
+                {
+                    "session_id": sid,
+                    "orchestrator_id": o.id,
+                    "org_id": o.org_id,
+                    "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
+                    "agent_session_id": None,
+                    "now": None,
+                },
+                prepare=True,
+            ).fetchone()
+            raise RuntimeError("roll back")
+    assert plan is not None
+    text = json.dumps(plan)
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    reads = [n for n in nodes(plan["QUERY PLAN"][0]["Plan"]) if n.get("Relation Name") == "dispatch_sessions"]
+    assert [n.get("Index Name") for n in reads] == ["dispatch_sessions_pkey"], text
+    assert reads[0].get("Shared Hit Blocks", 0) + reads[0].get("Shared Read Blocks", 0) < 10, text

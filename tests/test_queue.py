@@ -428,6 +428,35 @@ def test_enqueue_refuses_a_session_of_another_org(pool: Pool, make_orchestrator:
     assert counts(pool) == (0, 0)
 
 
+@pytest.mark.parametrize("wrong", ["orchestrator", "delivered"])
+def test_enqueue_refuses_a_session_it_does_not_fit(
+    pool: Pool, make_orchestrator: MakeOrch, wrong: str
+) -> None:
+    """The queue row is only ever the queued session's own, for the machine the session names: a
+    session of another machine, or one already delivered, aborts the transaction with nothing new."""
+    o, other = make_orchestrator(), make_orchestrator()
+    if wrong == "delivered":
+        enqueue_one(pool, o)
+        [m] = claim(pool, o.id, max=1, lease_seconds=60)
+        assert ack(pool, o.id, m.queue_id, m.claim_token) == "acked"
+        sid, target = m.session_id, o
+    before = counts(pool)
+    with pytest.raises(ValueError, match="not a queued session"), transaction(pool) as tx:
+        if wrong == "orchestrator":
+            sid = create_session(
+                tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
+            )
+            target = other
+        enqueue_dispatch(
+            tx,
+            org_id=o.org_id,
+            orchestrator_id=target.id,
+            session_id=sid,
+            message=DispatchPayload(issue=issue()),
+        )
+    assert counts(pool) == before
+
+
 def test_batch_ack_with_one_row_twice(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     enqueue_one(pool, o)
