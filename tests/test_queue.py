@@ -457,6 +457,27 @@ def test_enqueue_refuses_a_session_it_does_not_fit(
     assert counts(pool) == before
 
 
+def test_enqueue_refuses_a_message_that_is_not_a_dispatch_payload(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    """A plain dict (say, a webhook body passed straight through) is refused before anything is
+    written: the message a machine gets always has the shape of the contract."""
+    o = make_orchestrator()
+    with (
+        pytest.raises(TypeError, match=r"^enqueue_dispatch\(\) message must be a DispatchPayload$"),
+        transaction(pool) as tx,
+    ):
+        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
+        enqueue_dispatch(
+            tx,
+            org_id=o.org_id,
+            orchestrator_id=o.id,
+            session_id=sid,
+            message={"issue": {"id": "x", "identifier": "X-1"}},  # type: ignore[arg-type]
+        )
+    assert counts(pool) == (0, 0)
+
+
 def test_batch_ack_with_one_row_twice(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     enqueue_one(pool, o)
