@@ -8,11 +8,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime
 from uuid import UUID
 
 import psycopg
+import pytest
 
 from shared.db import Pool, open_pool, transaction
 from shared.settings import Settings
@@ -128,3 +130,20 @@ def test_a_poll_answers_the_callers_own_work_only(api: Api) -> None:
     assert api.post_as(other, "/claim", {"max": 10}).json()["messages"] == []
     [m] = api.post_as(mine, "/claim", {"max": 10}).json()["messages"]
     assert m["messageId"] == sent["messageId"] and m["orchestratorId"] == mine_id
+
+
+def test_each_poll_is_logged_with_the_machine_that_made_it(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Operators tell machines apart in the request log: the poll route learns who is calling in
+    its one statement, and its log line names that machine (an empty poll as much as a full one)."""
+    caplog.set_level(logging.INFO)
+    mine, token = api.register()
+    other, other_token = api.register(user="user-2", name="desktop")
+    api.webhook(issue_event())
+    for t in (token, other_token, token):
+        assert api.post_as(t, "/claim").status_code == 200
+    # (a request line is logged as "%s" with its fields as the one mapping argument)
+    lines = [r.args for r in caplog.records if isinstance(r.args, dict)]
+    polls = [line for line in lines if line.get("route") == "claim"]
+    assert [p.get("orchestratorId") for p in polls] == [mine, other, mine]
