@@ -115,6 +115,18 @@ def test_redelivery_is_a_duplicate(api: Api) -> None:
     assert rows(api)["sessions"] == 2
 
 
+def test_the_delivery_header_alone_identifies_a_redelivery(api: Api) -> None:
+    """A delivery is known by its Linear-Delivery id as well as by its content: a body that differs
+    (here its `updatedAt`) under an id already seen is still that delivery, recorded once."""
+    api.register()
+    event = issue_event()
+    first = api.webhook(event, delivery="d-header").json()
+    event["data"]["updatedAt"] = "2026-12-02T11:11:11.000Z"
+    again = api.webhook(event, delivery="d-header").json()
+    assert again == {"status": "duplicate", "sessionId": first["sessionId"]}
+    assert rows(api)["sessions"] == 1
+
+
 def test_without_delivery_header_the_change_identifies_the_delivery(api: Api) -> None:
     api.register()
     event = issue_event()

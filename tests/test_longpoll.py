@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,6 +71,18 @@ def test_a_live_long_poll_gets_the_work_and_acks_it(api: Api) -> None:
     with api.pool.connection() as conn:
         row = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (m["sessionId"],)).fetchone()
     assert row == {"status": "delivered"}
+
+
+def test_a_long_poll_that_finds_work_waiting_takes_it_at_once_under_the_full_lease(api: Api) -> None:
+    """Work already queued when a long-poll starts (a laptop back after a night offline) is taken by
+    its first look, under the ordinary lease (60 s by default): not left for a wake-up, and not
+    handed over with the short lease kept for work that arrives while the client may be gone."""
+    _, token = api.register()
+    sent = api.webhook(issue_event(issue_id="waiting")).json()
+    asked = datetime.now(UTC)
+    [m] = api.post_as(token, "/claim", {"waitSeconds": 20}).json()["messages"]
+    assert m["messageId"] == sent["messageId"] and m["attempt"] == 1
+    assert datetime.fromisoformat(m["leaseExpiresAt"]) - asked > timedelta(seconds=30)
 
 
 def test_revoking_a_machine_ends_its_open_long_poll(api: Api) -> None:
