@@ -105,9 +105,7 @@ def test_a_poll_racing_a_revoke_never_deadlocks(api: Api, db_url: str) -> None:
             "UPDATE orchestrators SET last_seen_at = now() - interval '1 hour' WHERE id = %s", (oid,)
         )
     with connect(db_url, autocommit=False) as revoker:
-        revoker.execute(
-            "UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (oid,)
-        )  # the revoke, open
+        revoker.execute(query("orchestrator_revoke"), {"id": oid})  # the revoke, open
         t, out = in_thread(
             lambda: httpx.post(
                 f"{api.url}/claim", json={"max": 1}, headers={"Authorization": f"Bearer {token}"}

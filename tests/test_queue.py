@@ -414,42 +414,30 @@ def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orche
     assert [n.payload for n in got] == [str(o.id)]
 
 
-def test_enqueue_refuses_a_session_of_another_org(pool: Pool, make_orchestrator: MakeOrch) -> None:
-    o = make_orchestrator()
-    with pytest.raises(ValueError, match="not a queued session"), transaction(pool) as tx:
-        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
-        enqueue_dispatch(
-            tx,
-            org_id="org-other",
-            orchestrator_id=o.id,
-            session_id=sid,
-            message=DispatchPayload(issue=issue()),
-        )
-    assert counts(pool) == (0, 0)
-
-
-@pytest.mark.parametrize("wrong", ["orchestrator", "delivered"])
+@pytest.mark.parametrize("wrong", ["org", "orchestrator", "delivered"])
 def test_enqueue_refuses_a_session_it_does_not_fit(
     pool: Pool, make_orchestrator: MakeOrch, wrong: str
 ) -> None:
-    """The queue row is only ever the queued session's own, for the machine the session names: a
-    session of another machine, or one already delivered, aborts the transaction with nothing new."""
+    """The queue row is only ever the queued session's own, for the org and machine the session
+    names: a session of another org or machine, or one already delivered, aborts the transaction
+    with nothing new."""
     o, other = make_orchestrator(), make_orchestrator()
+    org, target = o.org_id, o
     if wrong == "delivered":
         enqueue_one(pool, o)
         [m] = claim(pool, o.id, max=1, lease_seconds=60)
         assert ack(pool, o.id, m.queue_id, m.claim_token) == "acked"
-        sid, target = m.session_id, o
+        sid = m.session_id
     before = counts(pool)
     with pytest.raises(ValueError, match="not a queued session"), transaction(pool) as tx:
-        if wrong == "orchestrator":
+        if wrong != "delivered":
             sid = create_session(
                 tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
             )
-            target = other
+            org, target = ("org-other", o) if wrong == "org" else (o.org_id, other)
         enqueue_dispatch(
             tx,
-            org_id=o.org_id,
+            org_id=org,
             orchestrator_id=target.id,
             session_id=sid,
             message=DispatchPayload(issue=issue()),
