@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID, uuid4
 
+import pytest
 from pytest_httpserver import HTTPServer
 
 from shared import agent_tokens
@@ -106,6 +107,36 @@ def test_stop_after_delivery_cancels_the_rest_and_queues_a_stop(api: Api, linear
         ("prompt", "cancelled"),
         ("stop", "queued"),
     ]
+
+
+@pytest.mark.parametrize("issue_in_event", [True, False], ids=["event-names-the-issue", "issue-null"])
+def test_follow_up_and_stop_carry_the_conversations_issue(
+    api: Api, linear: Linear, issue_in_event: bool
+) -> None:
+    """Linear's agentSession.issue may be null: a follow-up or stop then carries the issue the
+    conversation started on (id and identifier), never an empty one; when the event names it, its
+    full description."""
+    _, token = api.register(user="user-1")
+    api.webhook(agent_session_event(session_id="as-issue"))
+    [start] = claim_all(api, token)
+    assert ack(api, token, start) == 200
+
+    def follow_up(**kw: Any) -> dict[str, Any]:
+        event = agent_session_event(session_id="as-issue", action="prompted", **kw)
+        if not issue_in_event:
+            event["agentSession"]["issue"] = None
+        return event
+
+    api.webhook(follow_up(body="and the docs"))
+    [prompt] = claim_all(api, token)
+    assert ack(api, token, prompt) == 200
+    api.webhook(follow_up(signal="stop"))
+    [stop] = claim_all(api, token)
+    for m in (prompt, stop):
+        if issue_in_event:
+            assert m["issue"] == start["issue"]
+        else:
+            assert (m["issue"]["id"], m["issue"]["identifier"]) == ("issue-as", "ENG-7")
 
 
 def test_stop_racing_an_ack_one_outcome_each_time(api: Api, linear: Linear) -> None:

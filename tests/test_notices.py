@@ -148,6 +148,35 @@ def test_dead_letter_gets_a_comment_and_unroutable_plain_assignments_nothing(
     assert "No machine is registered" in activity["content"]["body"]
 
 
+def test_events_the_service_ignores_post_nothing_in_a_connected_org(api: Api, httpserver: HTTPServer) -> None:
+    """Most of a workspace's webhook traffic is not for us (issues created unassigned, edits that
+    leave the assignee alone, comments, agent-session actions we do not handle). In an org Linear
+    hears from, with a machine registered, each is ignored and writes nothing for Linear: no
+    notice, no post."""
+    stand_in = Linear(httpserver)
+    store_token(api)
+    api.register(user="user-1")
+    events: list[dict[str, Any]] = [
+        issue_event(issue_id="iss-unassigned", assignee=None),
+        issue_event("update", issue_id="iss-edited", updated_from={"title": "Old title"}),
+        {
+            "type": "Comment",
+            "action": "create",
+            "organizationId": "org-a",
+            "webhookTimestamp": int(time.time() * 1000),
+            "data": {"id": "comment-1", "body": "looks good", "issueId": "iss-edited"},
+        },
+        agent_session_event(session_id="as-other-action", action="updated"),
+    ]
+    for event in events:
+        r = api.webhook(event)
+        assert r.status_code == 200 and r.json()["status"] == "ignored", (event["type"], r.text)
+    time.sleep(0.3)
+    counts = row_counts(api.pool)
+    assert (counts["notices"], counts["sessions"], counts["queue"]) == (0, 0, 0)
+    assert stand_in.calls == []
+
+
 def test_sending_named_notices_sends_only_those(api: Api, httpserver: HTTPServer) -> None:
     """After a commit a request sends the notices it wrote, by id (or follows their agent sessions);
     other orgs' or sessions' due notices are left to the sweep, not posted from this request."""
