@@ -30,7 +30,7 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s || '/' || %(agent_sessi
 -- name: agent_session_holder
 -- The machine that holds an agent session: the active orchestrator its most recent message went to
 -- (with `delivered_only`, its most recent delivered message), and the issue it is about.
-SELECT s.orchestrator_id, s.issue_id, s.issue_identifier, s.linear_user_id
+SELECT s.orchestrator_id, s.issue_id, s.issue_identifier
 FROM dispatch_sessions s
 JOIN orchestrators o ON o.id = s.orchestrator_id AND o.revoked_at IS NULL
 WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
