@@ -171,6 +171,7 @@ def test_events_the_service_ignores_post_nothing_in_a_connected_org(api: Api, ht
     for event in events:
         r = api.webhook(event)
         assert r.status_code == 200 and r.json()["status"] == "ignored", (event["type"], r.text)
+        assert r.json()["reason"], r.text  # ignored answers say why
     time.sleep(0.3)
     counts = row_counts(api.pool)
     assert (counts["notices"], counts["sessions"], counts["queue"]) == (0, 0, 0)
