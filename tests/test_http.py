@@ -204,7 +204,14 @@ def test_unassignment_and_removal_cancel(api: Api) -> None:
     r = api.webhook(issue_event("remove", issue_id="i-b"))
     assert r.json() == {"status": "cancelled", "sessionId": b["sessionId"]}
     assert rows(api)["queue"] == 0
-    assert api.webhook(issue_event("remove", issue_id="i-b")).json()["status"] == "ignored"
+    # Nothing left to cancel: ignored, saying why, and not "no_orchestrator" (the contract keeps
+    # that reason for an assignment to a user without a machine).
+    for event in (
+        issue_event("remove", issue_id="i-b"),
+        issue_event("update", issue_id="i-never", assignee=None, updated_from={"assigneeId": "user-1"}),
+    ):
+        answer = api.webhook(event).json()
+        assert answer["status"] == "ignored" and answer["reason"] not in ("", None, "no_orchestrator")
 
 
 def test_too_large_body_is_413(api: Api) -> None:
