@@ -212,37 +212,42 @@ def server_cpu_ms(db_url: str, n: int) -> dict[str, float]:
     one keep-alive client: an empty /claim, a dispatched /webhook, /healthz. What a serverless
     platform bills per request is this CPU, not the client's wall clock."""
     s = Serve(db_url)
-    out: dict[str, float] = {}
     try:
-        _, token = s.register()
-        auth = {"Authorization": f"Bearer {token}"}
-        with httpx.Client(base_url=s.url, timeout=30) as c:
-
-            def hook(i: int) -> httpx.Response:
-                body = json.dumps(assignment(uuid.uuid4().hex, f"C-{i}", "u")).encode()
-                return c.post(
-                    "/webhook",
-                    content=body,
-                    headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": uuid.uuid4().hex},
-                )
-
-            kinds: dict[str, Any] = {
-                "healthz": lambda i: c.get("/healthz"),
-                "empty_claim": lambda i: c.post("/claim", json={"max": 1}, headers=auth),
-                "webhook": hook,
-            }
-            for name, call in kinds.items():
-                for i in range(50):  # warm: pool filled, statements prepared
-                    call(i)
-                before = _tree_cpu_seconds(s.proc.pid)
-                walls = []
-                for i in range(n):
-                    t0 = time.perf_counter()
-                    r = call(i)
-                    walls.append(time.perf_counter() - t0)
-                    assert r.status_code == 200, r.text
-                out[name] = round((_tree_cpu_seconds(s.proc.pid) - before) / n * 1000, 3)
-                out[f"{name}_wall_ms"] = round(sorted(walls)[n // 2] * 1000, 3)
+        return cpu_per_request(s.url, s.proc.pid, s.register()[1], n)
     finally:
         s.close()
+
+
+def cpu_per_request(url: str, pid: int, token: str, n: int) -> dict[str, float]:
+    """CPU of the server process tree `pid` per request (ms) and the median wall time, for each
+    kind of request, after 50 warm-up requests (pool filled, statements prepared)."""
+    out: dict[str, float] = {}
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, timeout=30) as c:
+
+        def hook(i: int) -> httpx.Response:
+            body = json.dumps(assignment(uuid.uuid4().hex, f"C-{i}", "u")).encode()
+            return c.post(
+                "/webhook",
+                content=body,
+                headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": uuid.uuid4().hex},
+            )
+
+        kinds: dict[str, Any] = {
+            "healthz": lambda i: c.get("/healthz"),
+            "empty_claim": lambda i: c.post("/claim", json={"max": 1}, headers=auth),
+            "webhook": hook,
+        }
+        for name, call in kinds.items():
+            for i in range(50):
+                call(i)
+            before = _tree_cpu_seconds(pid)
+            walls = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                r = call(i)
+                walls.append(time.perf_counter() - t0)
+                assert r.status_code == 200, r.text
+            out[name] = round((_tree_cpu_seconds(pid) - before) / n * 1000, 3)
+            out[f"{name}_wall_ms"] = round(sorted(walls)[n // 2] * 1000, 3)
     return out
