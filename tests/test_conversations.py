@@ -231,7 +231,7 @@ def test_non_ascii_signature_is_401_and_float_timestamps_are_accepted(api: Api) 
             content=body,
             headers={b"Linear-Signature": signature.encode("utf-8")},
         )
-        assert (r.status_code, r.json()["error"]) == (401, "bad_signature")
+        refused(r, 401, "bad_signature")
     event = issue_event(issue_id="iss-float")
     event["webhookTimestamp"] = now_ms() + 0.5
     assert api.webhook(event).json()["status"] == "dispatched"
@@ -248,6 +248,13 @@ def activity(api: Api, token: str, session: str, content: dict[str, Any], aid: s
     if aid:
         body["id"] = aid
     return api.post_as(token, "/activities", body)
+
+
+def refused(r: Any, status: int, code: str) -> None:
+    """The contract's error answer: that status, `{"error": code, "detail": <human text>}`."""
+    body = r.json()
+    assert (r.status_code, body["error"]) == (status, code), r.text
+    assert isinstance(body.get("detail"), str) and body["detail"], r.text
 
 
 def test_activities_idempotent_in_order_and_only_for_the_holder(api: Api, linear: Linear) -> None:
@@ -279,7 +286,7 @@ def test_activities_idempotent_in_order_and_only_for_the_holder(api: Api, linear
     before = row_counts(api.pool)
     for who, session in ((other_machine, "as-8"), (other_org, "as-8"), (token, "as-unknown")):
         r = activity(api, who, session, {"type": "thought", "body": "x"})
-        assert (r.status_code, r.json()["error"]) == (404, "not_found")
+        refused(r, 404, "not_found")
     # An id already taken by another agent session's activity is not "the same id again" here,
     # even for a machine with activities of its own in this session: refused, nothing written.
     delivered_session(api, token, "as-9")
@@ -287,7 +294,7 @@ def test_activities_idempotent_in_order_and_only_for_the_holder(api: Api, linear
     assert activity(api, token, "as-9", {"type": "thought", "body": "elsewhere"}, taken).status_code == 202
     before = row_counts(api.pool)
     r = activity(api, token, "as-8", {"type": "thought", "body": "x"}, taken)
-    assert (r.status_code, r.json()["error"]) == (404, "not_found")
+    refused(r, 404, "not_found")
     for bad in (
         {"agentSessionId": "as-8", "content": {"type": "shout", "body": "x"}},
         {"agentSessionId": "as-8", "content": {"type": "action", "body": "no action"}},
@@ -296,7 +303,7 @@ def test_activities_idempotent_in_order_and_only_for_the_holder(api: Api, linear
         {"content": {"type": "thought", "body": "x"}},
     ):
         r = api.post_as(token, "/activities", bad)
-        assert (r.status_code, r.json()["error"]) == (400, "bad_request"), bad
+        refused(r, 400, "bad_request")
     assert row_counts(api.pool) == before
     del oid
 
@@ -305,11 +312,11 @@ def test_an_undelivered_session_and_an_unconnected_org_are_refused(api: Api) -> 
     _, token = api.register(user="user-1")
     api.webhook(agent_session_event(session_id="as-9"))
     r = activity(api, token, "as-9", {"type": "thought", "body": "too early"})
-    assert (r.status_code, r.json()["error"]) == (404, "not_found")  # not delivered to it yet
+    refused(r, 404, "not_found")  # not delivered to it yet
     for m in claim_all(api, token):
         ack(api, token, m)
     r = activity(api, token, "as-9", {"type": "thought", "body": "no Linear"})
-    assert (r.status_code, r.json()["error"]) == (409, "linear_not_connected")
+    refused(r, 409, "linear_not_connected")
     assert row_counts(api.pool)["notices"] == 0
 
 
@@ -320,12 +327,12 @@ def test_agent_token_speaks_only_in_its_own_session(api: Api, linear: Linear) ->
     scoped = agent_tokens.mint(token, oid, "as-10")
     assert activity(api, scoped, "as-10", {"type": "thought", "body": "mine"}).status_code == 202
     r = activity(api, scoped, "as-11", {"type": "thought", "body": "not mine"})
-    assert (r.status_code, r.json()["error"]) == (404, "not_found")
+    refused(r, 404, "not_found")
     forged = scoped[:-4] + ("0000" if not scoped.endswith("0000") else "1111")
     expired = agent_tokens.mint(token, oid, "as-10", now=time.time() - agent_tokens.LIFETIME_SECONDS - 10)
     for bad in (forged, expired, agent_tokens.mint("dpo_not_the_token", oid, "as-10")):
         r = activity(api, bad, "as-10", {"type": "thought", "body": "x"})
-        assert (r.status_code, r.json()["error"]) == (401, "unauthorized")
+        refused(r, 401, "unauthorized")
     for path in ("/claim", "/ack", "/release"):  # it is good for /activities and nothing else
         assert api.post_as(scoped, path, {}).status_code == 401
     api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin())
