@@ -99,6 +99,9 @@ def test_the_sweep_moves_a_quiet_machines_unclaimed_starts(api: Api) -> None:
     desk_id, desk = api.register(user="user-1", name="desktop")
     seen(api, quiet_id, 700)
     seen(api, desk_id, 3)
+    # DEVPILOT_REROUTE_AFTER_SECONDS=0 means never, even for a machine quiet this long
+    assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=0)).rerouted == 0
+    assert claim_all(api, desk) == []
     result = sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600))
     assert result.rerouted == 1
     [moved] = claim_all(api, desk)
@@ -108,7 +111,6 @@ def test_the_sweep_moves_a_quiet_machines_unclaimed_starts(api: Api) -> None:
             "SELECT orchestrator_id FROM dispatch_queue WHERE session_id = %s", (held["sessionId"],)
         ).fetchone()
     assert row is not None and str(row["orchestrator_id"]) == quiet_id  # a claimed row never moves
-    assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=0)).rerouted == 0
 
 
 def test_reroute_racing_a_late_claim_by_the_quiet_machine(api: Api) -> None:
