@@ -17,7 +17,7 @@ import pytest
 
 from shared.linear import sign
 from tests.helpers.api import ADMIN, SECRET, issue_event
-from tests.helpers.serving import free_port
+from tests.helpers.serving import free_ports
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
 TARGETS = ("webhook", "claim", "ack", "release", "activities", "orchestrators", "api")
@@ -25,7 +25,7 @@ TARGETS = ("webhook", "claim", "ack", "release", "activities", "orchestrators", 
 
 @pytest.fixture
 def functions(db_url: str) -> Iterator[dict[str, str]]:
-    ports = {t: free_port() for t in TARGETS}
+    ports = dict(zip(TARGETS, free_ports(len(TARGETS)), strict=True))
     urls = {t: f"http://127.0.0.1:{p}/" for t, p in ports.items()}
     endpoints = {
         "claim": urls["claim"],

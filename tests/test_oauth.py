@@ -262,7 +262,7 @@ def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
     """Two `devpilot serve` processes on one database, both sending posts of an org whose token is
     due: one refresh, no refused (reused) refresh token, every post sent with the new token."""
     from shared.orchestrators import register
-    from tests.helpers.serving import free_port, start_serve, wait_healthy
+    from tests.helpers.serving import free_ports, start_serve, wait_healthy
 
     linear = LinearOAuth(httpserver, refresh_delay=0.5)
     env = {
@@ -271,7 +271,7 @@ def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
         "DEVPILOT_HOME": str(tmp_path),
     }
     env = {k: str(v) for k, v in env.items()}
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     servers = [start_serve(db_url, p, env) for p in ports]
     try:
         clients = [httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=30) for p in ports]

@@ -19,9 +19,21 @@ ROOT = Path(__file__).parent.parent.parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports. Each socket stays bound until all are picked: closed one by one, the
+    kernel may hand the same port out twice (seen: two route targets on one port, the second dying
+    on bind while the first answered for both)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def start_serve(
