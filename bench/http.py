@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def devpilot_serve(port: int) -> list[str]:
+    return [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"]
+
+
 class Serve:
-    def __init__(self, db_url: str, env: dict[str, str] | None = None) -> None:
+    """The product's app as a server process (`devpilot serve` unless `command` says another way to
+    serve it on the given port), against `db_url`, waited on until `/healthz` answers."""
+
+    def __init__(
+        self,
+        db_url: str,
+        env: dict[str, str] | None = None,
+        command: Callable[[int], list[str]] = devpilot_serve,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "devpilot", "serve", "--port", str(self.port), "--sweep-every", "0"],
+            command(self.port),
             cwd=ROOT,
             env={
                 **os.environ,

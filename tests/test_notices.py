@@ -12,7 +12,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from shared import intake, linear
-from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
 from tests.helpers.data import row_counts, write_notice
 from tests.helpers.linear import Linear
 
@@ -163,7 +163,7 @@ def test_events_the_service_ignores_post_nothing_in_a_connected_org(api: Api, ht
             "type": "Comment",
             "action": "create",
             "organizationId": "org-a",
-            "webhookTimestamp": int(time.time() * 1000),
+            "webhookTimestamp": now_ms(),
             "data": {"id": "comment-1", "body": "looks good", "issueId": "iss-edited"},
         },
         agent_session_event(session_id="as-other-action", action="updated"),
