@@ -1,11 +1,11 @@
-"""bench/servers: the same WSGI app (`functions.app:wsgi`) under `devpilot serve` (gunicorn, its
-gthread worker) and under granian (HTTP parsed in Rust, the app on a pool of Python threads),
-alternating round by round on fresh databases of one server: server CPU per request for each.
+"""bench/servers: the same WSGI app (`functions.app:wsgi`) under `devpilot serve` (Granian: HTTP
+parsed in Rust, the app on a pool of Python threads) and under gunicorn's gthread worker (the server
+`devpilot serve` ran before), alternating round by round on fresh databases of one server: server
+CPU per request for each.
 
     bench/.venv/bin/python -m bench.servers [--rounds 3] [--n 3000]
 
-A measurement for choosing the production server, not part of bench/run: granian is installed in
-the bench's environment only; the product does not depend on it.
+A measurement for choosing the production server, not part of bench/run.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from bench.db import BenchServer
 from bench.http import Serve, cpu_per_request, devpilot_serve
 
 
-def granian(port: int) -> list[str]:
-    """The product's WSGI app on granian: one worker process, 32 blocking threads."""
-    return [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", "1",
-            "--blocking-threads", "32", "--host", "127.0.0.1", "--port", str(port), "--no-ws",
+def gunicorn(port: int) -> list[str]:
+    """The product's WSGI app on gunicorn as `devpilot serve` ran it: one gthread worker, 512 threads."""
+    return [sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
+            "--threads", "512", "--bind", f"127.0.0.1:{port}", "--keep-alive", "5",
             "functions.app:wsgi"]  # fmt: skip
 
 
-SERVERS: dict[str, Callable[[int], list[str]]] = {"gunicorn": devpilot_serve, "granian": granian}
+SERVERS: dict[str, Callable[[int], list[str]]] = {"devpilot serve": devpilot_serve, "gunicorn": gunicorn}
 
 
 def main() -> int:
@@ -45,11 +45,11 @@ def main() -> int:
                     results[name].append(cpu_per_request(server.url, server.proc.pid, token, args.n))
                 finally:
                     server.close()
-                print(f"round {r + 1} {name:8} {json.dumps(results[name][-1])}", flush=True)
+                print(f"round {r + 1} {name:14} {json.dumps(results[name][-1])}", flush=True)
     finally:
         db.close()
     print("server CPU per request, ms (each round):")
-    kinds = [k for k in results["gunicorn"][0] if not k.endswith("_wall_ms")]
+    kinds = [k for k in next(iter(results.values()))[0] if not k.endswith("_wall_ms")]
     for kind in kinds:
         line = "  ".join(
             f"{name}: {' / '.join(str(x[kind]) for x in rows)}" for name, rows in results.items()

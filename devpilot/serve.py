@@ -3,17 +3,22 @@ route table), plus the in-process sweep."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import multiprocessing
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from gunicorn.app.base import BaseApplication
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
 from werkzeug.serving import WSGIRequestHandler
 
+from devpilot.master import SignalSafeServer
 from functions import runtime
 from functions.app import wsgi
 from functions.logs import setup_logging
@@ -52,7 +57,7 @@ def configuration_report(settings: Settings) -> list[str]:
 class QuietHandler(WSGIRequestHandler):
     """For in-process test servers (Werkzeug, threaded): no access log (ours is structured), and a
     socket timeout so a client that never finishes its headers cannot hold a thread forever. What
-    users run, `devpilot serve`, is gunicorn (below)."""
+    users run, `devpilot serve`, is Granian (below)."""
 
     timeout = 15
 
@@ -60,30 +65,31 @@ class QuietHandler(WSGIRequestHandler):
         pass
 
 
-# One worker process (one pool, one LISTEN connection, one in-process sweep) with many threads:
-# a waiting long-poll holds a thread and nothing else, so hundreds of them leave plenty for webhook
-# intake; a client that sends nothing is handed back to gthread's poller, and one that trickles its
-# headers is cut off after devpilot.worker.HEADER_DEADLINE seconds.
+# One worker process (one pool, one LISTEN connection, one in-process sweep) on Granian: its HTTP
+# (hyper, in Rust) reads requests without a Python thread, so a client that trickles its headers
+# holds nothing and is cut off after HEADER_DEADLINE; a request's WSGI call then runs on one of
+# THREADS blocking threads, where a waiting long-poll holds a thread and nothing else.
 THREADS = 512
+HEADER_DEADLINE = 10.0
 GRACEFUL_SECONDS = 5  # on SIGTERM: requests in flight finish (long-polls are cut short after this)
 
+_worker: dict[str, Callable[[], None]] = {}  # set by serve() in the master, inherited by the fork
 
-class ProductionServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
-    """`devpilot serve` on gunicorn (gthread worker). The master migrates and binds; the worker
-    builds the runtime after the fork (connections do not survive a fork) and runs the sweep."""
 
-    def __init__(self, options: dict[str, Any], start: Callable[[], None], stop: Callable[[], None]) -> None:
-        self.options, self.start, self.stop = options, start, stop
-        super().__init__()
+def worker_app() -> Any:
+    """Granian's app factory: runs in the worker process, after the fork (connections do not
+    survive a fork), so the runtime is built here; and the worker ends with its master."""
+    _worker["start"]()
+    atexit.register(_worker["stop"])
+    parent = os.getppid()
 
-    def load_config(self) -> None:
-        for key, value in self.options.items():
-            self.cfg.set(key, value)
-        self.cfg.set("post_worker_init", lambda worker: self.start())
-        self.cfg.set("worker_exit", lambda server, worker: self.stop())
+    def orphaned() -> None:  # a SIGKILLed master cannot stop us: leave with it
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
 
-    def load(self) -> Any:
-        return wsgi
+    threading.Thread(target=orphaned, name="devpilot-parent-watch", daemon=True).start()
+    return wsgi
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) -> int:
@@ -91,9 +97,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     settings = get_settings()
     database = resolve(settings.database_url)
     applied = migrate(database.url)
-    listener = socket.create_server((host, port))  # bound here, so port 0 is known before the fork
-    listener.set_inheritable(True)
-    url = f"http://{host}:{listener.getsockname()[1]}"
+    if port == 0:  # Granian binds by number: take a free one now (port 0 = "any")
+        with socket.create_server((host, 0)) as probe:
+            port = probe.getsockname()[1]
+    url = f"http://{host}:{port}"
     stop = threading.Event()
     made: list[runtime.Runtime] = []
 
@@ -135,24 +142,28 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
             rt.wakeups.stop()
             rt.pool.close()
 
-    options = {
-        "bind": [f"fd://{listener.fileno()}"],
-        "workers": 1,
-        "worker_class": "devpilot.worker.DeadlineWorker",  # gthread, plus a deadline for headers
-        "threads": THREADS,
-        "worker_connections": THREADS * 2,
-        "graceful_timeout": GRACEFUL_SECONDS,
-        "timeout": 60,
-        "keepalive": 5,
-        "accesslog": None,  # every request already logs one structured line
-        "errorlog": "-",
-        "loglevel": "warning",
-        "proc_name": "devpilot-serve",
-    }
+    _worker.update(start=start_worker, stop=stop_worker)
+    server = SignalSafeServer(
+        "devpilot.serve:worker_app",
+        address=host,
+        port=port,
+        interface=Interfaces.WSGI,
+        factory=True,
+        workers=1,
+        blocking_threads=THREADS,
+        backpressure=THREADS * 2,
+        http=HTTPModes.http1,
+        http1_settings=HTTP1Settings(header_read_timeout=int(HEADER_DEADLINE * 1000)),
+        workers_kill_timeout=GRACEFUL_SECONDS,
+        log_enabled=False,
+    )
+    # The worker is forked on every POSIX system (Python's default elsewhere than Linux is to spawn
+    # a fresh interpreter, which would not inherit what serve() set up).
+    multiprocessing.set_start_method("fork", force=True)
     master = os.getpid()
     try:
-        ProductionServer(options, start_worker, stop_worker).run()
-    except SystemExit as exc:  # gunicorn's master ends with sys.exit once its workers have stopped
+        server.serve()
+    except SystemExit as exc:  # Granian's master ends with sys.exit when a worker failed
         code = exc.code if isinstance(exc.code, int) else 0
     else:
         code = 0

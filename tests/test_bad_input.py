@@ -1,6 +1,6 @@
 """Bad input gets its 4xx (or a quiet close), writes nothing, and leaves no traceback in the log:
 deeply nested JSON, a client that disconnects in the middle of its body, a non-ASCII signature —
-through the in-process app and through `devpilot serve` (gunicorn) itself."""
+through the in-process app and through `devpilot serve` (Granian) itself."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`devpilot serve` (gunicorn, gthread) with hundreds of long-polls waiting: webhook intake is not
+"""`devpilot serve` (Granian, WSGI on blocking threads) with hundreds of long-polls waiting: webhook intake is not
 starved. (How fast it is lives in bench/; this checks that it keeps answering.)"""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_three_hundred_waiting_long_polls_do_not_starve_webhook_intake(pool: Poo
 def test_clients_trickling_their_headers_do_not_hold_the_server(pool: Pool, db_url: str) -> None:
     """150 clients each sending their request a byte at a time: /healthz still answers within a
     second or two, and the server cuts every one of them off at its header deadline."""
-    from devpilot.worker import HEADER_DEADLINE
+    from devpilot.serve import HEADER_DEADLINE
 
     port = free_port()
     server = start_serve(db_url, port)

@@ -109,7 +109,7 @@ def test_non_editable_install_migrates_from_another_directory(pg_server: Server,
 
 
 def test_non_editable_install_serves_a_request(pg_server: Server, tmp_path: Path) -> None:
-    """`devpilot serve` from the installed package (gunicorn and all), from another directory."""
+    """`devpilot serve` from the installed package (Granian and all), from another directory."""
     import httpx
 
     venv = _installed(tmp_path)

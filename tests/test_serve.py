@@ -248,8 +248,9 @@ def _state(pid: str) -> str:
 
 
 def test_serve_stops_on_signals_in_quick_succession(db_url: str, tmp_path: Path) -> None:
-    """SIGTERM three times in a row (a shell's job control, an impatient operator): serve still stops
-    within its grace period plus ten seconds, and its worker with it."""
+    """SIGTERM twice and SIGINT at once (a shell's job control, an impatient operator): serve still
+    stops within its grace period plus ten seconds. Signals sent together often land on a thread
+    other than the master's main one; the master must wake for them all the same."""
     for _ in range(3):
         proc, url, _ = start_serve(
             {"DATABASE_URL": db_url, "DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}, tmp_path
@@ -263,3 +264,57 @@ def test_serve_stops_on_signals_in_quick_succession(db_url: str, tmp_path: Path)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+# Runs in a child process: plays the master's first SIGTERM handler and makes a second SIGTERM land
+# while that handler is inside the main-loop wake-up's set() (the trace sends it at set()'s second
+# line, once a lock-based event holds its lock). Prints "woke" when both handlers ran to the end.
+_SECOND_SIGNAL_MID_WAKEUP = """
+import os, signal, sys
+from granian._signals import set_main_signals
+from granian.constants import Interfaces
+from devpilot.master import SignalSafeServer
+
+server = SignalSafeServer("devpilot.serve:worker_app", interface=Interfaces.WSGI)
+set_main_signals(server.signal_handler_interrupt, server.signal_handler_reload)
+wake = server.main_loop_interrupt
+lines = []
+
+def inside_set(frame, event, arg):
+    if event == "line":
+        lines.append(frame.f_lineno)
+        if len(lines) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return inside_set
+
+def calls(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "set" and frame.f_locals.get("self") is wake and not lines:
+        return inside_set
+    return None
+
+sys.settrace(calls)
+server.signal_handler_interrupt()
+sys.settrace(None)
+assert len(lines) >= 2, lines
+print("woke", wake.wait(0), server.interrupt_signal, flush=True)
+"""
+
+
+def test_a_second_signal_while_the_master_wakes_does_not_hang_it() -> None:
+    """The moment that hung Granian's own master (its SIGTERM handler re-entered while holding its
+    event's lock), made to happen on purpose: the master's wake-up survives it and is set."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SECOND_SIGNAL_MID_WAKEUP],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # SIGKILL: a hung master ignores SIGTERM (its handler is what hangs)
+        proc.communicate()
+        pytest.fail("the master hung when a second signal arrived while it was waking up")
+    assert proc.returncode == 0, err
+    assert out.split() == ["woke", "True", "True"]
