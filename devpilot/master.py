@@ -6,10 +6,11 @@ the first handler is inside `Event.set()`, holding the event's lock: the second 
 for a lock its own thread holds, and the master hangs with its worker still serving (seen here about
 once in 45 bursts of SIGTERMs; `tests/test_serve.py` makes that moment happen on purpose).
 
-And a signal may not reach the master's main thread at all: the kernel hands a process's signal to
-any thread that is not busy with another, here the thread that waits for the worker to exit. Python
-then runs the handler only when the main thread next runs Python code, and a main thread asleep in
-a lock (or in select) without a timeout never does: three signals sent at once hung it this way.
+And a signal may not reach the master's main thread at all: the kernel may hand a process's signal
+to any of its threads, and when signals come together (the main thread still has one pending) it
+often picks the thread that waits for the worker to exit. Python runs the handler only when the
+main thread next runs Python code, and a main thread asleep in a lock (or in select) without a
+timeout never does: two SIGTERMs and a SIGINT sent at once hung it this way within a few tries.
 
 `WakeupPipe` is the event without a lock: setting it writes a byte to a pipe (one system call, safe
 in a signal handler and from any thread), waiting selects on the pipe. The pipe is also Python's
@@ -43,7 +44,8 @@ class WakeupPipe:
         self._flag = False
 
     def wake_on_signals(self) -> None:
-        """Main thread only: every signal the process catches, on any thread, writes to the pipe."""
+        """Main thread only: every signal the process catches, on any thread, writes to the pipe.
+        (The forked worker inherits this: its own signals wake the master for nothing, harmlessly.)"""
         signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
 
     def is_set(self) -> bool:
