@@ -3,10 +3,10 @@ route table), plus the in-process sweep."""
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import socket
 import threading
@@ -80,7 +80,9 @@ def worker_app() -> Any:
     """Granian's app factory: runs in the worker process, after the fork (connections do not
     survive a fork), so the runtime is built here; and the worker ends with its master."""
     _worker["start"]()
-    atexit.register(_worker["stop"])
+    # The worker is a multiprocessing child, which leaves through os._exit: atexit hooks never run
+    # there, multiprocessing's finalizers do (once Granian's worker has stopped serving).
+    multiprocessing.util.Finalize(None, _worker["stop"], exitpriority=10)
     parent = os.getppid()
 
     def orphaned() -> None:  # a SIGKILLed master cannot stop us: leave with it
