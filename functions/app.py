@@ -27,7 +27,6 @@ from functions.routes import BY_NAME, ROUTES, Auth, Endpoint, Route
 from functions.runtime import Runtime, get_runtime
 from functions.telemetry import ROUTE_HISTOGRAMS
 from functions.web import (
-    NO_FRAMING,
     ApiError,
     Call,
     View,
@@ -120,9 +119,9 @@ def _answer(
     except Exception:
         log.exception("unhandled error on %s", name)
         resp = error(500, "internal", "unexpected server error")
-    if resp.mimetype != "application/json":  # (reply() has set them on every JSON answer)
-        for header, value in NO_FRAMING.items():
-            resp.headers.setdefault(header, value)
+    # Nothing this service answers is meant to be framed (the dashboard least of all).
+    resp.headers.setdefault("X-Frame-Options", "DENY")
+    resp.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
     elapsed = time.perf_counter() - started
     if name in ROUTE_HISTOGRAMS:
         ROUTE_HISTOGRAMS[name].observe(elapsed)

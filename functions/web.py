@@ -29,18 +29,11 @@ class ApiError(Exception):
         self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
 
 
-# Nothing this service answers is meant to be framed (the dashboard least of all). Every JSON
-# answer carries these from the start; functions/app.py adds them to any other answer.
-NO_FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
-
-
 def reply(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> flask.Response:
-    return flask.Response(
-        json.dumps(body, separators=(",", ":")),
-        status=status,
-        mimetype="application/json",
-        headers={**NO_FRAMING, **headers} if headers else NO_FRAMING,
-    )
+    resp = flask.Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
 
 
 def error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> flask.Response:
