@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -566,12 +566,15 @@ def test_idle_polls_are_jittered_around_the_interval(
     o.start()
     time.sleep(8.0)
     assert o.stop() == 0
-    times = [
-        r.created
+    # Each claim as the server saw it: (arrived, answered). The machine's wait is the time from one
+    # answer to the next arrival; a slow answer (a database stall) is the server's time, not a wait.
+    spans = [
+        (r.created - cast(float, r.args["ms"]) / 1000, r.created)
         for r in caplog.records
         if isinstance(r.args, Fields) and r.args.get("route") == "claim" and r.args.get("status") == 200
     ]
-    gaps = [b - a for a, b in itertools.pairwise(times[1:])]  # (the first wait follows start-up)
+    # (the first wait follows start-up)
+    gaps = [arrived - answered for (_, answered), (arrived, _) in itertools.pairwise(spans[1:])]
     assert len(gaps) >= 15, gaps
     assert min(gaps) > 0.8 * 0.3 - 0.03 and max(gaps) < 1.2 * 0.3 + 0.15, gaps
     assert max(gaps) - min(gaps) > 0.06, gaps  # not a fixed period
