@@ -13,7 +13,7 @@ import psycopg
 from shared.db import open_pool, transaction
 from shared.models import DispatchPayload, IssueRef
 from shared.orchestrators import register
-from shared.queue import AckItem, ack_many, claim, create_session, enqueue_dispatch, sweep
+from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from shared.sql import query
 
@@ -64,8 +64,7 @@ def enqueue_rate(url: str, concurrency: int, seconds: float) -> float:
 
     def one(i: int) -> int:
         with transaction(pool) as tx:
-            sid = create_session(tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", issue=iss)
-            enqueue_dispatch(tx, org_id="bench", orchestrator_id=orch.id, session_id=sid, message=payload)
+            enqueue_dispatch(tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", message=payload)
         return 1
 
     rate = run_threads(concurrency, one, seconds)

@@ -28,7 +28,7 @@ from shared import linear_auth, notices
 from shared.db import Pool, Tx, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, IssueRef, MessageKind
-from shared.queue import cancel_issue, create_session, enqueue_dispatch
+from shared.queue import cancel_issue, enqueue_dispatch
 from shared.routing import route
 from shared.sql import query
 
@@ -109,24 +109,16 @@ def _dispatch(
     tx: Tx, org: str, plan: Intent, orch: UUID, issue: IssueRef, kind: MessageKind, cancelled: list[UUID]
 ) -> Received:
     prompt = plan.prompt if kind != "stop" else None
-    sid = create_session(
-        tx,
-        org_id=org,
-        orchestrator_id=orch,
-        linear_user_id=plan.user_id,
-        issue=issue,
-        agent_session_id=plan.agent_session_id,
-        kind=kind,
-    )
     enq = enqueue_dispatch(
         tx,
         org_id=org,
         orchestrator_id=orch,
-        session_id=sid,
+        linear_user_id=plan.user_id,
         message=DispatchPayload(
             issue=issue, agent_session_id=plan.agent_session_id, kind=kind, prompt=prompt
         ),
     )
+    sid = enq.session_id
     told: list[UUID] = []
     if plan.agent_session_id and kind == "start":
         row = tx.one(

@@ -61,5 +61,6 @@ class TaskDispatchMessage(Wire):
 
 
 class Enqueued(Wire):
+    session_id: UUID
     queue_id: UUID
     message_id: UUID

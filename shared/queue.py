@@ -26,7 +26,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from shared.db import Conn, Pool, Tx, require_tx, transaction
-from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind, Prompt, TaskDispatchMessage
+from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query
@@ -37,72 +37,41 @@ NOTIFY_CHANNEL = "devpilot_dispatch"  # the channel `enqueue` notifies and the `
 SWEEP_BATCH = 1000
 
 
-def create_session(
-    tx: Tx,
-    *,
-    org_id: str,
-    orchestrator_id: UUID,
-    linear_user_id: str | None,
-    issue: IssueRef,
-    agent_session_id: str | None = None,
-    session_id: UUID | None = None,
-    kind: MessageKind = "start",
-) -> UUID:
-    """Insert a `queued` session in the caller's transaction. Its queue row must follow in the same
-    transaction (`enqueue_dispatch`): the invariant trigger rejects the commit otherwise."""
-    tx = require_tx(tx, "create_session")
-    row = tx.one(
-        query("insert_session"),
-        {
-            "id": session_id or uuid4(),
-            "org_id": org_id,
-            "orchestrator_id": orchestrator_id,
-            "linear_user_id": linear_user_id,
-            "issue_id": issue.id,
-            "issue_identifier": issue.identifier,
-            "agent_session_id": agent_session_id,
-            "kind": kind,
-        },
-    )
-    assert row is not None
-    result: UUID = row["id"]
-    return result
-
-
 def enqueue_dispatch(
     tx: Tx,
     *,
     org_id: str,
     orchestrator_id: UUID,
-    session_id: UUID,
+    linear_user_id: str | None,
     message: DispatchPayload,
+    session_id: UUID | None = None,
     now: datetime | None = None,
 ) -> Enqueued:
-    """Queue the session's message for its orchestrator, inside the transaction that created the
-    session. `tx` is required and must be open: there is no way to enqueue outside the session's
-    transaction, so "session committed but nothing dispatched" cannot be written. The wake-up NOTIFY
-    is sent by the same statement and delivered by Postgres only on commit."""
+    """Create a `queued` session and queue its message for the orchestrator, in one statement of
+    the caller's transaction. `tx` is required and must be open: there is no way to write a session
+    outside a transaction that also writes its queue row, so "session committed but nothing
+    dispatched" cannot be written. The session's issue, agent session and kind are the message's.
+    The wake-up NOTIFY is sent by the same statement and delivered by Postgres only on commit."""
     tx = require_tx(tx, "enqueue_dispatch")
     if not isinstance(message, DispatchPayload):
         raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
     row = tx.one(
         query("enqueue"),
         {
-            "session_id": session_id,
-            "orchestrator_id": orchestrator_id,
+            "session_id": session_id or uuid4(),
             "org_id": org_id,
-            "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
+            "orchestrator_id": orchestrator_id,
+            "linear_user_id": linear_user_id,
+            "issue_id": message.issue.id,
+            "issue_identifier": message.issue.identifier,
             "agent_session_id": message.agent_session_id,
+            "kind": message.kind,
+            "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
             "now": now,
         },
     )
-    if row is None:
-        # The session is not this org's, not queued or not for this orchestrator: abort the
-        # caller's transaction (nothing was inserted).
-        raise ValueError(
-            f"session {session_id} is not a queued session of org {org_id} for this orchestrator"
-        )
-    return Enqueued(queue_id=row["queue_id"], message_id=row["message_id"])
+    assert row is not None  # an INSERT ... RETURNING that did not raise returned its row
+    return Enqueued(session_id=row["session_id"], queue_id=row["queue_id"], message_id=row["message_id"])
 
 
 def claim(

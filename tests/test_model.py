@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from shared.db import Pool, transaction
 from shared.models import DispatchPayload, MessageKind
-from shared.queue import ack, claim, create_session, enqueue_dispatch, release, sweep
+from shared.queue import ack, claim, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.data import MakeOrch, Orch, enqueue_one, issue
@@ -84,27 +84,18 @@ class QueueMachine(RuleBasedStateMachine):
         self.n += 1
         iss = issue(self.n, self.orch.org_id)
         with transaction(self.pool) as tx:
-            sid = create_session(
-                tx,
-                org_id=self.orch.org_id,
-                orchestrator_id=self.orch.id,
-                linear_user_id=self.orch.linear_user_id,
-                issue=iss,
-                agent_session_id=agent,
-                kind=kind,
-            )
             enq = enqueue_dispatch(
                 tx,
                 org_id=self.orch.org_id,
                 orchestrator_id=self.orch.id,
-                session_id=sid,
+                linear_user_id=self.orch.linear_user_id,
                 message=DispatchPayload(issue=iss, agent_session_id=agent, kind=kind),
             )
             tx.execute(
                 "UPDATE dispatch_queue SET available_at = %(at)s WHERE id = %(id)s",
                 {"at": self.now, "id": enq.queue_id},
             )
-        return Row(enq.queue_id, sid, self.now, agent=agent, kind=kind)
+        return Row(enq.queue_id, enq.session_id, self.now, agent=agent, kind=kind)
 
     @rule(agent=st.sampled_from(AGENTS))
     def stop(self, agent: str) -> None:

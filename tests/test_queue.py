@@ -13,7 +13,7 @@ import pytest
 from shared import queue
 from shared.db import Pool, connect, transaction
 from shared.models import DispatchPayload
-from shared.queue import AckItem, ack, ack_many, claim, create_session, enqueue_dispatch, release, sweep
+from shared.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
 
@@ -48,11 +48,12 @@ def test_enqueue_commits_session_and_row_together(pool: Pool, make_orchestrator:
 def test_exception_after_enqueue_leaves_neither_row(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     with pytest.raises(RuntimeError, match="boom"), transaction(pool) as tx:
-        sid = create_session(
-            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, issue=issue()
-        )
         enqueue_dispatch(
-            tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid, message=DispatchPayload(issue=issue())
+            tx,
+            org_id=o.org_id,
+            orchestrator_id=o.id,
+            linear_user_id=o.linear_user_id,
+            message=DispatchPayload(issue=issue()),
         )
         raise RuntimeError("boom")
     assert counts(pool) == (0, 0)
@@ -63,12 +64,7 @@ def test_enqueue_refuses_anything_but_an_open_tx(
     bad: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
     o = make_orchestrator()
-    # A real session id exists, so only the handle can be what is refused.
-    with transaction(pool) as tx:
-        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
-        enqueue_dispatch(
-            tx, org_id=o.org_id, orchestrator_id=o.id, session_id=sid, message=DispatchPayload(issue=issue())
-        )
+    enqueue_one(pool, o)
     before = counts(pool)
     with connect(db_url) as conn:
         handle: object
@@ -85,7 +81,7 @@ def test_enqueue_refuses_anything_but_an_open_tx(
                         raw,  # type: ignore[arg-type]
                         org_id=o.org_id,
                         orchestrator_id=o.id,
-                        session_id=sid,
+                        linear_user_id=None,
                         message=DispatchPayload(issue=issue()),
                     )
             assert counts(pool) == before
@@ -99,7 +95,7 @@ def test_enqueue_refuses_anything_but_an_open_tx(
                 handle,  # type: ignore[arg-type]
                 org_id=o.org_id,
                 orchestrator_id=o.id,
-                session_id=sid,
+                linear_user_id=None,
                 message=DispatchPayload(issue=issue()),
             )
     assert counts(pool) == before
@@ -115,11 +111,12 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
     o = make_orchestrator()
     sid, _ = enqueue_one(pool, o)
     calls: dict[str, Callable[[Any], object]] = {
-        "create_session": lambda h: create_session(
-            h, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
-        ),
         "enqueue_dispatch": lambda h: enqueue_dispatch(
-            h, org_id=o.org_id, orchestrator_id=o.id, session_id=sid, message=DispatchPayload(issue=issue())
+            h,
+            org_id=o.org_id,
+            orchestrator_id=o.id,
+            linear_user_id=None,
+            message=DispatchPayload(issue=issue()),
         ),
         "cancel_issue": lambda h: queue.cancel_issue(h, org_id=o.org_id, issue_id=issue().id, reason="x"),
         "route": lambda h: route(h, org_id=o.org_id, linear_user_id=o.linear_user_id),
@@ -138,7 +135,12 @@ def test_a_session_without_its_queue_row_cannot_commit(pool: Pool, make_orchestr
         pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="invariant"),
         transaction(pool) as tx,
     ):
-        create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
+        # A session written directly, without its queue row (enqueue_dispatch never does this).
+        tx.execute(
+            "INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
+            " VALUES (%(org)s, %(orch)s, 'queued', 'i')",
+            {"org": o.org_id, "orch": o.id},
+        )
     assert counts(pool) == (0, 0)
 
 
@@ -178,12 +180,11 @@ def test_the_library_claims_1_to_1000_at_a_time(pool: Pool, make_orchestrator: M
 def test_future_rows_are_not_due(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     with transaction(pool) as tx:
-        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
         enqueue_dispatch(
             tx,
             org_id=o.org_id,
             orchestrator_id=o.id,
-            session_id=sid,
+            linear_user_id=None,
             message=DispatchPayload(issue=issue()),
             now=datetime.now(UTC) + timedelta(hours=1),
         )
@@ -397,14 +398,11 @@ def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orche
     with connect(db_url) as listener:
         listener.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
         with pytest.raises(RuntimeError), transaction(pool) as tx:
-            sid = create_session(
-                tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
-            )
             enqueue_dispatch(
                 tx,
                 org_id=o.org_id,
                 orchestrator_id=o.id,
-                session_id=sid,
+                linear_user_id=None,
                 message=DispatchPayload(issue=issue()),
             )
             raise RuntimeError("rolled back")
@@ -414,35 +412,31 @@ def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orche
     assert [n.payload for n in got] == [str(o.id)]
 
 
-@pytest.mark.parametrize("wrong", ["org", "orchestrator", "delivered"])
-def test_enqueue_refuses_a_session_it_does_not_fit(
+@pytest.mark.parametrize("wrong", ["session-in-use", "delivered-session", "unknown-machine"])
+def test_enqueue_refuses_a_session_id_in_use_or_an_unknown_machine(
     pool: Pool, make_orchestrator: MakeOrch, wrong: str
 ) -> None:
-    """The queue row is only ever the queued session's own, for the org and machine the session
-    names: a session of another org or machine, or one already delivered, aborts the transaction
-    with nothing new."""
-    o, other = make_orchestrator(), make_orchestrator()
-    org, target = o.org_id, o
-    if wrong == "delivered":
-        enqueue_one(pool, o)
+    """A session is created by its enqueue and never reused: a session id that exists already
+    (queued or delivered), or a machine that does not exist, aborts the transaction with nothing
+    new and leaves the existing session as it was."""
+    o = make_orchestrator()
+    sid, _ = enqueue_one(pool, o)
+    if wrong == "delivered-session":
         [m] = claim(pool, o.id, max=1, lease_seconds=60)
         assert ack(pool, o.id, m.queue_id, m.claim_token) == "acked"
-        sid = m.session_id
+    status = session_status(pool, sid)
     before = counts(pool)
-    with pytest.raises(ValueError, match="not a queued session"), transaction(pool) as tx:
-        if wrong != "delivered":
-            sid = create_session(
-                tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue()
-            )
-            org, target = ("org-other", o) if wrong == "org" else (o.org_id, other)
+    with pytest.raises(psycopg.errors.IntegrityError), transaction(pool) as tx:
         enqueue_dispatch(
             tx,
-            org_id=org,
-            orchestrator_id=target.id,
-            session_id=sid,
-            message=DispatchPayload(issue=issue()),
+            org_id=o.org_id,
+            orchestrator_id=uuid4() if wrong == "unknown-machine" else o.id,
+            linear_user_id=None,
+            message=DispatchPayload(issue=issue(7)),
+            session_id=uuid4() if wrong == "unknown-machine" else sid,
         )
     assert counts(pool) == before
+    assert session_status(pool, sid) == status
 
 
 def test_enqueue_refuses_a_message_that_is_not_a_dispatch_payload(
@@ -455,12 +449,11 @@ def test_enqueue_refuses_a_message_that_is_not_a_dispatch_payload(
         pytest.raises(TypeError, match=r"^enqueue_dispatch\(\) message must be a DispatchPayload$"),
         transaction(pool) as tx,
     ):
-        sid = create_session(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, issue=issue())
         enqueue_dispatch(
             tx,
             org_id=o.org_id,
             orchestrator_id=o.id,
-            session_id=sid,
+            linear_user_id=None,
             message={"issue": {"id": "x", "identifier": "X-1"}},  # type: ignore[arg-type]
         )
     assert counts(pool) == (0, 0)

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from shared.db import Pool, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef
-from shared.queue import create_session, enqueue_dispatch
+from shared.queue import enqueue_dispatch
 from shared.settings import Settings
 
 
@@ -37,17 +37,14 @@ def enqueue_one(pool: Pool, orch: Orch, n: int = 1) -> tuple[UUID, Enqueued]:
     """A session and its queue row, committed together."""
     iss = issue(n, orch.org_id)
     with transaction(pool) as tx:
-        sid = create_session(
-            tx, org_id=orch.org_id, orchestrator_id=orch.id, linear_user_id=orch.linear_user_id, issue=iss
-        )
         enq = enqueue_dispatch(
             tx,
             org_id=orch.org_id,
             orchestrator_id=orch.id,
-            session_id=sid,
+            linear_user_id=orch.linear_user_id,
             message=DispatchPayload(issue=iss),
         )
-    return sid, enq
+    return enq.session_id, enq
 
 
 FILL_SQL = """

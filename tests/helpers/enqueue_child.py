@@ -12,7 +12,7 @@ from uuid import UUID
 
 from shared.db import connect, transaction
 from shared.models import DispatchPayload, IssueRef
-from shared.queue import create_session, enqueue_dispatch
+from shared.queue import enqueue_dispatch
 
 
 def main() -> None:
@@ -20,10 +20,9 @@ def main() -> None:
     iss = IssueRef(id="issue-crash", identifier="ENG-1", title="crash")
     with connect(url) as conn:
         with transaction(conn) as tx:
-            sid = create_session(tx, org_id=org, orchestrator_id=orch, linear_user_id=None, issue=iss)
-            enqueue_dispatch(
-                tx, org_id=org, orchestrator_id=orch, session_id=sid, message=DispatchPayload(issue=iss)
-            )
+            sid = enqueue_dispatch(
+                tx, org_id=org, orchestrator_id=orch, linear_user_id=None, message=DispatchPayload(issue=iss)
+            ).session_id
             if point == "before-commit":
                 print(f"READY {sid}", flush=True)
                 time.sleep(600)

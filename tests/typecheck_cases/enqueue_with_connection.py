@@ -14,6 +14,6 @@ def wrong(url: str) -> None:
             conn,
             org_id="o",
             orchestrator_id=uuid4(),
-            session_id=uuid4(),
+            linear_user_id=None,
             message=DispatchPayload(issue=IssueRef(id="i")),
         )
