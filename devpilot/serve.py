@@ -94,6 +94,19 @@ def worker_app() -> Any:
     return wsgi
 
 
+def _wait_listening(host: str, port: int, timeout: float = 60.0) -> None:
+    """Until something accepts connections on (host, port): the worker's own socket (an address
+    that means "every interface" is reached through loopback)."""
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # nosec B104
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((target, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) -> int:
     setup_logging()
     settings = get_settings()
@@ -124,8 +137,12 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
 
         if sweep_every > 0:
             threading.Thread(target=sweeper, name="devpilot-sweep", daemon=True).start()
-        # Said once the worker can answer (it builds its runtime after the fork), so whoever reads
-        # "serving on" may call at once.
+        # Said once the worker can answer, so whoever reads "serving on" may call at once: Granian's
+        # worker binds its own socket only after this factory returns, so wait for it to listen.
+        threading.Thread(target=announce, name="devpilot-announce", daemon=True).start()
+
+    def announce() -> None:
+        _wait_listening(host, port)
         print(f"devpilot serving on {url}", flush=True)
         print(
             f"database: {database.describe()}"

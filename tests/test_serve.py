@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -96,6 +97,39 @@ def test_serve_says_at_start_which_settings_are_missing(db_url: str, tmp_path: P
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_serve_answers_as_soon_as_it_says_it_serves(db_url: str, tmp_path: Path) -> None:
+    """Whoever reads "devpilot serving on URL" may call at once: the line comes after the worker
+    listens, not before (Granian's worker binds its socket after the app is built; a connect right
+    after the line was refused every time before this was fixed)."""
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "devpilot", "serve", "--port", "0", "--sweep-every", "0"],
+            cwd=tmp_path,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "DATABASE_URL": db_url,
+                "DEVPILOT_ADMIN_TOKEN": ADMIN,
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            assert first.startswith("devpilot serving on "), first
+            url = first.split()[-1]
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            # At once and once: a plain connect (an HTTP client's own set-up time would hide it).
+            socket.create_connection((host, int(port)), timeout=5).close()
+            r = httpx.get(url + "/healthz", timeout=5)
+            assert r.status_code == 200 and r.json() == {"ok": True}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
 
 
 def test_serve_without_database_url_uses_embedded_postgres(tmp_path: Path) -> None:
