@@ -97,7 +97,8 @@ def worker_app() -> Any:
 def _wait_listening(host: str, port: int, timeout: float = 60.0) -> None:
     """Until something accepts connections on (host, port): the worker's own socket (an address
     that means "every interface" is reached through loopback)."""
-    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # nosec B104
+    # Not a bind: the wildcard addresses are mapped to loopback to connect to.
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
