@@ -3,6 +3,8 @@ route table), plus the in-process sweep."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import logging
 import multiprocessing
@@ -97,8 +99,11 @@ def worker_app() -> Any:
 def _wait_listening(host: str, port: int, timeout: float = 60.0) -> None:
     """Until something accepts connections on (host, port): the worker's own socket (an address
     that means "every interface" is reached through loopback)."""
-    # Not a bind: the wildcard addresses are mapped to loopback to connect to.
-    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+    target = host or "127.0.0.1"
+    with contextlib.suppress(ValueError):  # (a host name is connected to as it is)
+        ip = ipaddress.ip_address(host)
+        if ip.is_unspecified:
+            target = "::1" if ip.version == 6 else "127.0.0.1"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
