@@ -22,8 +22,9 @@ from tests.helpers.api import ADMIN, SECRET, Api, issue_event
 ROOT = Path(__file__).parent.parent
 
 
-def start_serve(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
-    proc = subprocess.Popen(
+def spawn_serve(env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """`devpilot serve` on a free port, its output piped, not waited on."""
+    return subprocess.Popen(
         [sys.executable, "-m", "devpilot", "serve", "--port", "0", "--sweep-every", "1"],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
@@ -31,6 +32,10 @@ def start_serve(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], 
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def start_serve(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
+    proc = spawn_serve(env, cwd)
     assert proc.stdout is not None
     lines: list[str] = []
     url = ""
@@ -104,19 +109,7 @@ def test_serve_answers_as_soon_as_it_says_it_serves(db_url: str, tmp_path: Path)
     listens, not before (Granian's worker binds its socket after the app is built; a connect right
     after the line was refused every time before this was fixed)."""
     for _ in range(3):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "devpilot", "serve", "--port", "0", "--sweep-every", "0"],
-            cwd=tmp_path,
-            env={
-                **os.environ,
-                "PYTHONPATH": str(ROOT),
-                "DATABASE_URL": db_url,
-                "DEVPILOT_ADMIN_TOKEN": ADMIN,
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        proc = spawn_serve({"DATABASE_URL": db_url, "DEVPILOT_ADMIN_TOKEN": ADMIN}, tmp_path)
         try:
             assert proc.stdout is not None
             first = proc.stdout.readline()
