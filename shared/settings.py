@@ -1,19 +1,27 @@
-"""Settings from the environment, named and defaulted as the README's configuration section says."""
+"""Settings from the environment, named and defaulted as the README's configuration section says.
+
+Plain pydantic reads them: each field names its variable (`validation_alias`), matched in any case,
+and values passed to `Settings(...)` win over the environment. (pydantic-settings did the same here
+but imports every secret-manager and file source it supports on the way: about 30 ms of every
+function instance's cold start, for a handful of variables.)
+"""
 
 from __future__ import annotations
 
-from functools import lru_cache
+import json
+import os
+from functools import cache, lru_cache
+from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class SettingsError(RuntimeError):
     """A configuration value is missing or malformed; the message names the variable."""
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="ignore")
 
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     database_listen_url: str | None = Field(default=None, validation_alias="DATABASE_LISTEN_URL")
@@ -80,6 +88,20 @@ class Settings(BaseSettings):
         default=600, ge=30, le=86_400, validation_alias="DEVPILOT_REALTIME_TOKEN_SECONDS"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_environment(cls, given: Any) -> Any:
+        """The environment's value of each field's variable, under what the caller passed."""
+        env = {name.upper(): value for name, value in os.environ.items()}
+        found = {alias: env[alias] for alias in _variables(cls) if alias in env}
+        return {**found, **given} if isinstance(given, dict) else given
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _json_map(cls, value: Any) -> Any:
+        # A variable holds text; this one is a JSON object.
+        return json.loads(value) if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> Settings:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
@@ -98,6 +120,11 @@ class Settings(BaseSettings):
     def backoff_seconds(self, attempt: int) -> int:
         """Delay before attempt n+1 after the n-th failed delivery: min(n² × base, cap)."""
         return min(attempt * attempt * self.backoff_base_seconds, self.backoff_cap_seconds)
+
+
+@cache
+def _variables(model: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(str(f.validation_alias) for f in model.model_fields.values() if f.validation_alias)
 
 
 def load_settings() -> Settings:

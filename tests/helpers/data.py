@@ -102,7 +102,7 @@ def api_settings(**overrides: object) -> Settings:
         "DEVPILOT_ENCRYPTION_KEYS": ENCRYPTION_KEY,
     }
     values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
+    return Settings(**values)
 
 
 ROW_COUNTS = """

@@ -70,6 +70,21 @@ def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
+def test_settings_come_from_the_environment_in_any_case_and_yield_to_given_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("devpilot_pool_max", "7")
+    monkeypatch.setenv("DEVPILOT_METRICS", "true")
+    monkeypatch.setenv("DEVPILOT_ENDPOINTS", '{"claim": "https://claim.example"}')
+    s = Settings()
+    assert (s.database_pool_max, s.metrics_enabled) == (7, True)
+    assert s.endpoints == {"claim": "https://claim.example"}
+    assert Settings(DEVPILOT_POOL_MAX=3).database_pool_max == 3
+    monkeypatch.setenv("DEVPILOT_ENDPOINTS", "{not json")
+    with pytest.raises(SettingsError, match="DEVPILOT_ENDPOINTS"):
+        load_settings()
+
+
 def hook(body: dict[str, Any]) -> Any:
     return parse(
         json.dumps({"webhookTimestamp": int(time.time() * 1000), "organizationId": "o", **body}).encode()
