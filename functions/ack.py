@@ -10,7 +10,7 @@ from __future__ import annotations
 import flask
 
 from functions.bodies import AckBody, loose_uuid
-from functions.telemetry import ACKED
+from functions.telemetry import count
 from functions.web import ApiError, Call, note, reply
 from shared.queue import AckItem
 
@@ -28,7 +28,7 @@ def ack(call: Call) -> flask.Response:
             raise ApiError(400, "bad_request", "send either queueId/claimToken or acks, not both")
         items = [AckItem(loose_uuid(a.queue_id), loose_uuid(a.claim_token)) for a in body.acks]
         results = call.service.ack(call.orch.id, items)
-        ACKED.inc(results.count("acked"))
+        count("acked", results.count("acked"))
         note(queueId=",".join(a.queue_id for a in body.acks[:5]), acked=results.count("acked"))
         return reply(
             {
@@ -47,6 +47,6 @@ def ack(call: Call) -> flask.Response:
         call.orch.id, [AckItem(loose_uuid(body.queue_id), loose_uuid(body.claim_token))]
     )
     if result == "acked":
-        ACKED.inc()
+        count("acked")
         return reply({"status": "acked"})
     raise ApiError(STATUS[result], result, DETAIL[result])

@@ -25,7 +25,7 @@ from werkzeug.routing import Map, Rule
 from functions.logs import Fields
 from functions.routes import BY_NAME, ROUTES, Auth, Endpoint, Route
 from functions.runtime import Runtime, get_runtime
-from functions.telemetry import ROUTE_HISTOGRAMS
+from functions.telemetry import observe_route
 from functions.web import (
     ApiError,
     Call,
@@ -123,8 +123,7 @@ def _answer(
     resp.headers.setdefault("X-Frame-Options", "DENY")
     resp.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
     elapsed = time.perf_counter() - started
-    if name in ROUTE_HISTOGRAMS:
-        ROUTE_HISTOGRAMS[name].observe(elapsed)
+    observe_route(name, elapsed)
     line = {
         "route": name,
         "method": request.method,
@@ -135,12 +134,15 @@ def _answer(
     return resp
 
 
-_ALL = _url_map(ROUTES, at_root=False)
+@cache
+def _every_route() -> tuple[Map, dict[str, tuple[Route, Endpoint]]]:
+    # Built on first use, not at import: a one-route target never compiles the other routes' rules.
+    return _url_map(ROUTES, at_root=False)
 
 
 def serve_request(request: flask.Request) -> flask.Response:
     """Every route, by path (`devpilot serve`, the `api` target)."""
-    return _answer(*_ALL, request)
+    return _answer(*_every_route(), request)
 
 
 @cache

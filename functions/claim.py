@@ -15,7 +15,7 @@ from __future__ import annotations
 import flask
 
 from functions.bodies import ClaimBody
-from functions.telemetry import CLAIMED
+from functions.telemetry import count
 from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator
 from shared.dispatch import Refused
 
@@ -35,7 +35,7 @@ def claim(call: Call) -> flask.Response:
             note(orchestratorId=orch.id)
     except Refused as exc:
         raise ApiError(401, exc.code, exc.detail) from None
-    CLAIMED.inc(len(messages))
+    count("claimed", len(messages))
     if messages:
         note(queueId=",".join(str(m.queue_id) for m in messages[:5]), claimed=len(messages))
     return reply({"messages": [m.wire() for m in messages]})

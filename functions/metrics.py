@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from functions.runtime import get_runtime
-from functions.telemetry import REGISTRY
+from functions.telemetry import meters
 from functions.web import ApiError, Call
 from shared.status import snapshot
 
@@ -51,10 +51,10 @@ class QueueDepth(Collector):
         yield connected
 
 
-REGISTRY.register(QueueDepth())
+meters().registry.register(QueueDepth())
 
 
 def metrics(call: Call) -> flask.Response:
     if not call.rt.settings.metrics_enabled:
         raise ApiError(404, "not_found", "metrics are off; set DEVPILOT_METRICS=1")
-    return flask.Response(generate_latest(REGISTRY), mimetype="text/plain; version=0.0.4")
+    return flask.Response(generate_latest(meters().registry), mimetype="text/plain; version=0.0.4")

@@ -7,7 +7,7 @@ import flask
 
 from functions.ack import DETAIL, STATUS
 from functions.bodies import ReleaseBody, loose_uuid
-from functions.telemetry import DEAD, RELEASED
+from functions.telemetry import count
 from functions.web import ApiError, Call, note, reply
 
 
@@ -19,8 +19,8 @@ def release(call: Call) -> flask.Response:
     )
     if r.status != "released":
         raise ApiError(STATUS[r.status], r.status, DETAIL[r.status])
-    RELEASED.inc()
-    DEAD.inc(int(r.dead_lettered))
+    count("released")
+    count("dead_lettered", int(r.dead_lettered))
     return reply(
         {
             "status": "released",

@@ -47,6 +47,11 @@ def get_runtime() -> Runtime:
     return _runtime
 
 
+def current() -> Runtime | None:
+    """The runtime if this process has built one, without building it."""
+    return _runtime
+
+
 def install(runtime: Runtime | None) -> None:
     """Use an already-built runtime (devpilot serve, tests); None forgets it."""
     global _runtime

@@ -7,18 +7,21 @@ up calling. Safe to run concurrently and repeatedly (see shared.queue.sweep).
 
 from __future__ import annotations
 
+import time
+
 import flask
 
 from functions.runtime import get_runtime
-from functions.telemetry import DEAD, REQUEUED, SWEEP_SECONDS
+from functions.telemetry import count, observe
 from functions.web import Call, reply
 
 
 def run_sweep() -> dict[str, int]:
-    with SWEEP_SECONDS.time():
-        result = get_runtime().service.sweep()
-    REQUEUED.inc(result.requeued)
-    DEAD.inc(result.dead_lettered)
+    started = time.perf_counter()
+    result = get_runtime().service.sweep()
+    observe("sweep", time.perf_counter() - started)
+    count("requeued", result.requeued)
+    count("dead_lettered", result.dead_lettered)
     return {"requeued": result.requeued, "deadLettered": result.dead_lettered}
 
 

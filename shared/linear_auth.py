@@ -20,16 +20,20 @@ import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
-
-import httpx
 
 from shared import crypto
 from shared.db import Pool, Tx, require_tx, transaction
 from shared.settings import Settings
 from shared.sql import query
 
+if TYPE_CHECKING:
+    import httpx
+
+# httpx is imported where Linear is called, not at the top: importing it costs a function instance's
+# cold start about 50 ms (with rich installed, its command-line module comes along), and most
+# instances (claim, ack, a webhook that posts nothing) never call Linear.
 log = logging.getLogger("devpilot.linear")
 
 SCOPES = "read,write,app:assignable,app:mentionable"
@@ -98,6 +102,8 @@ def _token_request(http: httpx.Client, settings: Settings, form: dict[str, str])
 
 def finish_install(pool: Pool, settings: Settings, code: str, state: str) -> Installed:
     """The callback's work: state, code exchange, the workspace, one transaction to store."""
+    import httpx
+
     check_state(settings, state)  # before anything is sent to Linear
     fernet = crypto.keys(settings)
     try:
@@ -200,6 +206,8 @@ class Tokens:
         return token
 
     def _renew(self, tx: Tx, org_id: str, refresh_token: str) -> str | None:
+        import httpx
+
         try:
             with httpx.Client(timeout=self.settings.linear_timeout_seconds) as http:
                 r = http.post(

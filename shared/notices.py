@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
-
-import httpx
 
 from shared import crypto, linear_auth
 from shared.db import Pool, Tx, require_tx
 from shared.settings import Settings
 from shared.sql import query
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("devpilot.notices")
 
@@ -149,6 +150,8 @@ def _post(http: httpx.Client, settings: Settings, post: dict[str, Any], token: s
 
 
 def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, list[str]]:
+    import httpx  # (here, not at the top: see shared.linear_auth)
+
     sent = failed = 0
     went_out: list[str] = []
     tokens = linear_auth.Tokens(pool, settings)

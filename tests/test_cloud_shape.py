@@ -11,12 +11,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from shared.db import Pool
 from shared.linear import sign
 from tests.helpers.api import ADMIN, SECRET, issue_event
+from tests.helpers.data import MakeOrch, enqueue_one
 from tests.helpers.serving import free_ports
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
@@ -108,3 +111,70 @@ def test_the_api_target_serves_every_route_by_path(functions: dict[str, str]) ->
     listed = httpx.get(api + "/orchestrators", headers={"Authorization": f"Bearer {ADMIN}"})
     assert listed.status_code == 200 and "orchestrators" in listed.json()
     assert httpx.get(api + "/nowhere").json()["error"] == "not_found"
+
+
+# One request to one target of a fresh process (a cold instance): the answer, the libraries that
+# serving it loaded, and the claims it counted.
+ONE_REQUEST = """
+import json, sys, functions_framework
+target, body, headers = sys.argv[1], sys.argv[2].encode(), json.loads(sys.argv[3])
+app = functions_framework.create_app(target, "functions/main.py")
+r = app.test_client().post("/", data=body, headers={"Content-Type": "application/json", **headers})
+from functions.telemetry import _meters
+print(json.dumps({
+    "status": r.status_code,
+    "body": r.get_json(),
+    "loaded": [m for m in ("prometheus_client", "httpx") if m in sys.modules],
+    "claimed": _meters.counters["claimed"]._value.get() if _meters else None,
+}))
+"""
+
+
+def cold_request(db_url: str, target: str, body: bytes, headers: dict[str, str], **env: str) -> Any:
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url, **env}
+    if not env.get("DEVPILOT_METRICS"):
+        environ.pop("DEVPILOT_METRICS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_REQUEST, target, body.decode(), json.dumps(headers)],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("metrics", [False, True])
+def test_a_cold_claim_loads_the_metrics_library_only_when_metrics_are_on(
+    db_url: str, pool: Pool, make_orchestrator: MakeOrch, metrics: bool
+) -> None:
+    """An instance that never serves /metrics does not import prometheus_client (cold start);
+    with DEVPILOT_METRICS on, the same claim is counted."""
+    orch = make_orchestrator()
+    enqueue_one(pool, orch, 1)
+    enqueue_one(pool, orch, 2)
+    seen = cold_request(
+        db_url,
+        "claim",
+        b'{"max": 5}',
+        {"Authorization": f"Bearer {orch.token}"},
+        DEVPILOT_METRICS="1" if metrics else "",
+    )
+    assert (seen["status"], len(seen["body"]["messages"])) == (200, 2)
+    assert ("prometheus_client" in seen["loaded"]) is metrics
+    assert seen["claimed"] == (2.0 if metrics else None)
+
+
+def test_a_cold_webhook_that_posts_nothing_to_linear_loads_no_http_client(
+    db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """httpx (about 50 ms of a cold start) is loaded by the instances that call Linear, when they do."""
+    make_orchestrator(org_id="org-a", linear_user_id="user-1")
+    body = json.dumps(issue_event(issue_id="cold-1")).encode()
+    seen = cold_request(
+        db_url, "webhook", body, {"Linear-Signature": sign(SECRET, body)}, LINEAR_WEBHOOK_SECRET=SECRET
+    )
+    assert (seen["status"], seen["body"]["status"]) == (200, "dispatched")
+    assert seen["loaded"] == []
