@@ -120,13 +120,13 @@ import json, sys, functions_framework
 target, body, headers = sys.argv[1], sys.argv[2].encode(), json.loads(sys.argv[3])
 app = functions_framework.create_app(target, "functions/main.py")
 r = app.test_client().post("/", data=body, headers={"Content-Type": "application/json", **headers})
-from functions.telemetry import _meters
-print(json.dumps({
-    "status": r.status_code,
-    "body": r.get_json(),
-    "loaded": [m for m in ("prometheus_client", "httpx") if m in sys.modules],
-    "claimed": _meters.counters["claimed"]._value.get() if _meters else None,
-}))
+loaded = [m for m in ("prometheus_client", "httpx") if m in sys.modules]
+if "prometheus_client" in loaded:
+    from functions.telemetry import meters
+    claimed = meters().registry.get_sample_value("devpilot_claimed_messages_total")
+else:
+    claimed = None
+print(json.dumps({"status": r.status_code, "body": r.get_json(), "loaded": loaded, "claimed": claimed}))
 """
 
 
