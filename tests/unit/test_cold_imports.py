@@ -25,9 +25,11 @@ HEAVY = [
 
 
 def loaded_by(target: str) -> set[str]:
+    # The target, and its route's module as its first request imports it.
     code = (
-        "import sys, json, functions.main as m; "
-        f"getattr(m, {target!r}); print(json.dumps(sorted(sys.modules)))"
+        "import sys, json, importlib, functions.main as m; from functions.routes import BY_NAME; "
+        f"getattr(m, {target!r}); importlib.import_module(BY_NAME[{target!r}].module); "
+        "print(json.dumps(sorted(sys.modules)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
