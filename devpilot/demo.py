@@ -92,6 +92,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ok(r: httpx.Response, what: str) -> dict[str, Any]:
+    """The answer of a set-up step, which must have worked for the rest to mean anything."""
+    if not r.is_success:
+        raise RuntimeError(f"demo: {what} failed: {r.status_code} {r.text[:300]}")
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
 def _wait(cond: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -123,28 +131,35 @@ def run_demo() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     print(f"demo: starting devpilot serve on {url} with an embedded Postgres in {home}")
     try:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "devpilot", "serve", "--port", str(port)],
-            cwd=home,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        with (home / "serve.log").open("wb") as serve_log:  # shown if the demo fails
+            server = subprocess.Popen(
+                [sys.executable, "-m", "devpilot", "serve", "--port", str(port)],
+                cwd=home,
+                env=env,
+                stdout=serve_log,
+                stderr=subprocess.STDOUT,
+            )
         procs.append(server)
         http = httpx.Client(base_url=url, timeout=10)
         _wait(lambda: http.get("/healthz").status_code == 200, 60, "the service")
         print(f"demo: service up after {time.monotonic() - t_begin:.1f}s")
 
-        reg = http.post(
-            "/orchestrators",
-            headers={"Authorization": f"Bearer {admin}"},
-            json={"orgId": "demo-org", "linearUserId": "demo-user", "name": "demo-laptop"},
-        ).json()
+        reg = _ok(
+            http.post(
+                "/orchestrators",
+                headers={"Authorization": f"Bearer {admin}"},
+                json={"orgId": "demo-org", "linearUserId": "demo-user", "name": "demo-laptop"},
+            ),
+            "registering the orchestrator",
+        )
         print(f"demo: registered orchestrator {reg['orchestratorId']} for demo-user")
-        http.post(  # what an OAuth install stores: the token the service posts to Linear with
-            "/linear-credentials",
-            headers={"Authorization": f"Bearer {admin}"},
-            json={"orgId": "demo-org", "accessToken": "demo-linear-token"},
+        _ok(  # what an OAuth install stores: the token the service posts to Linear with
+            http.post(
+                "/linear-credentials",
+                headers={"Authorization": f"Bearer {admin}"},
+                json={"orgId": "demo-org", "accessToken": "demo-linear-token"},
+            ),
+            "storing the Linear token",
         )
         started_file = home / "started.jsonl"
         started_file.touch()
@@ -243,6 +258,12 @@ def run_demo() -> int:
         print(f"\ndemo: orchestrator last seen {listed['orchestrators'][0]['lastSeenAt']}")
         _conversation(http, secret, linear)
         return 0
+    except Exception:
+        log = home / "serve.log"
+        if log.exists():  # what the service said, before it is cleaned up with the rest
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            print("demo: devpilot serve's last lines:\n" + "\n".join(tail), file=sys.stderr)
+        raise
     finally:
         for p in reversed(procs):
             if p.poll() is None:
