@@ -18,8 +18,10 @@ from functions.web import Call, reply
 
 def run_sweep() -> dict[str, int]:
     started = time.perf_counter()
-    result = get_runtime().service.sweep()
-    observe("sweep", time.perf_counter() - started)
+    try:
+        result = get_runtime().service.sweep()
+    finally:  # a sweep that failed took its time too
+        observe("sweep", time.perf_counter() - started)
     count("requeued", result.requeued)
     count("dead_lettered", result.dead_lettered)
     return {"requeued": result.requeued, "deadLettered": result.dead_lettered}

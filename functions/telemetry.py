@@ -33,8 +33,10 @@ _meters: Meters | None = None
 
 
 def meters() -> Meters:
-    """The registry and its metrics, made once per process on first use."""
+    """The registry and its metrics, made once per process on first use (as get_runtime is)."""
     global _meters
+    if _meters is not None:
+        return _meters
     with _lock:
         if _meters is None:
             from prometheus_client import CollectorRegistry, Counter, Histogram
