@@ -21,6 +21,7 @@ import psycopg
 
 from bench.loadgen import assignment
 from shared.linear import sign
+from shared.sql import query
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN, SECRET = "bench-admin", "bench-secret"
@@ -108,9 +109,11 @@ def http_rates(db_url: str, seconds: float, threads: int) -> dict[str, Any]:
 
 class RealtimeRelay:
     """Supabase Realtime, locally: the Phoenix-channel stand-in the tests use, fed by a LISTEN on
-    the channel every enqueue NOTIFYs on commit. So a pickup goes commit -> push -> the machine's
+    the channel an enqueue NOTIFYs on commit. So a pickup goes commit -> push -> the machine's
     /claim as it does with Supabase, minus Supabase's own WAL-to-socket delay (not measurable here,
-    no network): the figure is the floor of the realtime path, not a Supabase measurement."""
+    no network): the figure is the floor of the realtime path, not a Supabase measurement.
+    Supabase reads every insert from the WAL; an enqueue NOTIFYs only a machine marked as waiting
+    (as a long-poll marks it), so the relay marks the machines it follows (`follow`)."""
 
     def __init__(self, db_url: str) -> None:
         from tests.helpers.phoenix_standin import PhoenixStandIn
@@ -122,6 +125,10 @@ class RealtimeRelay:
         self._conn.execute("LISTEN devpilot_dispatch")
         self._thread = threading.Thread(target=self._relay, daemon=True)
         self._thread.start()
+
+    def follow(self, orchestrator_id: str) -> None:
+        """Enqueues to this machine NOTIFY for the rest of the run (a day), as during a long-poll."""
+        self._conn.execute(query("mark_listening"), {"id": orchestrator_id, "seconds": 86400, "margin": 0})
 
     def env(self) -> dict[str, str]:
         return {
@@ -151,7 +158,9 @@ def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -
     s = Serve(db_url, relay.env() if relay else None)
     state = Path(tempfile.mkdtemp(prefix="bench-orch-"))
     try:
-        _, token = s.register(user=f"lat-{transport}")
+        oid, token = s.register(user=f"lat-{transport}")
+        if relay is not None:
+            relay.follow(oid)
         orch = subprocess.Popen(
             [
                 sys.executable,

@@ -80,7 +80,8 @@ class Dispatch:
     def claim(self, orchestrator_id: UUID, *, max: int, wait_seconds: float = 0) -> list[TaskDispatchMessage]:
         """The poll route's work. With `wait_seconds` it long-polls: it registers for this
         orchestrator's wake-ups on the instance's single LISTEN connection before looking at the
-        table (so a NOTIFY between the look and the wait is kept), and looks again at least every
+        table (so a NOTIFY between the look and the wait is kept), marks the machine as listening
+        (enqueues to a machine nobody waits on send no NOTIFY), and looks again at least every
         RECHECK_SECONDS whatever happens, so a lost NOTIFY costs latency, never a message."""
 
         def take(handover: int | None = None) -> list[TaskDispatchMessage]:
@@ -97,6 +98,8 @@ class Dispatch:
         deadline = time.monotonic() + wait_seconds
         with self.wakeups.waiter(str(orchestrator_id)) as woken:
             self.wakeups.wait_until_listening(timeout=min(2.0, wait_seconds))
+            # Enqueues NOTIFY only a machine that says it is waiting; said before the first look.
+            orchestrators.mark_listening(self.pool, orchestrator_id, wait_seconds, RECHECK_SECONDS)
             messages = take()
             while not messages:
                 left = deadline - time.monotonic()

@@ -122,3 +122,12 @@ def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
 def is_active(pool: Pool, orchestrator_id: UUID) -> bool:
     with pool.connection() as conn:
         return conn.execute(query("orchestrator_active"), {"id": orchestrator_id}).fetchone() is not None
+
+
+def mark_listening(pool: Pool, orchestrator_id: UUID, seconds: float, margin: float) -> None:
+    """A long-poll of `seconds` is about to look at the table: until it ends (with `margin` to
+    spare), enqueues to this machine send their NOTIFY. One statement on an autocommit connection,
+    so it is committed before the look (`mark_listening` in orchestrators.sql says why that order
+    leaves no wake-up behind)."""
+    with pool.connection() as conn:
+        conn.execute(query("mark_listening"), {"id": orchestrator_id, "seconds": seconds, "margin": margin})

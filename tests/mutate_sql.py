@@ -2,7 +2,7 @@
 
 mutmut mutates Python; the claim, ack, release, sweep, intake and routing rules are statements in
 `shared/queries/*.sql`. This makes one small bug at a time in those statements — a lock that skips
-no rows, a comparison one off, a condition inverted, a NOTIFY gone — runs the core tests against a
+no rows or is gone, a comparison one off, a condition inverted, a NOTIFY gone — runs the core tests against a
 copy of the repository carrying that bug, and lists every bug no test noticed.
 
     python -m tests.mutate_sql [--files queue.sql,intake.sql] [--start N] [--max N] [--report PATH] [--list]
@@ -115,6 +115,8 @@ def _swaps(line: str) -> Iterator[tuple[str, str]]:
             if not (old == " < " and code[i : i + 3] == " <>"):  # (" <> " is not a comparison to flip)
                 yield op, line[:i] + new + line[i + len(old) :]
             start = i + len(old)
+    if code.strip() in ("FOR UPDATE", "FOR KEY SHARE"):  # a lock that orders two statements
+        yield "no row lock", ""
     notify = re.search(r"pg_notify\((?:[^()]|\([^()]*\))*\)", code)
     if notify:
         yield "notify removed", line[: notify.start()] + "NULL" + line[notify.end() :]

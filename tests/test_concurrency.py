@@ -264,9 +264,10 @@ def test_claim_plan_probes_the_claim_index(
 def test_enqueue_reads_no_table_in_either_plan(
     mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
-    """The enqueue writes the session and its queue row without scanning anything, in both plans,
-    even when the org has many queued sessions (an earlier enqueue read the session back, and a
-    generic plan once read all of the org's queued sessions on every webhook)."""
+    """The enqueue writes the session and its queue row without scanning anything but its machine's
+    row (by primary key: is a long-poll waiting?), in both plans, even when the org has many queued
+    sessions (an earlier enqueue read the session back, and a generic plan once read all of the
+    org's queued sessions on every webhook)."""
     from psycopg.types.json import Jsonb
 
     from shared.sql import query
@@ -301,6 +302,14 @@ def test_enqueue_reads_no_table_in_either_plan(
         return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
 
     top = plan["QUERY PLAN"][0]["Plan"]
-    touched = sorted(n["Node Type"] for n in nodes(top) if n.get("Relation Name"))
-    assert touched == ["ModifyTable", "ModifyTable"], text  # two inserts, no scan of either table
+    touched = sorted(
+        (n["Node Type"], n["Relation Name"], n.get("Index Name"))
+        for n in nodes(top)
+        if n.get("Relation Name")
+    )
+    assert touched == [  # two inserts, one machine's row by its key, no scan of either queue table
+        ("Index Scan", "orchestrators", "orchestrators_pkey"),
+        ("ModifyTable", "dispatch_queue", None),
+        ("ModifyTable", "dispatch_sessions", None),
+    ], text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 60, text

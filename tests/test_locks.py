@@ -1,5 +1,6 @@
 """The claim and the sweep skip rows another transaction holds (SKIP LOCKED): they never wait on an
-ack in flight. And a long-poll wakes on the enqueue's NOTIFY, well before its re-check backstop."""
+ack in flight. And a long-poll wakes on the enqueue's NOTIFY, well before its re-check backstop,
+even when it starts while the enqueue is committing."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID, uuid4
 
 import httpx
+import psycopg
 
-from shared.db import Pool, connect
+from shared.db import Pool, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
-from shared.queue import claim, sweep
+from shared.models import DispatchPayload
+from shared.queue import claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, issue_event
-from tests.helpers.data import MakeOrch, enqueue_one
+from tests.helpers.data import MakeOrch, enqueue_one, issue
 
 
 def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
@@ -68,6 +72,76 @@ def test_a_long_poll_wakes_on_the_notify_not_the_recheck(api: Api) -> None:
     answer, answered_at = out[0]
     assert len(answer["messages"]) == 1
     assert answered_at - sent_at < RECHECK_SECONDS / 2  # the NOTIFY, not the polling backstop
+
+
+def test_a_long_poll_that_starts_while_an_enqueue_commits_is_not_left_asleep(api: Api) -> None:
+    """An enqueue sends its NOTIFY only to a machine marked as long-polling. The race that rule must
+    survive: the enqueue's statement has run (it read "nobody is waiting") but not committed when a
+    long-poll starts. The long-poll's mark waits for that commit (the enqueue holds the machine's
+    row), so its first look finds the work and it answers at once, not at the re-check."""
+    oid, token = api.register()
+    with transaction(api.pool) as tx:
+        enqueue_dispatch(
+            tx,
+            org_id="org-a",
+            orchestrator_id=UUID(oid),
+            linear_user_id="user-1",
+            message=DispatchPayload(issue=issue(1)),
+        )
+        t, out = in_thread(
+            lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic())
+        )
+        time.sleep(1.0)  # the long-poll has begun, and waits on the machine's row
+    committed_at = time.monotonic()
+    t.join(timeout=25)
+    answer, answered_at = out[0]
+    assert len(answer["messages"]) == 1
+    assert answered_at - committed_at < RECHECK_SECONDS / 2  # its first look, not the backstop
+
+
+def test_an_enqueue_that_was_held_up_while_a_long_poll_began_still_wakes_it(api: Api) -> None:
+    """The other order: the enqueue's statement began (its snapshot taken) before a long-poll marked
+    the machine, but reads the mark only after the mark committed. Here it is held up by a
+    transaction that holds its session id, on another machine, so nothing locks this machine's row.
+    A plain read would see the snapshot's "nobody is waiting" and send no NOTIFY; the locking read
+    sees the mark, and the long-poll wakes at the commit."""
+    oid, token = api.register()
+    other, _ = api.register(user="user-2")
+    sid = uuid4()
+    with transaction(api.pool) as holder:  # holds the session id until it rolls back
+        enqueue_dispatch(
+            holder,
+            org_id="org-a",
+            orchestrator_id=UUID(other),
+            linear_user_id="user-2",
+            message=DispatchPayload(issue=issue(2)),
+            session_id=sid,
+        )
+
+        def held_up_enqueue() -> float:
+            with transaction(api.pool) as tx:
+                enqueue_dispatch(
+                    tx,
+                    org_id="org-a",
+                    orchestrator_id=UUID(oid),
+                    linear_user_id="user-1",
+                    message=DispatchPayload(issue=issue(1)),
+                    session_id=sid,
+                )
+            return time.monotonic()
+
+        e, committed = in_thread(held_up_enqueue)
+        time.sleep(0.5)  # its statement has begun and waits on the session id
+        t, out = in_thread(
+            lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic())
+        )
+        time.sleep(1.0)  # the long-poll has marked the machine, looked, found nothing, and waits
+        raise psycopg.Rollback()  # the holder ends; the held-up enqueue goes on and commits
+    e.join(timeout=10)
+    t.join(timeout=25)
+    answer, answered_at = out[0]
+    assert len(answer["messages"]) == 1
+    assert answered_at - committed[0] < RECHECK_SECONDS / 2  # the NOTIFY, not the backstop
 
 
 def test_rerouting_skips_a_row_a_claim_holds(pool: Pool, db_url: str, make_orchestrator: MakeOrch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from shared import queue
 from shared.db import Pool, connect, transaction
 from shared.models import DispatchPayload
+from shared.orchestrators import mark_listening
 from shared.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
@@ -395,6 +397,7 @@ def test_cancel_issue_removes_queued_and_claimed(pool: Pool, make_orchestrator: 
 
 def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
+    mark_listening(pool, o.id, 30, 0)  # (a long-poll of this machine is waiting)
     with connect(db_url) as listener:
         listener.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
         with pytest.raises(RuntimeError), transaction(pool) as tx:
@@ -410,6 +413,27 @@ def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orche
         enqueue_one(pool, o)
         got = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.payload for n in got] == [str(o.id)]
+
+
+def test_an_enqueue_notifies_only_a_machine_that_is_long_polling(
+    pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """A NOTIFY makes Postgres serialise commits, so an enqueue sends one only while a long-poll of
+    its machine is waiting (marked): not before, not to another machine, not after the wait ends."""
+    waiting, idle = make_orchestrator(linear_user_id="u-wait"), make_orchestrator(linear_user_id="u-idle")
+    with connect(db_url) as listener:
+        listener.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
+        enqueue_one(pool, waiting, 1)
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # nobody is waiting yet
+        mark_listening(pool, waiting.id, 1, 0)
+        enqueue_one(pool, idle, 2)
+        enqueue_one(pool, waiting, 3)
+        got = list(listener.notifies(timeout=5, stop_after=1))
+        assert [n.payload for n in got] == [str(waiting.id)]
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # (and none for `idle`)
+        time.sleep(1.2)  # the long-poll's wait (1 s, no margin) is over
+        enqueue_one(pool, waiting, 4)
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
 
 
 @pytest.mark.parametrize("wrong", ["session-in-use", "delivered-session", "unknown-machine"])

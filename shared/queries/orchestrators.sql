@@ -45,6 +45,22 @@ WHERE id = %(id)s RETURNING id, revoked_at, pg_notify('devpilot_dispatch', id::t
 -- name: orchestrator_active
 SELECT id FROM orchestrators WHERE id = %(id)s AND revoked_at IS NULL;
 
+-- name: mark_listening
+-- A long-poll, before its first look at the table: enqueues to this machine NOTIFY until the end of
+-- its wait (with a margin). Its own transaction, committed before that look. FOR UPDATE waits for
+-- every enqueue holding the machine's row FOR KEY SHARE (see `enqueue`), so an enqueue that read
+-- "not listening" has committed before the look begins. Written only when it extends the window by
+-- more than the margin, so overlapping long-polls of one machine cost a read; an enqueue then finds
+-- the window already committed and notifies.
+WITH mine AS (
+    SELECT id FROM orchestrators
+    WHERE id = %(id)s
+      AND (listening_until IS NULL OR listening_until < now() + make_interval(secs => %(seconds)s))
+    FOR UPDATE
+)
+UPDATE orchestrators o SET listening_until = now() + make_interval(secs => %(seconds)s + %(margin)s)
+FROM mine WHERE o.id = mine.id;
+
 -- name: orchestrator_by_id
 -- For an agent token: the active machine it names, with the hash its mac is keyed with.
 SELECT id, org_id, linear_user_id, name, token_hash FROM orchestrators

@@ -22,10 +22,23 @@
 -- caller's transaction: neither can exist without the other, and the deferred invariant trigger
 -- checks that again at commit. One statement instead of two is one round trip less on every
 -- webhook. The session is written once with the queue row's id and message id already chosen (an
--- update that changes two unique columns is never HOT). The NOTIFY is delivered by Postgres only if
--- that transaction commits, so rolled-back work wakes no one. The queue row's foreign key to its
+-- update that changes two unique columns is never HOT). The queue row's foreign key to its
 -- session is checked at the end of the statement, when the session row inserted above is visible.
-WITH s AS (
+--
+-- The NOTIFY goes only to a machine that is long-polling (`listening_until`, set by
+-- `mark_listening` before the long-poll's first look). Postgres delivers it only if this
+-- transaction commits, so rolled-back work wakes no one; and it serialises the commits of notifying
+-- transactions, which is why a machine nobody waits on gets none. `listener` reads the machine's
+-- row FOR KEY SHARE (the lock the queue row's foreign key takes on it anyway), which the FOR UPDATE
+-- of a concurrent `mark_listening` waits for, and which waits for it: either this transaction
+-- commits before the mark does, and the long-poll's first look (after the mark) sees the row; or
+-- the mark committed first, and this locking read sees its newest value and notifies. No
+-- interleaving leaves a long-poll asleep while work waits for it.
+WITH listener AS (
+    SELECT id, listening_until > now() AS listening
+    FROM orchestrators WHERE id = %(orchestrator_id)s
+    FOR KEY SHARE
+), s AS (
     INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
                                    issue_identifier, agent_session_id, kind, queue_id, message_id)
     VALUES (%(session_id)s, %(org_id)s, %(orchestrator_id)s, 'queued', %(linear_user_id)s, %(issue_id)s,
@@ -40,7 +53,7 @@ WITH s AS (
     RETURNING id, message_id, session_id, orchestrator_id
 )
 SELECT q.session_id, q.id AS queue_id, q.message_id,
-       pg_notify('devpilot_dispatch', q.orchestrator_id::text) AS notified
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text)) FROM listener l WHERE l.listening) AS notified
 FROM q;
 
 -- name: claimable
