@@ -13,7 +13,7 @@ from uuid import UUID, uuid4
 import httpx
 import psycopg
 
-from shared.db import Pool, connect, transaction
+from shared.db import Pool, Tx, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
 from shared.models import DispatchPayload
 from shared.queue import claim, enqueue_dispatch, sweep
@@ -28,6 +28,23 @@ def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
     t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
     t.start()
     return t, out
+
+
+def long_poll(api: Api, token: str) -> tuple[threading.Thread, list[Any]]:
+    """A 20 s long-poll in a thread; its result is (the answer, when it came)."""
+    return in_thread(lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic()))
+
+
+def enqueue(tx: Tx, machine: str, user: str, n: int, session_id: UUID | None = None) -> None:
+    """Issue n's start for a machine of org-a, in the caller's transaction."""
+    enqueue_dispatch(
+        tx,
+        org_id="org-a",
+        orchestrator_id=UUID(machine),
+        linear_user_id=user,
+        message=DispatchPayload(issue=issue(n)),
+        session_id=session_id,
+    )
 
 
 def test_a_claim_skips_a_row_another_transaction_holds(
@@ -64,7 +81,7 @@ def test_the_sweep_skips_a_row_another_transaction_holds(
 
 def test_a_long_poll_wakes_on_the_notify_not_the_recheck(api: Api) -> None:
     _, token = api.register()
-    t, out = in_thread(lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic()))
+    t, out = long_poll(api, token)
     time.sleep(1.0)  # waiting now (its first look found nothing)
     sent_at = time.monotonic()
     api.webhook(issue_event(issue_id="wake"))
@@ -81,16 +98,8 @@ def test_a_long_poll_that_starts_while_an_enqueue_commits_is_not_left_asleep(api
     row), so its first look finds the work and it answers at once, not at the re-check."""
     oid, token = api.register()
     with transaction(api.pool) as tx:
-        enqueue_dispatch(
-            tx,
-            org_id="org-a",
-            orchestrator_id=UUID(oid),
-            linear_user_id="user-1",
-            message=DispatchPayload(issue=issue(1)),
-        )
-        t, out = in_thread(
-            lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic())
-        )
+        enqueue(tx, oid, "user-1", 1)
+        t, out = long_poll(api, token)
         time.sleep(1.0)  # the long-poll has begun, and waits on the machine's row
     committed_at = time.monotonic()
     t.join(timeout=25)
@@ -109,32 +118,16 @@ def test_an_enqueue_that_was_held_up_while_a_long_poll_began_still_wakes_it(api:
     other, _ = api.register(user="user-2")
     sid = uuid4()
     with transaction(api.pool) as holder:  # holds the session id until it rolls back
-        enqueue_dispatch(
-            holder,
-            org_id="org-a",
-            orchestrator_id=UUID(other),
-            linear_user_id="user-2",
-            message=DispatchPayload(issue=issue(2)),
-            session_id=sid,
-        )
+        enqueue(holder, other, "user-2", 2, session_id=sid)
 
         def held_up_enqueue() -> float:
             with transaction(api.pool) as tx:
-                enqueue_dispatch(
-                    tx,
-                    org_id="org-a",
-                    orchestrator_id=UUID(oid),
-                    linear_user_id="user-1",
-                    message=DispatchPayload(issue=issue(1)),
-                    session_id=sid,
-                )
+                enqueue(tx, oid, "user-1", 1, session_id=sid)
             return time.monotonic()
 
         e, committed = in_thread(held_up_enqueue)
         time.sleep(0.5)  # its statement has begun and waits on the session id
-        t, out = in_thread(
-            lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic())
-        )
+        t, out = long_poll(api, token)
         time.sleep(1.0)  # the long-poll has marked the machine, looked, found nothing, and waits
         raise psycopg.Rollback()  # the holder ends; the held-up enqueue goes on and commits
     e.join(timeout=10)
