@@ -1,6 +1,7 @@
 """The claim and the sweep skip rows another transaction holds (SKIP LOCKED): they never wait on an
-ack in flight. And a long-poll wakes on the enqueue's NOTIFY, well before its re-check backstop,
-even when it starts while the enqueue is committing."""
+ack in flight. A release that waits on a newer claim judges the newest row, not its snapshot. And a
+long-poll wakes on the enqueue's NOTIFY, well before its re-check backstop, even when it starts
+while the enqueue is committing."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import psycopg
 from shared.db import Pool, Tx, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
 from shared.models import DispatchPayload
-from shared.queue import claim, enqueue_dispatch, sweep
+from shared.queue import claim, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, issue_event
@@ -77,6 +78,36 @@ def test_the_sweep_skips_a_row_another_transaction_holds(
         assert not t.is_alive(), "the sweep waited on a locked row"
         assert out[0].requeued == 2
         locker.rollback()
+
+
+def test_a_release_that_waited_on_a_newer_claim_changes_nothing(
+    pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """A release is a compare-and-set on its token, also when it has to wait: here a newer claim of
+    the row (the sweep re-queued it and another claim took it) is committing while the old claim's
+    release runs. The release locks the row and re-checks its token on the newest version, so it
+    answers claim_superseded and leaves the newer claim holding the row; had it judged the row by its
+    snapshot, it would re-queue work another claim holds, and a third claim could take it too."""
+    o = make_orchestrator()
+    enqueue_one(pool, o)
+    [old] = claim(pool, o.id, max=1, lease_seconds=60)
+    with connect(db_url, autocommit=False) as newer:
+        row = newer.execute(
+            "UPDATE dispatch_queue SET claim_token = gen_random_uuid() WHERE id = %s RETURNING claim_token",
+            (old.queue_id,),
+        ).fetchone()
+        assert row is not None
+        t, out = in_thread(lambda: release(pool, Settings(), o.id, old.queue_id, old.claim_token))
+        time.sleep(0.5)  # the release waits on the row
+        newer.commit()
+    t.join(timeout=10)
+    assert out[0].status == "claim_superseded"
+    with pool.connection() as conn:
+        now = conn.execute(
+            "SELECT claim_token, lease_expires_at FROM dispatch_queue WHERE id = %s", (old.queue_id,)
+        ).fetchone()
+    assert now is not None
+    assert now["claim_token"] == row["claim_token"] and now["lease_expires_at"] is not None
 
 
 def test_a_long_poll_wakes_on_the_notify_not_the_recheck(api: Api) -> None:
