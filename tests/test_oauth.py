@@ -256,11 +256,42 @@ def test_storing_without_keys_on_a_real_database_is_503(api: Api) -> None:
         assert conn.execute("SELECT count(*) AS n FROM linear_credentials").fetchone() == {"n": 0}
 
 
+def test_two_instances_refreshing_at_once_spend_the_refresh_token_once(api: Api, linear: LinearOAuth) -> None:
+    """Two instances (each with its own token cache and connections) find the org's token due at
+    the same moment, while Linear takes half a second to answer a refresh: the org's row lock lets
+    one refresh, and the other, once the lock is its own, finds the new token and uses it. Without
+    the lock both would send the same refresh token; Linear rotates it on use and refuses the
+    second, which disconnects the org."""
+    from shared.linear_auth import Tokens
+
+    install(api)
+    with api.pool.connection() as conn:
+        conn.execute("UPDATE linear_credentials SET expires_at = now() + interval '1 minute'")
+    linear.refresh_delay = 0.5
+    instances = [Tokens(api.pool, api.settings) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    got: list[str | None] = []
+
+    def use(tokens: Tokens) -> None:
+        barrier.wait()
+        got.append(tokens.get(ORG))
+
+    threads = [threading.Thread(target=use, args=(t,)) for t in instances]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert linear.refreshes == 1 and linear.refused == []
+    assert got == ["acc-2", "acc-2"]
+    assert credentials(api.pool)["disconnected_at"] is None
+
+
 def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
     pool: Pool, db_url: str, httpserver: HTTPServer, tmp_path: Path
 ) -> None:
-    """Two `devpilot serve` processes on one database, both sending posts of an org whose token is
-    due: one refresh, no refused (reused) refresh token, every post sent with the new token."""
+    """Two `devpilot serve` processes on one database, both sweeping the posts of an org whose token
+    is due: one refresh, no refused (reused) refresh token, every post sent with the new token.
+    (Whether both reach the refresh depends on which takes the posts; the test above pins the lock.)"""
     from shared.orchestrators import register
     from tests.helpers.serving import free_ports, start_serve, wait_healthy
 
