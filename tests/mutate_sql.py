@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = Path("shared/queries")
-DEFAULT_FILES = ["queue.sql", "intake.sql", "orchestrators.sql", "notices.sql"]
+DEFAULT_FILES = ["queue.sql", "intake.sql", "orchestrators.sql", "notices.sql", "credentials.sql"]
 # The core tests: fast enough to run once per mutant; the SIGKILL runs stay out (minutes each).
 TESTS = [  # fastest first: with -x most mutants are caught in the first file
     "tests/test_queue.py",
@@ -57,6 +57,7 @@ TESTS_FOR = {
         "tests/test_rerouting.py",
     ],
     "orchestrators.sql": [*TESTS, "tests/test_security.py", "tests/test_operators.py"],
+    "credentials.sql": ["tests/test_oauth.py", "tests/test_notices.py", "tests/test_security.py"],
 }
 DESELECT = "not sigkilled and not plan_probes"
 
@@ -115,8 +116,9 @@ def _swaps(line: str) -> Iterator[tuple[str, str]]:
             if not (old == " < " and code[i : i + 3] == " <>"):  # (" <> " is not a comparison to flip)
                 yield op, line[:i] + new + line[i + len(old) :]
             start = i + len(old)
-    if code.strip() in ("FOR UPDATE", "FOR KEY SHARE"):  # a lock that orders two statements
-        yield "no row lock", ""
+    lock = code.strip()
+    if lock.rstrip(";") in ("FOR UPDATE", "FOR KEY SHARE"):  # a lock that orders two statements
+        yield "no row lock", ";" if lock.endswith(";") else ""
     notify = re.search(r"pg_notify\((?:[^()]|\([^()]*\))*\)", code)
     if notify:
         yield "notify removed", line[: notify.start()] + "NULL" + line[notify.end() :]

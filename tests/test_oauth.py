@@ -341,3 +341,25 @@ def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
             s.wait()
     assert linear.refreshes == 1 and linear.refused == []
     assert len(linear.calls) == 20 and set(linear.auth) == {"Bearer acc-2"}
+
+
+def test_disconnecting_one_org_leaves_every_other_org_connected(api: Api) -> None:
+    """A refused refresh or an uninstall disconnects that org only: another org's posts keep going."""
+    from shared.db import transaction
+    from shared.linear_auth import disconnect
+
+    for org in ("org-a", "org-b"):
+        r = api.http.post(
+            "/linear-credentials", json={"orgId": org, "accessToken": f"tok-{org}"}, headers=api.admin()
+        )
+        assert r.status_code == 200, r.text
+    with transaction(api.pool) as tx:
+        assert disconnect(tx, "org-a", "the app was uninstalled")
+    with api.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT org_id, disconnected_at FROM linear_credentials ORDER BY org_id"
+        ).fetchall()
+    assert [(r["org_id"], r["disconnected_at"] is not None) for r in rows] == [
+        ("org-a", True),
+        ("org-b", False),
+    ]
