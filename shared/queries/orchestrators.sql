@@ -49,9 +49,9 @@ SELECT id FROM orchestrators WHERE id = %(id)s AND revoked_at IS NULL;
 -- A long-poll, before its first look at the table: enqueues to this machine NOTIFY until the end of
 -- its wait (with a margin). Its own transaction, committed before that look. FOR UPDATE waits for
 -- every enqueue holding the machine's row FOR KEY SHARE (see `enqueue`), so an enqueue that read
--- "not listening" has committed before the look begins. Written only when it extends the window by
--- more than the margin, so overlapping long-polls of one machine cost a read; an enqueue then finds
--- the window already committed and notifies.
+-- "not listening" has committed before the look begins. Written only when the window does not
+-- already cover this wait, so overlapping long-polls of one machine cost a read; an enqueue then
+-- finds the covering window already committed and notifies.
 WITH mine AS (
     SELECT id FROM orchestrators
     WHERE id = %(id)s
