@@ -28,7 +28,7 @@ from shared import linear_auth, notices
 from shared.db import Pool, Tx, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, IssueRef, MessageKind
-from shared.queue import cancel_issue, enqueue_dispatch
+from shared.queue import MachineRevoked, cancel_issue, enqueue_dispatch
 from shared.routing import route
 from shared.sql import query
 
@@ -43,7 +43,25 @@ class Received:
 
 
 def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
-    """Apply one verified, fresh webhook in one transaction. `delivery` is Linear-Delivery."""
+    """Apply one verified, fresh webhook in one transaction. `delivery` is Linear-Delivery.
+
+    The machine it chose can be revoked while the transaction runs: the enqueue then writes nothing
+    (MachineRevoked), the transaction rolls back whole, and the webhook is decided again, now seeing
+    the revoke (another machine of the user, or no machine). Each round needs a revoke committed
+    during it, so a few rounds end it; the last round's refusal reaches the caller as an error and
+    Linear retries the delivery."""
+    for _ in range(ROUNDS - 1):
+        try:
+            return _receive(pool, hook, delivery)
+        except MachineRevoked:
+            continue
+    return _receive(pool, hook, delivery)
+
+
+ROUNDS = 3
+
+
+def _receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
     plan = intent(hook)
     key, content_key = hook.delivery_keys(delivery)
     keys = {"key": key, "content_key": content_key}

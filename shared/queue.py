@@ -25,6 +25,7 @@ from uuid import UUID, uuid4
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
+from shared import orchestrators
 from shared.db import Conn, Pool, Tx, require_tx, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
@@ -35,6 +36,12 @@ AckStatus = Literal["acked", "claim_superseded", "not_found"]
 
 NOTIFY_CHANNEL = "devpilot_dispatch"  # the channel `enqueue` notifies and the `listen` query joins
 SWEEP_BATCH = 1000
+
+
+class MachineRevoked(Exception):
+    """The machine chosen for a message is revoked (or gone): nothing was written for it. The
+    caller's transaction cannot commit the decision it made before; it rolls back and decides again
+    (the revoke has committed by now, so a new look no longer chooses that machine)."""
 
 
 def enqueue_dispatch(
@@ -51,7 +58,9 @@ def enqueue_dispatch(
     the caller's transaction. `tx` is required and must be open: there is no way to write a session
     outside a transaction that also writes its queue row, so "session committed but nothing
     dispatched" cannot be written. The session's issue, agent session and kind are the message's.
-    The wake-up NOTIFY is sent by the same statement and delivered by Postgres only on commit."""
+    The wake-up NOTIFY is sent by the same statement and delivered by Postgres only on commit.
+    Raises MachineRevoked, having written nothing, when the machine is not active (its revoke may
+    have committed while this statement waited for it)."""
     tx = require_tx(tx, "enqueue_dispatch")
     if not isinstance(message, DispatchPayload):
         raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
@@ -70,7 +79,8 @@ def enqueue_dispatch(
             "now": now,
         },
     )
-    assert row is not None  # an INSERT ... RETURNING that did not raise returned its row
+    if row is None:
+        raise MachineRevoked(f"orchestrator {orchestrator_id} is not active")
     return Enqueued(session_id=row["session_id"], queue_id=row["queue_id"], message_id=row["message_id"])
 
 
@@ -257,6 +267,7 @@ class SweepResult:
     requeued: int
     dead_lettered: int
     rerouted: int = 0
+    rescued: int = 0  # revoked machines whose leftover work was moved or cancelled
 
 
 def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepResult:
@@ -290,9 +301,14 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
             rerouted += row["rerouted"]
             if row["rerouted"] < SWEEP_BATCH:
                 break
+    # Work left on a revoked machine (`revoked_with_work` says how it can happen): revoked again,
+    # each in its own transaction, which moves it to the user's active machine or cancels it.
+    with pool.connection() as conn:
+        leftover = [r["id"] for r in conn.execute(query("revoked_with_work"), {"batch": SWEEP_BATCH})]
+    rescued = sum(1 for oid in leftover if orchestrators.revoke(pool, oid) is not None)
     with transaction(pool) as tx:
         tx.execute(query("record_sweep"), {"requeued": requeued, "dead_lettered": dead})
-    return SweepResult(requeued, dead, rerouted)
+    return SweepResult(requeued, dead, rerouted, rescued)
 
 
 def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:

@@ -218,3 +218,84 @@ def test_a_poll_racing_a_revoke_never_deadlocks(api: Api, db_url: str) -> None:
         assert rest is not None and rest["cancelled"] == 1  # the revoke takes the claimed row back
         revoker.commit()
     assert api.post_as(token, "/claim", {"max": 1}).status_code == 401
+
+
+def _queue_of(api: Api) -> list[tuple[str, str]]:
+    with api.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT q.orchestrator_id::text AS o, s.status FROM dispatch_queue q"
+            " JOIN dispatch_sessions s ON s.id = q.session_id"
+        ).fetchall()
+    return [(r["o"], r["status"]) for r in rows]
+
+
+def test_a_revoke_waits_for_an_enqueue_to_its_machine_and_moves_that_work(api: Api) -> None:
+    """An intake transaction has queued work for a machine and not yet committed when the machine
+    is revoked. The revoke must not finish without that work: it waits for the enqueue's commit
+    (the enqueue holds the machine's row), then moves it to the user's other machine. Were it not to
+    wait, its move would look before the row existed and the row would commit afterwards on a
+    machine that can never claim it: queued for ever."""
+    revoked, _ = api.register(name="laptop")
+    other, other_token = api.register(name="desktop")
+    with transaction(api.pool) as tx:
+        enqueue(tx, revoked, "user-1", 1)
+        t, out = in_thread(lambda: api.http.post(f"/orchestrators/{revoked}/revoke", headers=api.admin()))
+        time.sleep(0.5)  # the revoke has begun
+    t.join(timeout=10)
+    assert out[0].status_code == 200, out[0].text
+    assert _queue_of(api) == [(other, "queued")]
+    messages = api.post_as(other_token, "/claim", {"max": 10}).json()["messages"]
+    assert [m["issue"]["id"] for m in messages] == [issue(1).id]
+
+
+def test_a_webhook_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, db_url: str) -> None:
+    """The other order: the revoke holds the machine's row when a webhook for its user routes to
+    it. The webhook's enqueue waits for the revoke to commit, finds the machine revoked, and the
+    intake decides again: the work goes to the user's other machine, and the webhook answers so."""
+    revoked, _ = api.register(name="laptop")
+    other, _ = api.register(name="desktop")
+    with api.pool.connection() as conn:  # the routing choice: the machine being revoked
+        conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (revoked,))
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
+        t, out = in_thread(lambda: api.webhook(issue_event(issue_id="iss-held")))
+        time.sleep(0.5)  # the webhook has routed to the machine being revoked, and waits on it
+        revoker.execute(query("revoke_move_starts"), {"id": revoked})
+        revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
+        revoker.commit()
+    t.join(timeout=10)
+    r = out[0]
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "dispatched" and r.json()["orchestratorId"] == other
+    assert _queue_of(api) == [(other, "queued")]
+
+
+def test_two_machines_of_one_user_revoked_at_once_hand_their_work_to_the_third(api: Api, db_url: str) -> None:
+    """Each revoke moves its machine's undelivered starts to the user's most recently seen active
+    machine, which may be the machine the other revoke is removing. Two such revokes at once must
+    neither deadlock (each waiting for the other's machine) nor leave work on a revoked machine:
+    the second waits for the first, and every start ends on the machine that stays."""
+    a, _ = api.register(name="a")
+    b, _ = api.register(name="b")
+    c, c_token = api.register(name="c")
+    with api.pool.connection() as conn:  # a and b are each other's preferred target
+        for machine, ago in ((a, 1), (b, 2), (c, 3)):
+            conn.execute(
+                "UPDATE orchestrators SET last_seen_at = now() - make_interval(mins => %s) WHERE id = %s",
+                (ago, machine),
+            )
+    with transaction(api.pool) as tx:
+        enqueue(tx, a, "user-1", 1)
+        enqueue(tx, b, "user-1", 2)
+    with connect(db_url, autocommit=False) as first:
+        first.execute(query("orchestrator_revoke"), {"id": a})  # a's revoke, open
+        t, out = in_thread(lambda: api.http.post(f"/orchestrators/{b}/revoke", headers=api.admin()))
+        time.sleep(0.5)  # b's revoke has begun
+        first.execute(query("revoke_move_starts"), {"id": a})
+        first.execute(query("revoke_cancel_rest"), {"id": a, "reason": "revoked"})
+        first.commit()
+    t.join(timeout=10)
+    assert out[0].status_code == 200, out[0].text
+    assert _queue_of(api) == [(c, "queued"), (c, "queued")]
+    messages = api.post_as(c_token, "/claim", {"max": 10}).json()["messages"]
+    assert sorted(m["issue"]["id"] for m in messages) == sorted([issue(1).id, issue(2).id])

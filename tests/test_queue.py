@@ -436,28 +436,39 @@ def test_an_enqueue_notifies_only_a_machine_that_is_long_polling(
         assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
 
 
-@pytest.mark.parametrize("wrong", ["session-in-use", "delivered-session", "unknown-machine"])
-def test_enqueue_refuses_a_session_id_in_use_or_an_unknown_machine(
+@pytest.mark.parametrize(
+    "wrong", ["session-in-use", "delivered-session", "unknown-machine", "revoked-machine"]
+)
+def test_enqueue_refuses_a_session_id_in_use_or_a_machine_that_is_not_active(
     pool: Pool, make_orchestrator: MakeOrch, wrong: str
 ) -> None:
     """A session is created by its enqueue and never reused: a session id that exists already
-    (queued or delivered), or a machine that does not exist, aborts the transaction with nothing
-    new and leaves the existing session as it was."""
+    (queued or delivered), or a machine that does not exist or is revoked (which could never claim
+    it), aborts the transaction with nothing new and leaves the existing session as it was."""
     o = make_orchestrator()
     sid, _ = enqueue_one(pool, o)
     if wrong == "delivered-session":
         [m] = claim(pool, o.id, max=1, lease_seconds=60)
         assert ack(pool, o.id, m.queue_id, m.claim_token) == "acked"
+    target = o.id
+    if wrong == "unknown-machine":
+        target = uuid4()
+    elif wrong == "revoked-machine":
+        target = make_orchestrator().id
+        with pool.connection() as conn:
+            conn.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (target,))
     status = session_status(pool, sid)
     before = counts(pool)
-    with pytest.raises(psycopg.errors.IntegrityError), transaction(pool) as tx:
+    reused = wrong in ("session-in-use", "delivered-session")
+    refused = psycopg.errors.IntegrityError if reused else queue.MachineRevoked
+    with pytest.raises(refused), transaction(pool) as tx:
         enqueue_dispatch(
             tx,
             org_id=o.org_id,
-            orchestrator_id=uuid4() if wrong == "unknown-machine" else o.id,
+            orchestrator_id=target,
             linear_user_id=None,
             message=DispatchPayload(issue=issue(7)),
-            session_id=uuid4() if wrong == "unknown-machine" else sid,
+            session_id=sid if reused else uuid4(),
         )
     assert counts(pool) == before
     assert session_status(pool, sid) == status

@@ -114,9 +114,13 @@ def test_serve_sigkilled_repeatedly_under_retrying_senders(pool: Pool, db_url: s
     lock = threading.Lock()
     done = threading.Event()
 
+    killed_all = threading.Event()
+
     def send(n: int) -> None:
         with httpx.Client(base_url=url, timeout=10) as c:
             for i in range(n, deliveries, senders):
+                if i + senders >= deliveries:  # each sender's last delivery waits for the last kill,
+                    killed_all.wait(timeout=300)  # so a fast service cannot finish before it lands
                 body = json.dumps(issue_event(issue_id=f"kill-{i}")).encode()
                 headers = {"Linear-Signature": sign(SECRET, body), "Linear-Delivery": f"kill-delivery-{i}"}
                 while True:
@@ -149,6 +153,7 @@ def test_serve_sigkilled_repeatedly_under_retrying_senders(pool: Pool, db_url: s
             server[0].wait()
             kills[0] += 1
             server[0] = start_serve(db_url, port)
+        killed_all.set()
 
     threads = [threading.Thread(target=send, args=(n,)) for n in range(senders)]
     k = threading.Thread(target=killer)

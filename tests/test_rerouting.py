@@ -323,3 +323,27 @@ def test_follow_ups_queued_behind_a_moved_start_go_with_it(api: Api, mover: str)
     nxt = api.webhook(agent_session_event(session_id="as-move", action="prompted", body="and Z")).json()
     assert nxt["orchestratorId"] == desk_id  # the desktop holds the conversation now
     assert_invariant(api.pool)
+
+
+def test_the_sweep_rescues_work_left_on_a_revoked_machine(api: Api) -> None:
+    """Work on a machine that is already revoked can never be claimed. A revoke moves what it sees,
+    and an enqueue waits for it; but the sweep's own reroute can race a revoke of its target, and a
+    database written before those locks may hold such rows. The sweep revokes the machine again:
+    its starts go to the user's active machine, and work nobody can take is cancelled."""
+    gone, _ = api.register(name="gone")
+    other, other_token = api.register(name="other")
+    lonely, _ = api.register(user="user-2", name="lonely")
+    seen(api, other, 3600)  # (the webhook routes to `gone`, the most recently seen)
+    with api.pool.connection() as conn:
+        conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (gone,))
+    moved = api.webhook(issue_event(issue_id="iss-moved")).json()
+    alone = api.webhook(issue_event(issue_id="iss-alone", assignee="user-2")).json()
+    assert (moved["orchestratorId"], alone["orchestratorId"]) == (gone, lonely)
+    with api.pool.connection() as conn:  # as a raced revoke leaves them: revoked, rows still there
+        conn.execute("UPDATE orchestrators SET revoked_at = now() WHERE id IN (%s, %s)", (gone, lonely))
+    result = sweep(api.pool, Settings())
+    assert result.rescued == 2
+    assert [m["sessionId"] for m in claim_all(api, other_token)] == [moved["sessionId"]]
+    assert statuses(api)[alone["sessionId"]] == "cancelled"
+    assert sweep(api.pool, Settings()).rescued == 0  # nothing left to rescue
+    assert_invariant(api.pool)

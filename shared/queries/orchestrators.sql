@@ -39,8 +39,24 @@ FROM orchestrators ORDER BY created_at, id;
 -- name: orchestrator_revoke
 -- Idempotent: revoking twice keeps the first revocation time. The NOTIFY (sent on commit) wakes a
 -- long-poll of this machine that is already waiting, so it ends instead of returning work.
-UPDATE orchestrators SET revoked_at = coalesce(revoked_at, now())
-WHERE id = %(id)s RETURNING id, revoked_at, pg_notify('devpilot_dispatch', id::text) AS woken;
+-- FOR UPDATE, not the UPDATE's own weaker lock: it waits for every enqueue to this machine that
+-- holds its row (FOR KEY SHARE, see `enqueue` in queue.sql) to commit, so the revoke's next
+-- statements, which look at the machine's rows after this one, see that work and move or cancel
+-- it; and an enqueue that comes later waits for the revoke and finds the machine revoked.
+-- It locks every machine of the same user, in id order: the starts it moves go to one of them,
+-- which must not be revoked meanwhile, and two revokes of one user's machines take their locks in
+-- the same order, so the second waits for the first instead of each waiting for the other's
+-- machine (a deadlock). Revokes are rare; an enqueue to the user's other machines waits for one.
+WITH locked AS (
+    SELECT o.id FROM orchestrators o
+    JOIN orchestrators r ON r.org_id = o.org_id AND r.linear_user_id = o.linear_user_id
+    WHERE r.id = %(id)s
+    ORDER BY o.id
+    FOR UPDATE OF o
+)
+UPDATE orchestrators o SET revoked_at = coalesce(o.revoked_at, now())
+WHERE o.id = %(id)s AND (SELECT count(*) FROM locked) > 0  -- (every lock taken first, whatever the plan)
+RETURNING o.id, o.revoked_at, pg_notify('devpilot_dispatch', o.id::text) AS woken;
 
 -- name: orchestrator_active
 SELECT id FROM orchestrators WHERE id = %(id)s AND revoked_at IS NULL;
@@ -65,6 +81,17 @@ FROM mine WHERE o.id = mine.id;
 -- For an agent token: the active machine it names, with the hash its mac is keyed with.
 SELECT id, org_id, linear_user_id, name, token_hash FROM orchestrators
 WHERE id = %(id)s AND revoked_at IS NULL;
+
+-- name: revoked_with_work
+-- The sweep's backstop: revoked machines that still have queue rows. A revoke moves or cancels
+-- everything it can see, and an enqueue to a machine being revoked waits for it and writes nothing
+-- (see `orchestrator_revoke`); but the sweep's own reroute can move work to a machine whose revoke
+-- is committing, and a database written by a version without those locks can hold such rows. The
+-- sweep revokes these machines again (idempotent), which moves or cancels the rows.
+SELECT o.id FROM orchestrators o
+WHERE o.revoked_at IS NOT NULL AND EXISTS (SELECT 1 FROM dispatch_queue q WHERE q.orchestrator_id = o.id)
+ORDER BY o.id
+LIMIT %(batch)s;
 
 -- name: revoke_move_starts
 -- In the revoke transaction: the revoked machine's undelivered `start` messages (queued, or claimed

@@ -25,24 +25,32 @@
 -- update that changes two unique columns is never HOT). The queue row's foreign key to its
 -- session is checked at the end of the statement, when the session row inserted above is visible.
 --
+-- Only for an active machine: `target` reads the machine's row FOR KEY SHARE (the lock the queue
+-- row's foreign key takes on it anyway) and writes nothing when it is revoked, and the caller is
+-- told (no row returned). That lock and the revoke's FOR UPDATE (`orchestrator_revoke`) wait for
+-- each other: either this transaction commits first, and the revoke, which looks at the
+-- machine's rows only once it holds the lock, moves or cancels this one with the rest; or the
+-- revoke committed first, and this locking read judges the newest row version (revoked), even
+-- when its snapshot is older. No interleaving leaves work on a machine that can never claim it.
+--
 -- The NOTIFY goes only to a machine that is long-polling (`listening_until`, set by
 -- `mark_listening` before the long-poll's first look). Postgres delivers it only if this
 -- transaction commits, so rolled-back work wakes no one; and it serialises the commits of notifying
--- transactions, which is why a machine nobody waits on gets none. `listener` reads the machine's
--- row FOR KEY SHARE (the lock the queue row's foreign key takes on it anyway), which the FOR UPDATE
--- of a concurrent `mark_listening` waits for, and which waits for it: either this transaction
--- commits before the mark does, and the long-poll's first look (after the mark) sees the row; or
--- the mark committed first, and this locking read sees its newest value and notifies. No
--- interleaving leaves a long-poll asleep while work waits for it.
-WITH listener AS (
+-- transactions, which is why a machine nobody waits on gets none. The same lock orders it against
+-- a concurrent `mark_listening` (FOR UPDATE): either this transaction commits before the mark
+-- does, and the long-poll's first look (after the mark) sees the row; or the mark committed first,
+-- and this locking read sees its newest value and notifies. No interleaving leaves a long-poll
+-- asleep while work waits for it.
+WITH target AS (
     SELECT id, listening_until > now() AS listening
-    FROM orchestrators WHERE id = %(orchestrator_id)s
+    FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
     FOR KEY SHARE
 ), s AS (
     INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
                                    issue_identifier, agent_session_id, kind, queue_id, message_id)
-    VALUES (%(session_id)s, %(org_id)s, %(orchestrator_id)s, 'queued', %(linear_user_id)s, %(issue_id)s,
-            %(issue_identifier)s, %(agent_session_id)s, %(kind)s, gen_random_uuid(), gen_random_uuid())
+    SELECT %(session_id)s, %(org_id)s, t.id, 'queued', %(linear_user_id)s, %(issue_id)s,
+           %(issue_identifier)s, %(agent_session_id)s, %(kind)s, gen_random_uuid(), gen_random_uuid()
+    FROM target t
     RETURNING id, queue_id, message_id, orchestrator_id, org_id
 ), q AS (
     INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
@@ -53,7 +61,7 @@ WITH listener AS (
     RETURNING id, message_id, session_id, orchestrator_id
 )
 SELECT q.session_id, q.id AS queue_id, q.message_id,
-       (SELECT count(pg_notify('devpilot_dispatch', l.id::text)) FROM listener l WHERE l.listening) AS notified
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
 FROM q;
 
 -- name: claimable
