@@ -29,7 +29,6 @@ from shared.db import Pool, Tx, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, IssueRef, MessageKind
 from shared.queue import MachineRevoked, cancel_issue, enqueue_dispatch
-from shared.routing import route
 from shared.sql import query
 
 UNROUTABLE = "No machine is registered in devpilot for the person who started this; nothing was dispatched."
@@ -65,12 +64,17 @@ def _receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
     plan = intent(hook)
     key, content_key = hook.delivery_keys(delivery)
     keys = {"key": key, "content_key": content_key}
+    routing = plan.kind in ("dispatch", "prompt") and plan.issue is not None and hook.org_id is not None
     with transaction(pool) as tx:
-        if tx.one(query("record_delivery"), keys) is None:
+        recorded = tx.one(
+            query("record_delivery"),
+            {**keys, "org_id": hook.org_id, "route_user": plan.user_id if routing else None},
+        )
+        if recorded is None:
             seen = tx.one(query("delivery_session"), keys)
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
-        received = _apply(tx, hook, plan)
+        received = _apply(tx, hook, plan, recorded["routed"])
         tx.execute(
             query("finish_delivery"),
             {**keys, "session_id": received.answer.get("sessionId"), "outcome": received.answer["status"]},
@@ -78,7 +82,9 @@ def _receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
         return received
 
 
-def _apply(tx: Tx, hook: Webhook, plan: Intent) -> Received:
+def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None) -> Received:
+    """What the event does, in the intake transaction. `routed`: the machine the routing policy
+    chose for the plan's user (chosen by `record_delivery`), or None."""
     org = hook.org_id
     if org is None or plan.kind == "ignore":
         if org and plan.unroutable_notice and plan.agent_session_id:
@@ -107,10 +113,8 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent) -> Received:
             issue_id=plan.cancel_issue_id,
             reason=f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed",
         )
-    if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id:
-        routed = route(tx, org_id=org, linear_user_id=plan.user_id)
-        if routed is not None:
-            return _dispatch(tx, org, plan, routed, plan.issue, "start", cancelled)
+    if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id and routed is not None:
+        return _dispatch(tx, org, plan, routed, plan.issue, "start", cancelled)
     if cancelled:
         return Received({"status": "cancelled", "sessionId": str(cancelled[0])})
     if plan.kind == "cancel":

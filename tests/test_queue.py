@@ -108,8 +108,6 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
 ) -> None:
     """Each function that writes in the caller's transaction refuses a plain connection before
     writing anything, and its error names it (so the caller knows which call was wrong)."""
-    from shared.routing import route
-
     o = make_orchestrator()
     sid, _ = enqueue_one(pool, o)
     calls: dict[str, Callable[[Any], object]] = {
@@ -121,7 +119,6 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
             message=DispatchPayload(issue=issue()),
         ),
         "cancel_issue": lambda h: queue.cancel_issue(h, org_id=o.org_id, issue_id=issue().id, reason="x"),
-        "route": lambda h: route(h, org_id=o.org_id, linear_user_id=o.linear_user_id),
     }
     with connect(db_url) as conn:
         for name, call in calls.items():

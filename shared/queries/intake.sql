@@ -6,9 +6,15 @@
 -- content (`content_key`: the same change through two webhooks, or a replay under a new id). The
 -- first transaction to insert either key wins; a concurrent duplicate waits on the key and then
 -- inserts nothing (no "select, then insert" race). No row returned: seen before.
+-- The same statement makes the routing choice for the Linear user the event would go to
+-- (`route_user`; NULL: nobody, and `routed` is NULL), so a dispatched webhook costs one round trip
+-- less. The choice commits with the dispatch; an enqueue to a machine revoked meanwhile writes
+-- nothing, and the intake decides again (`enqueue` in queue.sql).
 INSERT INTO webhook_deliveries (delivery_key, content_key) VALUES (%(key)s, %(content_key)s)
 ON CONFLICT DO NOTHING
-RETURNING delivery_key;
+RETURNING delivery_key, (
+-- include: route
+) AS routed;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).
@@ -39,13 +45,13 @@ ORDER BY s.created_at DESC
 LIMIT 1;
 
 -- name: route
--- Routing policy, in the intake transaction so the choice and the dispatch commit together: the
--- active orchestrator registered for (org, Linear user), most recently seen first, then the newest
+-- A fragment, the routing policy (in `record_delivery`, so in the intake transaction): the active
+-- orchestrator registered for (org, Linear user), most recently seen first, then the newest
 -- registration. Served by orchestrators_route_idx.
 SELECT id FROM orchestrators
-WHERE org_id = %(org_id)s AND linear_user_id = %(linear_user_id)s AND revoked_at IS NULL
+WHERE org_id = %(org_id)s AND linear_user_id = %(route_user)s AND revoked_at IS NULL
 ORDER BY last_seen_at DESC NULLS LAST, created_at DESC, id
-LIMIT 1;
+LIMIT 1
 
 -- name: notice_dispatched
 -- In the intake transaction: "queued for <machine>" for an agent session, for orgs Linear is told
