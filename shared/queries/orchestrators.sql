@@ -43,19 +43,21 @@ FROM orchestrators ORDER BY created_at, id;
 -- holds its row (FOR KEY SHARE, see `enqueue` in queue.sql) to commit, so the revoke's next
 -- statements, which look at the machine's rows after this one, see that work and move or cancel
 -- it; and an enqueue that comes later waits for the revoke and finds the machine revoked.
--- It locks every machine of the same user, in id order: the starts it moves go to one of them,
--- which must not be revoked meanwhile, and two revokes of one user's machines take their locks in
--- the same order, so the second waits for the first instead of each waiting for the other's
--- machine (a deadlock). Revokes are rare; an enqueue to the user's other machines waits for one.
-WITH locked AS (
-    SELECT o.id FROM orchestrators o
-    JOIN orchestrators r ON r.org_id = o.org_id AND r.linear_user_id = o.linear_user_id
-    WHERE r.id = %(id)s
-    ORDER BY o.id
-    FOR UPDATE OF o
+-- First, revokes of one user's machines take turns (a transaction-scoped advisory lock on the
+-- org and user): the starts a revoke moves go to another of the user's machines, which must not
+-- be being revoked meanwhile, and two revokes that each moved work to the other's machine would
+-- each wait for the other's row (a deadlock). Only the own row is locked, so a revoke never waits
+-- on (or deadlocks with) the sweep's reroute between the user's other machines.
+WITH serial AS (
+    SELECT pg_advisory_xact_lock(hashtextextended('revoke/' || org_id || '/' || linear_user_id, 0))
+    FROM orchestrators WHERE id = %(id)s
+), locked AS (
+    SELECT id FROM orchestrators
+    WHERE id = %(id)s AND (SELECT count(*) FROM serial) > 0  -- (the turn first, then the row)
+    FOR UPDATE
 )
 UPDATE orchestrators o SET revoked_at = coalesce(o.revoked_at, now())
-WHERE o.id = %(id)s AND (SELECT count(*) FROM locked) > 0  -- (every lock taken first, whatever the plan)
+FROM locked WHERE o.id = locked.id
 RETURNING o.id, o.revoked_at, pg_notify('devpilot_dispatch', o.id::text) AS woken;
 
 -- name: orchestrator_active
