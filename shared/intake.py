@@ -39,6 +39,7 @@ STOPPED_BEFORE_START = "Stopped before any machine started working on it."
 class Received:
     answer: dict[str, Any]  # the contract's answer body
     notice_ids: list[UUID] = field(default_factory=list)  # Linear notices written, to send after commit
+    recorded: bool = False  # the delivery's outcome is written already (by the enqueue)
 
 
 def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
@@ -74,17 +75,22 @@ def _receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
             seen = tx.one(query("delivery_session"), keys)
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
-        received = _apply(tx, hook, plan, recorded["routed"])
-        tx.execute(
-            query("finish_delivery"),
-            {**keys, "session_id": received.answer.get("sessionId"), "outcome": received.answer["status"]},
-        )
+        received = _apply(tx, hook, plan, recorded["routed"], key)
+        if not received.recorded:
+            tx.execute(
+                query("finish_delivery"),
+                {
+                    **keys,
+                    "session_id": received.answer.get("sessionId"),
+                    "outcome": received.answer["status"],
+                },
+            )
         return received
 
 
-def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None) -> Received:
+def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -> Received:
     """What the event does, in the intake transaction. `routed`: the machine the routing policy
-    chose for the plan's user (chosen by `record_delivery`), or None."""
+    chose for the plan's user (chosen by `record_delivery`), or None; `key`: the delivery's key."""
     org = hook.org_id
     if org is None or plan.kind == "ignore":
         if org and plan.unroutable_notice and plan.agent_session_id:
@@ -103,7 +109,7 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None) -> Received
         holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
         if holder is not None:
             orch, issue = holder
-            return _dispatch(tx, org, plan, orch, plan.issue or issue, "prompt", cancelled=[])
+            return _dispatch(tx, org, plan, orch, plan.issue or issue, "prompt", [], key)
 
     cancelled: list[UUID] = []
     if plan.cancel_issue_id:
@@ -114,7 +120,7 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None) -> Received
             reason=f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed",
         )
     if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id and routed is not None:
-        return _dispatch(tx, org, plan, routed, plan.issue, "start", cancelled)
+        return _dispatch(tx, org, plan, routed, plan.issue, "start", cancelled, key)
     if cancelled:
         return Received({"status": "cancelled", "sessionId": str(cancelled[0])})
     if plan.kind == "cancel":
@@ -128,8 +134,17 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None) -> Received
 
 
 def _dispatch(
-    tx: Tx, org: str, plan: Intent, orch: UUID, issue: IssueRef, kind: MessageKind, cancelled: list[UUID]
+    tx: Tx,
+    org: str,
+    plan: Intent,
+    orch: UUID,
+    issue: IssueRef,
+    kind: MessageKind,
+    cancelled: list[UUID],
+    delivery_key: str | None,
 ) -> Received:
+    """Queue the message, and (with `delivery_key`, when this is the webhook's answer) record the
+    delivery as dispatched to it in the same statement."""
     prompt = plan.prompt if kind != "stop" else None
     enq = enqueue_dispatch(
         tx,
@@ -139,6 +154,7 @@ def _dispatch(
         message=DispatchPayload(
             issue=issue, agent_session_id=plan.agent_session_id, kind=kind, prompt=prompt
         ),
+        delivery_key=delivery_key,
     )
     sid = enq.session_id
     told: list[UUID] = []
@@ -165,7 +181,7 @@ def _dispatch(
         answer["kind"] = kind
     if cancelled:
         answer["cancelledSessionId"] = str(cancelled[0])
-    return Received(answer, told)
+    return Received(answer, told, recorded=delivery_key is not None)
 
 
 def _stop(tx: Tx, org: str, plan: Intent) -> Received:
@@ -181,7 +197,7 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
         told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)
         return Received({"status": "stopped", "cancelledSessionIds": cancelled, "stopSessionId": None}, told)
     orch, issue = holder
-    sent = _dispatch(tx, org, plan, orch, plan.issue or issue, "stop", cancelled=[])
+    sent = _dispatch(tx, org, plan, orch, plan.issue or issue, "stop", [], None)
     answer = {
         "status": "stopped",
         "cancelledSessionIds": cancelled,

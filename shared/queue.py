@@ -53,6 +53,7 @@ def enqueue_dispatch(
     message: DispatchPayload,
     session_id: UUID | None = None,
     now: datetime | None = None,
+    delivery_key: str | None = None,
 ) -> Enqueued:
     """Create a `queued` session and queue its message for the orchestrator, in one statement of
     the caller's transaction. `tx` is required and must be open: there is no way to write a session
@@ -60,7 +61,8 @@ def enqueue_dispatch(
     dispatched" cannot be written. The session's issue, agent session and kind are the message's.
     The wake-up NOTIFY is sent by the same statement and delivered by Postgres only on commit.
     Raises MachineRevoked, having written nothing, when the machine is not active (its revoke may
-    have committed while this statement waited for it)."""
+    have committed while this statement waited for it). `delivery_key`: the webhook delivery this
+    message answers (the intake's), recorded as dispatched to the new session by the same statement."""
     tx = require_tx(tx, "enqueue_dispatch")
     if not isinstance(message, DispatchPayload):
         raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
@@ -77,6 +79,7 @@ def enqueue_dispatch(
             "kind": message.kind,
             "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
             "now": now,
+            "delivery_key": delivery_key,
         },
     )
     if row is None:

@@ -265,7 +265,8 @@ def test_enqueue_reads_no_table_in_either_plan(
     mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
     """The enqueue writes the session and its queue row without scanning anything but its machine's
-    row (by primary key: is a long-poll waiting?), in both plans, even when the org has many queued
+    row (by primary key: is it active, is a long-poll waiting?) and its webhook delivery's (by
+    primary key, to record the outcome), in both plans, even when the org has many queued
     sessions (an earlier enqueue read the session back, and a generic plan once read all of the
     org's queued sessions on every webhook)."""
     from psycopg.types.json import Jsonb
@@ -277,7 +278,12 @@ def test_enqueue_reads_no_table_in_either_plan(
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         conn.execute(f"SET plan_cache_mode = {mode}")
         with pytest.raises(RuntimeError), transaction(conn) as tx:
-            for _ in range(2):  # the second run is the steady state (the first warms the caches)
+            for n in range(2):  # the second run is the steady state (the first warms the caches)
+                key = f"delivery-{n}"  # recorded first, as the intake does
+                tx.execute(
+                    query("record_delivery"),
+                    {"key": key, "content_key": key, "org_id": o.org_id, "route_user": None},
+                )
                 plan = tx.conn.execute(
                     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("enqueue"),
                     {
@@ -291,6 +297,7 @@ def test_enqueue_reads_no_table_in_either_plan(
                         "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
                         "agent_session_id": None,
                         "now": None,
+                        "delivery_key": key,
                     },
                     prepare=True,
                 ).fetchone()
@@ -307,9 +314,11 @@ def test_enqueue_reads_no_table_in_either_plan(
         for n in nodes(top)
         if n.get("Relation Name")
     )
-    assert touched == [  # two inserts, one machine's row by its key, no scan of either queue table
+    assert touched == [  # two inserts, the delivery's and the machine's row by their keys, no scan
         ("Index Scan", "orchestrators", "orchestrators_pkey"),
+        ("Index Scan", "webhook_deliveries", "webhook_deliveries_pkey"),
         ("ModifyTable", "dispatch_queue", None),
         ("ModifyTable", "dispatch_sessions", None),
+        ("ModifyTable", "webhook_deliveries", None),
     ], text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 60, text

@@ -41,6 +41,10 @@
 -- does, and the long-poll's first look (after the mark) sees the row; or the mark committed first,
 -- and this locking read sees its newest value and notifies. No interleaving leaves a long-poll
 -- asleep while work waits for it.
+--
+-- `delivery_key`: the webhook delivery whose intake this is (NULL: none), recorded as dispatched
+-- to the new session by the same statement (one round trip less per dispatched webhook; the row
+-- was inserted by `record_delivery` earlier in this transaction).
 WITH target AS (
     SELECT id, listening_until > now() AS listening
     FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
@@ -59,6 +63,9 @@ WITH target AS (
            %(agent_session_id)s, coalesce(%(now)s::timestamptz, now())
     FROM s
     RETURNING id, message_id, session_id, orchestrator_id
+), delivered AS (
+    UPDATE webhook_deliveries d SET session_id = q.session_id, outcome = 'dispatched'
+    FROM q WHERE d.delivery_key = %(delivery_key)s
 )
 SELECT q.session_id, q.id AS queue_id, q.message_id,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
