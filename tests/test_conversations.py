@@ -507,3 +507,52 @@ def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
     shown = list(dict.fromkeys(a["id"] for a in stand_in.activities() if a["id"] in ids))
     assert shown == ids  # each shown exactly once, in the order accepted
     assert not stand_in.invalid
+
+
+def test_a_follow_up_after_a_stop_that_reached_no_machine_starts_afresh(api: Api, linear: Linear) -> None:
+    """A stop before any delivery cancels the conversation's start: no machine holds it. The user's
+    next follow-up is routed as a start, carrying what they asked, not queued as a prompt for a
+    machine that never heard of the conversation."""
+    _, token = api.register(user="user-1")
+    api.webhook(agent_session_event(session_id="as-restart"))
+    api.webhook(agent_session_event(session_id="as-restart", action="prompted", signal="stop"))
+    r = api.webhook(agent_session_event(session_id="as-restart", action="prompted", body="try again")).json()
+    assert r["status"] == "dispatched" and r["kind"] == "start"
+    [m] = claim_all(api, token)
+    assert (m["kind"], m["prompt"]["body"]) == ("start", "try again")
+
+
+def test_a_start_that_fails_takes_the_follow_ups_queued_behind_it(api: Api, linear: Linear) -> None:
+    """A start no machine acks is dead-lettered at the attempt limit. The follow-ups the user sent
+    while it waited belong to a conversation no machine has: they fail with it (Linear told once),
+    instead of reaching the machine later as prompts of a conversation it never started. The next
+    follow-up starts the conversation afresh."""
+    from datetime import UTC, datetime, timedelta
+
+    from shared import notices
+    from shared.queue import sweep
+
+    oid, token = api.register(user="user-1")
+    start = api.webhook(agent_session_event(session_id="as-dead")).json()
+    follow = api.webhook(agent_session_event(session_id="as-dead", action="prompted", body="and?")).json()
+    assert follow["kind"] == "prompt"
+    later = datetime.now(UTC)
+    for _ in range(api.settings.max_attempts):  # claimed, never acked, the lease runs out
+        later += timedelta(hours=1)
+        [m] = claim(api.pool, UUID(oid), max=10, lease_seconds=60, now=later)
+        assert m.session_id == UUID(start["sessionId"])
+        sweep(api.pool, api.settings, now=later + timedelta(minutes=2))
+    with api.pool.connection() as conn:
+        rows = conn.execute("SELECT id::text, status FROM dispatch_sessions").fetchall()
+    assert {r["id"]: r["status"] for r in rows} == {
+        start["sessionId"]: "failed",
+        follow["sessionId"]: "failed",
+    }
+    assert row_counts(api.pool)["queue"] == 0
+    notices.send_pending(api.pool, api.settings)  # (what the service's sweep does next)
+    linear.wait(2)  # the first thought, and one failure notice
+    assert [a["content"]["type"] for a in linear.activities()] == ["thought", "error"]
+    r = api.webhook(agent_session_event(session_id="as-dead", action="prompted", body="retry")).json()
+    assert r["status"] == "dispatched" and r["kind"] == "start"
+    [m2] = claim_all(api, token)
+    assert (m2["kind"], m2["prompt"]["body"]) == ("start", "retry")

@@ -35,11 +35,14 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s || '/' || %(agent_sessi
 
 -- name: agent_session_holder
 -- The machine that holds an agent session: the active orchestrator its most recent message went to
--- (with `delivered_only`, its most recent delivered message), and the issue it is about.
+-- (with `delivered_only`, its most recent delivered message), and the issue it is about. A message
+-- that was cancelled or failed before delivery gave no machine the conversation: with nothing
+-- else queued or delivered, nobody holds it, and a follow-up starts it afresh.
 SELECT s.orchestrator_id, s.issue_id, s.issue_identifier
 FROM dispatch_sessions s
 JOIN orchestrators o ON o.id = s.orchestrator_id AND o.revoked_at IS NULL
 WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
+  AND s.status IN ('queued', 'delivered')
   AND (NOT %(delivered_only)s OR s.status = 'delivered')
 ORDER BY s.created_at DESC
 LIMIT 1;

@@ -194,19 +194,34 @@ LEFT JOIN dispatch_sessions s ON s.queue_id = %(queue_id)s AND s.orchestrator_id
 -- last_error, failure_reason: the locked CLAIMED rows whose claim ends without an ack). In their one
 -- statement: attempts < max -> AVAILABLE at now + devpilot_backoff(attempts); attempts >= max ->
 -- deleted, the session `failed` with its reason, and Linear told (for orgs it is told about).
+-- A dead-lettered `start` takes along the messages queued behind it (its agent session's, later
+-- in order, on its machine: the follow-ups and stops sent while it waited). No machine has that
+-- conversation, so they fail with it (Linear is told once, for the start) rather than reach a
+-- machine later as prompts of a conversation it never started; and as no machine holds the agent
+-- session then, the user's next follow-up starts it afresh (`agent_session_holder`).
 dead AS (
     DELETE FROM dispatch_queue q USING ending e
     WHERE q.id = e.id AND e.attempts >= %(max_attempts)s
-    RETURNING q.session_id, e.failure_reason
+    RETURNING q.session_id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id, e.failure_reason
+), behind AS (
+    DELETE FROM dispatch_queue f
+    USING dead d, dispatch_sessions ds
+    WHERE ds.id = d.session_id AND ds.kind = 'start'
+      AND f.org_id = d.org_id AND f.agent_session_id = d.agent_session_id
+      AND f.seq > d.seq AND f.orchestrator_id = d.orchestrator_id
+    RETURNING f.session_id
 ), failed AS (
     UPDATE dispatch_sessions s
-    SET status = 'failed', updated_at = now(), failure_reason = dead.failure_reason
-    FROM dead WHERE s.id = dead.session_id AND s.status = 'queued'
-    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.failure_reason
+    SET status = 'failed', updated_at = now(), failure_reason = x.failure_reason
+    FROM (SELECT session_id, failure_reason, true AS told FROM dead
+          UNION ALL
+          SELECT session_id, 'the start of its conversation failed', false FROM behind) x
+    WHERE s.id = x.session_id AND s.status = 'queued'
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.failure_reason, x.told
 ), notices AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
     SELECT f.org_id, f.id, 'failed', f.agent_session_id, f.issue_id, 'No machine took this: ' || f.failure_reason
-    FROM failed f WHERE devpilot_notifies(f.org_id)
+    FROM failed f WHERE f.told AND devpilot_notifies(f.org_id)
     RETURNING id
 ), requeued AS (
     UPDATE dispatch_queue q
