@@ -549,6 +549,11 @@ def test_a_start_that_fails_takes_the_follow_ups_queued_behind_it(api: Api, line
         follow["sessionId"]: "failed",
     }
     assert row_counts(api.pool)["queue"] == 0
+    with api.pool.connection() as conn:  # Linear hears of the failure once, for the start
+        told = conn.execute(
+            "SELECT session_id::text AS s FROM linear_notices WHERE agent_session_id = 'as-dead' AND kind = 'failed'"
+        ).fetchall()
+    assert [r["s"] for r in told] == [start["sessionId"]]
     notices.send_pending(api.pool, api.settings)  # (what the service's sweep does next)
     linear.wait(2)  # the first thought, and one failure notice
     assert [a["content"]["type"] for a in linear.activities()] == ["thought", "error"]
