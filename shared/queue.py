@@ -67,7 +67,7 @@ def enqueue_dispatch(
     if not isinstance(message, DispatchPayload):
         raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
     row = tx.one(
-        query("enqueue"),
+        query("enqueue" if delivery_key is None else "enqueue_for_delivery"),
         {
             "session_id": session_id or uuid4(),
             "org_id": org_id,

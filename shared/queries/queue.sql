@@ -41,11 +41,31 @@
 -- does, and the long-poll's first look (after the mark) sees the row; or the mark committed first,
 -- and this locking read sees its newest value and notifies. No interleaving leaves a long-poll
 -- asleep while work waits for it.
---
--- `delivery_key`: the webhook delivery whose intake this is (NULL: none), recorded as dispatched
--- to the new session by the same statement (one round trip less per dispatched webhook; the row
--- was inserted by `record_delivery` earlier in this transaction).
-WITH target AS (
+WITH
+-- include: enqueue_rows
+SELECT q.session_id, q.id AS queue_id, q.message_id,
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
+FROM q;
+
+-- name: enqueue_for_delivery
+-- `enqueue` for the webhook intake: the same rows, and in the same statement the webhook delivery
+-- (`delivery_key`, inserted by `record_delivery` earlier in this transaction) recorded as
+-- dispatched to the new session: one round trip less per dispatched webhook. (A statement of its
+-- own: the delivery's UPDATE, even one that matches nothing, costs every other enqueue.)
+WITH
+-- include: enqueue_rows
+, delivered AS (
+    UPDATE webhook_deliveries d SET session_id = q.session_id, outcome = 'dispatched'
+    FROM q WHERE d.delivery_key = %(delivery_key)s
+)
+SELECT q.session_id, q.id AS queue_id, q.message_id,
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
+FROM q;
+
+-- name: enqueue_rows
+-- A fragment, the CTEs of `enqueue` and `enqueue_for_delivery` (see `enqueue`): `target` (the
+-- machine's row, locked, if active), `s` (the session) and `q` (its queue row).
+target AS (
     SELECT id, listening_until > now() AS listening
     FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
     FOR KEY SHARE
@@ -63,13 +83,7 @@ WITH target AS (
            %(agent_session_id)s, coalesce(%(now)s::timestamptz, now())
     FROM s
     RETURNING id, message_id, session_id, orchestrator_id
-), delivered AS (
-    UPDATE webhook_deliveries d SET session_id = q.session_id, outcome = 'dispatched'
-    FROM q WHERE d.delivery_key = %(delivery_key)s
 )
-SELECT q.session_id, q.id AS queue_id, q.message_id,
-       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
-FROM q;
 
 -- name: claimable
 -- A fragment, the `due` CTE of `claim` and `claim_handover`: up to `max` due, unclaimed rows of one
