@@ -1,7 +1,7 @@
 """The claim and the sweep skip rows another transaction holds (SKIP LOCKED): they never wait on an
 ack in flight. A release that waits on a newer claim judges the newest row, not its snapshot. And a
 long-poll wakes on the enqueue's NOTIFY, well before its re-check backstop, even when it starts
-while the enqueue is committing."""
+while the enqueue is committing. The events of one agent session wait for each other."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from shared.models import DispatchPayload
 from shared.queue import claim, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from shared.sql import query
-from tests.helpers.api import Api, issue_event
+from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one, issue
 
 
@@ -299,3 +299,27 @@ def test_two_machines_of_one_user_revoked_at_once_hand_their_work_to_the_third(a
     assert _queue_of(api) == [(c, "queued"), (c, "queued")]
     messages = api.post_as(c_token, "/claim", {"max": 10}).json()["messages"]
     assert sorted(m["issue"]["id"] for m in messages) == sorted([issue(1).id, issue(2).id])
+
+
+def test_a_stop_waits_for_the_start_its_agent_session_is_committing(api: Api, db_url: str) -> None:
+    """The events of one agent session are applied one at a time, in commit order. A stop that
+    arrives while the session's start is still committing must wait for it and cancel it: were it
+    to look first, it would find nothing to cancel, and the start would then commit after the user
+    pressed stop, and run."""
+    machine, _ = api.register()
+    with connect(db_url, autocommit=False) as holder:
+        # Holds the start's enqueue (which reads its machine's row FOR KEY SHARE) mid-transaction.
+        holder.execute("SELECT 1 FROM orchestrators WHERE id = %s FOR UPDATE", (machine,))
+        start_t, start = in_thread(lambda: api.webhook(agent_session_event(session_id="as-held")))
+        time.sleep(0.5)  # the start has recorded its delivery and waits on the machine's row
+        stop_t, stop = in_thread(
+            lambda: api.webhook(agent_session_event(session_id="as-held", action="prompted", signal="stop"))
+        )
+        time.sleep(0.5)  # the stop has begun
+        holder.rollback()
+    start_t.join(timeout=10)
+    stop_t.join(timeout=10)
+    assert start[0].status_code == 200 and start[0].json()["status"] == "dispatched", start[0].text
+    assert stop[0].status_code == 200, stop[0].text
+    assert stop[0].json()["cancelledSessionIds"] == [start[0].json()["sessionId"]]
+    assert _queue_of(api) == []
