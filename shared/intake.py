@@ -66,10 +66,17 @@ def _receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
     key, content_key = hook.delivery_keys(delivery)
     keys = {"key": key, "content_key": content_key}
     routing = plan.kind in ("dispatch", "prompt") and plan.issue is not None and hook.org_id is not None
+    # The events of one agent session that do something take turns (`agent_session_turn`).
+    turn = hook.org_id is not None and plan.kind not in ("ignore", "disconnect")
     with transaction(pool) as tx:
         recorded = tx.one(
             query("record_delivery"),
-            {**keys, "org_id": hook.org_id, "route_user": plan.user_id if routing else None},
+            {
+                **keys,
+                "org_id": hook.org_id,
+                "route_user": plan.user_id if routing else None,
+                "agent_session_id": plan.agent_session_id if turn else None,
+            },
         )
         if recorded is None:
             seen = tx.one(query("delivery_session"), keys)
@@ -101,8 +108,6 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -
     if plan.kind == "disconnect":  # the app was uninstalled: posts wait for a new install
         linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
         return Received({"status": "ignored", "reason": plan.reason})
-    if plan.agent_session_id:
-        tx.execute(query("lock_agent_session"), {"org_id": org, "agent_session_id": plan.agent_session_id})
     if plan.kind == "stop":
         return _stop(tx, org, plan)
     if plan.kind == "prompt":

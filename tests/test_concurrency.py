@@ -283,7 +283,13 @@ def test_enqueue_reads_no_table_in_either_plan(
                 key = f"delivery-{n}"  # recorded first, as the intake does
                 tx.execute(
                     query("record_delivery"),
-                    {"key": key, "content_key": key, "org_id": o.org_id, "route_user": None},
+                    {
+                        "key": key,
+                        "content_key": key,
+                        "org_id": o.org_id,
+                        "route_user": None,
+                        "agent_session_id": None,
+                    },
                 )
                 plan = tx.conn.execute(
                     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query(statement),

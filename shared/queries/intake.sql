@@ -10,7 +10,14 @@
 -- (`route_user`; NULL: nobody, and `routed` is NULL), so a dispatched webhook costs one round trip
 -- less. The choice commits with the dispatch; an enqueue to a machine revoked meanwhile writes
 -- nothing, and the intake decides again (`enqueue` in queue.sql).
-INSERT INTO webhook_deliveries (delivery_key, content_key) VALUES (%(key)s, %(content_key)s)
+-- For an event of an agent session (`agent_session_id`; NULL for any other), it first takes that
+-- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own.
+WITH turn AS (
+-- include: agent_session_turn
+)
+INSERT INTO webhook_deliveries (delivery_key, content_key)
+SELECT %(key)s, %(content_key)s
+WHERE (SELECT count(*) FROM turn) >= 0  -- (true: it makes the turn come before the insert)
 ON CONFLICT DO NOTHING
 RETURNING delivery_key, (
 -- include: route
@@ -28,10 +35,13 @@ LIMIT 1;
 UPDATE webhook_deliveries SET session_id = %(session_id)s, outcome = %(outcome)s
 WHERE delivery_key = %(key)s;
 
--- name: lock_agent_session
--- Serialises the intake transactions of one agent session (created, prompted, stop) until commit,
--- so their messages take their queue order (seq) in commit order and a stop sees every earlier one.
-SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s || '/' || %(agent_session_id)s, 0));
+-- name: agent_session_turn
+-- A fragment (in `record_delivery`): serialises the intake transactions of one agent session
+-- (created, prompted, stop) until commit, so their messages take their queue order (seq) in commit
+-- order and a stop sees every earlier one, the start still committing included. Every statement
+-- after it in the transaction reads a snapshot taken after the turn was granted.
+SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s || '/' || %(agent_session_id)s, 0))
+WHERE %(agent_session_id)s::text IS NOT NULL
 
 -- name: agent_session_holder
 -- The machine that holds an agent session: the active orchestrator its most recent message went to
