@@ -2,7 +2,8 @@
 
 Fenced by the claim token: only the latest claim's token acks (even after its lease expired and
 the row was re-queued, as long as no newer claim exists). Batch form: one transaction, each item
-judged as the single form would judge it.
+judged as the single form would judge it. An ack that lands is one statement, so one round trip:
+who is calling, that it was seen, and the acks (`ack_as` in shared/queries/queue.sql).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import flask
 
 from functions.bodies import AckBody, loose_uuid
 from functions.telemetry import count
-from functions.web import ApiError, Call, note, reply
+from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator
+from shared.dispatch import Refused
 from shared.queue import AckItem
 
 STATUS = {"acked": 200, "claim_superseded": 409, "not_found": 404}
@@ -22,13 +24,19 @@ DETAIL = {
 
 
 def ack(call: Call) -> flask.Response:
-    body = call.body(AckBody)
+    try:
+        body = call.body(AckBody)
+        items = _items(body)
+    except ApiError:
+        require_orchestrator(call.request, call.rt)  # a wrong token hears 401 before its body is judged
+        raise
+    try:
+        orch, results = call.service.ack(bearer(call.request) or "", items)
+    except Refused as exc:
+        raise ApiError(401, exc.code, exc.detail) from None
+    note(orchestratorId=orch.id)
+    count("acked", results.count("acked"))
     if body.acks is not None:
-        if body.queue_id is not None or body.claim_token is not None:
-            raise ApiError(400, "bad_request", "send either queueId/claimToken or acks, not both")
-        items = [AckItem(loose_uuid(a.queue_id), loose_uuid(a.claim_token)) for a in body.acks]
-        results = call.service.ack(call.orch.id, items)
-        count("acked", results.count("acked"))
         note(queueId=",".join(a.queue_id for a in body.acks[:5]), acked=results.count("acked"))
         return reply(
             {
@@ -40,13 +48,19 @@ def ack(call: Call) -> flask.Response:
                 ]
             }
         )
-    if body.queue_id is None or body.claim_token is None:
-        raise ApiError(400, "bad_request", "queueId and claimToken are required (or an acks list)")
     note(queueId=body.queue_id)
-    [result] = call.service.ack(
-        call.orch.id, [AckItem(loose_uuid(body.queue_id), loose_uuid(body.claim_token))]
-    )
+    [result] = results
     if result == "acked":
-        count("acked")
         return reply({"status": "acked"})
     raise ApiError(STATUS[result], result, DETAIL[result])
+
+
+def _items(body: AckBody) -> list[AckItem]:
+    """The acks asked for: the batch form's list, or the single form's one."""
+    if body.acks is not None:
+        if body.queue_id is not None or body.claim_token is not None:
+            raise ApiError(400, "bad_request", "send either queueId/claimToken or acks, not both")
+        return [AckItem(loose_uuid(a.queue_id), loose_uuid(a.claim_token)) for a in body.acks]
+    if body.queue_id is None or body.claim_token is None:
+        raise ApiError(400, "bad_request", "queueId and claimToken are required (or an acks list)")
+    return [AckItem(loose_uuid(body.queue_id), loose_uuid(body.claim_token))]

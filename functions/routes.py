@@ -22,7 +22,7 @@ from typing import Literal
 # registered machine's bearer token, a machine or its agent COMMAND (a token scoped to one agent
 # session), the scheduler (admin bearer, or the platform's own check on a scheduler-only service),
 # or the operators' dashboard session. "poll": a machine's bearer token, checked by the view in the
-# same statement as its work (the poll route: an idle machine's poll is one round trip).
+# same statement as its work (the poll route: an idle machine's poll is one round trip; the ack).
 Auth = Literal["public", "admin", "orchestrator", "poll", "agent", "scheduler", "dashboard"]
 
 
@@ -59,7 +59,7 @@ def one(name: str, path: str, methods: tuple[str, ...], auth: Auth, *, deployed:
 ROUTES: tuple[Route, ...] = (
     one("webhook", "/webhook", ("POST",), "public"),  # Linear's signature is checked by the view
     one("claim", "/claim", ("POST",), "poll"),
-    one("ack", "/ack", ("POST",), "orchestrator"),
+    one("ack", "/ack", ("POST",), "poll"),
     one("release", "/release", ("POST",), "orchestrator"),
     one("sweep", "/sweep", ("POST",), "scheduler"),
     Route(

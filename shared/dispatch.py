@@ -123,10 +123,15 @@ class Dispatch:
             raise Refused("unauthorized", orchestrators.UNAUTHORIZED)
         return polled
 
-    def ack(self, orchestrator_id: UUID, items: list[queue.AckItem]) -> list[queue.AckStatus]:
-        result = queue.ack_many(self.pool, orchestrator_id, items)
+    def ack(self, token: str, items: list[queue.AckItem]) -> tuple[Orchestrator, list[queue.AckStatus]]:
+        """The ack route: who is calling, that it was seen, and its acks, in one statement.
+        Refused when the token is no active machine's; nothing is acked then."""
+        acked = queue.ack_as(self.pool, orchestrators.hash_token(token), items)
+        if acked is None:
+            raise Refused("unauthorized", orchestrators.UNAUTHORIZED)
+        caller, result = acked
         self._after_commit(result.notice_ids)
-        return result.statuses
+        return caller, result.statuses
 
     def release(
         self, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID, reason: str | None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID, uuid4
 
 from psycopg.rows import DictRow
@@ -195,19 +195,37 @@ def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> AckResu
     missed are then explained, read-only. Repeating a successful ack answers `acked` again."""
     with pool.connection() as conn:
         rows = conn.execute(
-            query("ack"),
-            {
-                "orchestrator_id": orchestrator_id,
-                "queue_ids": [i.queue_id for i in items],
-                "claim_tokens": [i.claim_token for i in items],
-            },
+            query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items)}
         ).fetchall()
-        acked = {(r["queue_id"], r["claim_token"]) for r in rows}
-        # An item listed twice is deleted once; its second copy is then judged a repeated ack.
-        statuses: list[AckStatus] = [
-            "acked" if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
-            for i in items
-        ]
+        return _ack_result(conn, orchestrator_id, items, rows)
+
+
+def ack_as(pool: Pool, token_hash: bytes, items: list[AckItem]) -> tuple[Orchestrator, AckResult] | None:
+    """The ack route in one statement (`ack_as` in queue.sql): the active machine holding this token
+    hash, marked seen, and `ack_many`'s work for it. None when the hash is no active machine's
+    (nothing is acked then). One round trip for an ack that lands."""
+    with pool.connection() as conn:
+        rows = conn.execute(query("ack_as"), {"token_hash": token_hash, **_ack_params(items)}).fetchall()
+        if not rows:
+            return None
+        first = rows[0]
+        caller = Orchestrator(
+            first["caller_id"], first["caller_org_id"], first["caller_user_id"], first["caller_name"]
+        )
+        return caller, _ack_result(conn, caller.id, items, [r for r in rows if r["queue_id"] is not None])
+
+
+def _ack_params(items: list[AckItem]) -> dict[str, Any]:
+    return {"queue_ids": [i.queue_id for i in items], "claim_tokens": [i.claim_token for i in items]}
+
+
+def _ack_result(conn: Conn, orchestrator_id: UUID, items: list[AckItem], rows: list[DictRow]) -> AckResult:
+    acked = {(r["queue_id"], r["claim_token"]) for r in rows}
+    # An item listed twice is deleted once; its second copy is then judged a repeated ack.
+    statuses: list[AckStatus] = [
+        "acked" if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
+        for i in items
+    ]
     return AckResult(statuses, list(rows[0]["notice_ids"] or []) if rows else [])
 
 

@@ -115,12 +115,33 @@ def test_a_poll_by_a_revoked_machine_claims_nothing_and_hears_401(api: Api) -> N
     assert row is not None and row["attempts"] == 0 and row["claim_token"] is None
 
 
-def test_a_wrong_token_hears_401_before_its_body_is_judged(api: Api) -> None:
+@pytest.mark.parametrize(
+    ("path", "bad_body"),
+    [("/claim", {"max": "lots"}), ("/ack", {"queueId": 7}), ("/ack", {"acks": [], "queueId": "x"})],
+)
+def test_a_wrong_token_hears_401_before_its_body_is_judged(api: Api, path: str, bad_body: object) -> None:
     _, token = api.register()
-    bad_body = {"max": "lots"}
-    assert api.post_as(token + "x", "/claim", bad_body).status_code == 401
-    assert api.post_as(token, "/claim", bad_body).status_code == 400
-    assert api.http.post("/claim", json={}).status_code == 401  # no token at all
+    assert api.post_as(token + "x", path, bad_body).status_code == 401
+    assert api.post_as(token, path, bad_body).status_code == 400
+    assert api.http.post(path, json={}).status_code == 401  # no token at all
+
+
+def test_an_ack_by_a_revoked_machine_acks_nothing_and_hears_401(api: Api) -> None:
+    """The ack authenticates in its ack statement: a machine revoked a moment ago (its rows not yet
+    moved, as if the revoke committed during the ack) gets 401, and its row stays claimed."""
+    oid, token = api.register()
+    api.webhook(issue_event(issue_id="rev-ack"))
+    [m] = api.post_as(token, "/claim", {"max": 10}).json()["messages"]
+    with api.pool.connection() as conn:
+        conn.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (UUID(oid),))
+    for body in ({"queueId": m["queueId"], "claimToken": m["claimToken"]}, {"acks": [m]}):
+        r = api.post_as(token, "/ack", body)
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    with api.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT s.status FROM dispatch_queue q JOIN dispatch_sessions s ON s.id = q.session_id"
+        ).fetchone()
+    assert row is not None and row["status"] == "queued"
 
 
 def test_a_poll_answers_the_callers_own_work_only(api: Api) -> None:
@@ -143,7 +164,12 @@ def test_each_poll_is_logged_with_the_machine_that_made_it(
     api.webhook(issue_event())
     for t in (token, other_token, token):
         assert api.post_as(t, "/claim").status_code == 200
+    nothing = {"queueId": str(UUID(int=1)), "claimToken": str(UUID(int=2))}
+    for t in (other_token, token):  # and so does the ack, which learns it in its one statement too
+        assert api.post_as(t, "/ack", nothing).status_code == 404
     # (a request line is logged as "%s" with its fields as the one mapping argument)
     lines = [r.args for r in caplog.records if isinstance(r.args, dict)]
     polls = [line for line in lines if line.get("route") == "claim"]
     assert [p.get("orchestratorId") for p in polls] == [mine, other, mine]
+    acks = [line for line in lines if line.get("route") == "ack"]
+    assert [a.get("orchestratorId") for a in acks] == [other, mine]

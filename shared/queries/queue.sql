@@ -166,16 +166,37 @@ RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.paylo
           q.available_at, q.created_at;
 
 -- name: ack
+-- CLAIMED -> deleted, session `delivered`, for the orchestrator `orchestrator_id` (`ack_rows`).
+-- Serves the single and the batch form.
+WITH who AS (SELECT %(orchestrator_id)s::uuid AS id),
+-- include: ack_rows
+SELECT id AS queue_id, claim_token, (SELECT array_agg(id) FROM notices) AS notice_ids FROM deleted;
+
+-- name: ack_as
+-- The ack route's work in one statement (one round trip for an ack): who is calling and that it
+-- was seen (the `caller` fragment: active machines only), and `ack_rows` for it. One row per
+-- deleted row, each carrying the caller; exactly one row with no queue id when the caller is a
+-- machine and nothing was deleted; no row when the token is no active machine's (nothing deleted).
+WITH
+-- include: caller
+,
+-- include: ack_rows
+SELECT who.id AS caller_id, who.org_id AS caller_org_id, who.linear_user_id AS caller_user_id,
+       who.name AS caller_name, d.id AS queue_id, d.claim_token,
+       (SELECT array_agg(id) FROM notices) AS notice_ids
+FROM who LEFT JOIN deleted d ON true;
+
+-- name: ack_rows
+-- A fragment, after a CTE `who` (the acking orchestrator: one row, or none and nothing is acked).
 -- CLAIMED -> deleted, session `delivered`. One statement, so one atomic step: deletes each row only
 -- while it still carries the given claim token (compare-and-set; zero rows means gone or superseded,
--- never an overwrite) and marks the sessions of exactly the deleted rows `delivered`. Serves the
--- single and the batch form.
-WITH items AS (
+-- never an overwrite) and marks the sessions of exactly the deleted rows `delivered`.
+items AS (
     SELECT * FROM unnest(%(queue_ids)s::uuid[], %(claim_tokens)s::uuid[]) AS t(queue_id, claim_token)
 ), deleted AS (
     DELETE FROM dispatch_queue q
-    USING items i
-    WHERE q.id = i.queue_id AND q.orchestrator_id = %(orchestrator_id)s AND q.claim_token = i.claim_token
+    USING items i, who
+    WHERE q.id = i.queue_id AND q.orchestrator_id = who.id AND q.claim_token = i.claim_token
     RETURNING q.id, q.session_id, q.claim_token
 ), delivered AS (
     UPDATE dispatch_sessions s
@@ -191,7 +212,6 @@ WITH items AS (
     WHERE d.agent_session_id IS NOT NULL AND d.kind = 'start' AND devpilot_notifies(d.org_id)
     RETURNING id
 )
-SELECT id AS queue_id, claim_token, (SELECT array_agg(id) FROM notices) AS notice_ids FROM deleted;
 
 -- name: ack_explain_miss
 -- After a compare-and-set missed: tells a repeated ack (session delivered by this very token) from a
