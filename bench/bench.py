@@ -58,7 +58,11 @@ def main() -> int:
         drain: dict[str, float] = {}
         for claimers in (1, 4, 16):
             for batch in (1, 10, 100):
-                if q and (batch == 1 or claimers == 4) and (claimers, batch) not in ((1, 1), (HTTP_CLIENTS, 1)):
+                if (
+                    q
+                    and (batch == 1 or claimers == 4)
+                    and (claimers, batch) not in ((1, 1), (HTTP_CLIENTS, 1))
+                ):
                     continue
                 n = min(n_drain, 2000) if batch == 1 else n_drain
                 drain[f"{claimers}x{batch}"] = round(core.drain_rate(s.fresh("drain"), n, claimers, batch))
