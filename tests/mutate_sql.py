@@ -43,6 +43,7 @@ TESTS_FOR = {
     "intake.sql": [
         "tests/test_http.py",
         "tests/test_conversations.py",
+        "tests/test_locks.py",
         "tests/test_security.py",
         "tests/test_rerouting.py",
         "tests/test_queue.py",

@@ -20,7 +20,7 @@ from shared.migrate import migrate
 from shared.models import DispatchPayload
 from shared.queue import ack, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
-from tests.helpers.data import MakeOrch, Orch, fill_queue, issue, row_counts
+from tests.helpers.data import MakeOrch, Orch, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
 
 ROOT = Path(__file__).parent.parent
@@ -334,3 +334,41 @@ def test_enqueue_reads_no_table_in_either_plan(
         ]
     ), text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 60, text
+
+
+@pytest.mark.parametrize("statement", ["ack", "ack_as"])
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_ack_plan_probes_by_key(
+    mode: str, statement: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """An ack reads its rows by key, never the table, in both plans: the library's ack by machine id
+    and the ack route's one statement (who is calling + the acks) alike, beside 50,000 rows of
+    another machine. (It acks a row it claimed, so the delete and the session update run too.)"""
+    from shared.orchestrators import hash_token
+    from shared.sql import query
+
+    o, busy = make_orchestrator(), make_orchestrator()
+    fill_queue(pool, busy, 50_000)
+    enqueue_one(pool, o)
+    [m] = claim(pool, o.id, max=1, lease_seconds=60)
+    with pool.connection() as conn:
+        conn.execute("ANALYZE dispatch_queue")
+        conn.execute("ANALYZE dispatch_sessions")
+    params = {
+        "orchestrator_id": o.id,
+        "token_hash": hash_token(o.token),
+        "queue_ids": [m.queue_id],
+        "claim_tokens": [m.claim_token],
+    }
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        with conn.transaction():
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query(statement), params, prepare=True
+            ).fetchone()
+    assert plan is not None
+    text = json.dumps(plan)
+    assert "Seq Scan" not in text, text
+    assert text.count("dispatch_queue_pkey") >= 1, text
+    top = plan["QUERY PLAN"][0]
+    assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 100, text
