@@ -132,11 +132,12 @@ def poll(
         rows = conn.execute(query("poll"), params).fetchall()
     if not rows:
         return None
-    first = rows[0]
-    caller = Orchestrator(
-        first["caller_id"], first["caller_org_id"], first["caller_user_id"], first["caller_name"]
-    )
-    return caller, _messages([r for r in rows if r["id"] is not None])
+    return _caller(rows[0]), _messages([r for r in rows if r["id"] is not None])
+
+
+def _caller(row: DictRow) -> Orchestrator:
+    """The machine a one-statement route (`poll`, `ack_as`) found for its token (the `caller_*` columns)."""
+    return Orchestrator(row["caller_id"], row["caller_org_id"], row["caller_user_id"], row["caller_name"])
 
 
 def _check_max(max: int) -> None:
@@ -208,10 +209,7 @@ def ack_as(pool: Pool, token_hash: bytes, items: list[AckItem]) -> tuple[Orchest
         rows = conn.execute(query("ack_as"), {"token_hash": token_hash, **_ack_params(items)}).fetchall()
         if not rows:
             return None
-        first = rows[0]
-        caller = Orchestrator(
-            first["caller_id"], first["caller_org_id"], first["caller_user_id"], first["caller_name"]
-        )
+        caller = _caller(rows[0])
         return caller, _ack_result(conn, caller.id, items, [r for r in rows if r["queue_id"] is not None])
 
 
