@@ -12,6 +12,7 @@ refused (503 encryption_not_configured).
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,8 +58,11 @@ def keys(settings: Settings) -> MultiFernet:
     path = _local_key_file()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        # A temporary file of its own for each caller (mode 0600): threads of one process can be
+        # here at once (`devpilot serve`'s start-up report and a first request), so a name made
+        # from the process id alone collided.
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        tmp = Path(name)
         with os.fdopen(fd, "wb") as f:
             f.write(Fernet.generate_key())
             f.flush()

@@ -247,6 +247,46 @@ def test_keys_rotate_and_are_never_derived_from_the_admin_token() -> None:
         crypto.keys(Settings(DATABASE_URL="postgresql://x/y", DEVPILOT_ADMIN_TOKEN="admin"))
 
 
+def _keys_at_once(settings: Any, n: int) -> tuple[list[bytes], list[BaseException]]:
+    """n threads released together, each encrypting with `crypto.keys`: their tokens, their errors."""
+    start = threading.Barrier(n)
+    tokens: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        start.wait()
+        try:
+            tokens.append(crypto.keys(settings).encrypt(b"x"))
+        except BaseException as exc:  # any failure is the finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return tokens, errors
+
+
+def test_the_generated_key_is_made_once_when_threads_ask_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the embedded database and no keys set, the first use generates the key file. Threads
+    of one process asking at once (the start-up report and a first request, in `devpilot serve`)
+    all get that one key, and none of them fails."""
+    from shared.settings import Settings
+
+    monkeypatch.setenv("DEVPILOT_HOME", str(tmp_path))
+    settings = Settings(DEVPILOT_ADMIN_TOKEN="admin")
+    for round_ in range(20):
+        (tmp_path / "encryption.key").unlink(missing_ok=True)
+        tokens, errors = _keys_at_once(settings, 8)
+        assert errors == [], f"round {round_}: {errors!r}"
+        key = crypto.keys(settings)
+        assert [key.decrypt(t) for t in tokens] == [b"x"] * 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["encryption.key"]  # no temporary file left
+
+
 def test_storing_without_keys_on_a_real_database_is_503(api: Api) -> None:
     api.settings.__dict__["encryption_keys"] = None
     api.settings.__dict__["database_url"] = "postgresql://configured/elsewhere"
