@@ -13,6 +13,7 @@ import flask
 
 from functions.web import ApiError, Call, note, raw_body, reply
 from shared import linear
+from shared.dispatch import Refused
 
 
 def webhook(call: Call) -> flask.Response:
@@ -28,7 +29,10 @@ def webhook(call: Call) -> flask.Response:
         raise ApiError(400, "bad_request", str(exc)) from None
     if not linear.is_fresh(hook, int(time.time() * 1000), call.rt.settings.webhook_tolerance_seconds):
         raise ApiError(401, "stale_webhook", "webhookTimestamp is too far from now")
-    answer = call.service.receive_webhook(hook, call.request.headers.get("Linear-Delivery"))
+    try:
+        answer = call.service.receive_webhook(hook, call.request.headers.get("Linear-Delivery"))
+    except Refused as exc:  # nothing written; Linear delivers again
+        raise ApiError(503, exc.code, exc.detail, {"Retry-After": "60"}) from None
     note(
         sessionId=answer.get("sessionId"),
         queueId=answer.get("queueId"),

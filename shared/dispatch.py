@@ -73,7 +73,14 @@ class Dispatch:
         intake transaction, then its notices."""
         from shared import intake
 
-        received = intake.receive(self.pool, hook, delivery)
+        try:
+            received = intake.receive(self.pool, hook, delivery)
+        except queue.MachineRevoked:
+            # Every round chose a machine whose revoke committed while it waited: nothing is
+            # written, and Linear's retry of the delivery is decided afresh.
+            raise Refused(
+                "try_again", "the machines of this user changed while the webhook was decided; retry"
+            ) from None
         self._after_commit(received.notice_ids)
         return received.answer
 

@@ -48,8 +48,8 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
     The machine it chose can be revoked while the transaction runs: the enqueue then writes nothing
     (MachineRevoked), the transaction rolls back whole, and the webhook is decided again, now seeing
     the revoke (another machine of the user, or no machine). Each round needs a revoke committed
-    during it, so a few rounds end it; the last round's refusal reaches the caller as an error and
-    Linear retries the delivery."""
+    during it, so a few rounds end it; the last round's MachineRevoked reaches the caller, with
+    nothing written, and the route answers 503: Linear retries the delivery."""
     for _ in range(ROUNDS - 1):
         try:
             return _receive(pool, hook, delivery)

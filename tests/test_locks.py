@@ -323,3 +323,61 @@ def test_a_stop_waits_for_the_start_its_agent_session_is_committing(api: Api, db
     assert stop[0].status_code == 200, stop[0].text
     assert stop[0].json()["cancelledSessionIds"] == [start[0].json()["sessionId"]]
     assert _queue_of(api) == []
+
+
+def _blocked_by(api: Api, pid: int) -> None:
+    """Wait until some backend waits on a lock that the backend `pid` holds."""
+    deadline = time.monotonic() + 10
+    with api.pool.connection() as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+            ).fetchone()
+            if row is not None and row["n"]:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"nothing waited on backend {pid}")
+
+
+def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
+    api: Api, db_url: str
+) -> None:
+    """Each round of the intake routes to the user's most recently seen machine; a revoke that
+    commits while the round waits on that machine's row sends it round again. When every round's
+    choice is revoked so (three in a row), the webhook must not answer 500: nothing is written, it
+    answers 503 with Retry-After, and Linear's retry of the same delivery is then decided afresh.
+    (Real revokes of one user's machines take turns, so each would begin after the one before
+    committed; here each machine's revoke is open from the start, so every round is sure to meet one.)"""
+    machines = [api.register(name=f"m{i}")[0] for i in range(3)]
+    with api.pool.connection() as conn:  # routing prefers m0, then m1, then m2
+        for ago, machine in enumerate(machines):
+            conn.execute(
+                "UPDATE orchestrators SET last_seen_at = now() - make_interval(mins => %s) WHERE id = %s",
+                (ago, machine),
+            )
+    event = issue_event(issue_id="iss-every-choice-revoked")
+    revokers = [connect(db_url, autocommit=False) for _ in machines]
+    try:
+        for revoker, machine in zip(revokers, machines, strict=True):
+            # (FOR UPDATE first, as the real revoke does: an enqueue's FOR KEY SHARE waits for that
+            # lock only, not for the UPDATE's own weaker one)
+            revoker.execute("SELECT 1 FROM orchestrators WHERE id = %s FOR UPDATE", (machine,))
+            revoker.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (machine,))
+        t, out = in_thread(lambda: api.webhook(event, delivery="delivery-every-choice-revoked"))
+        for revoker in revokers:
+            _blocked_by(api, revoker.info.backend_pid)  # this round chose this machine, and waits
+            revoker.commit()
+    finally:
+        for revoker in revokers:
+            revoker.close()
+    t.join(timeout=10)
+    r = out[0]
+    assert r.status_code == 503, r.text
+    assert r.json()["error"] == "try_again" and r.headers["Retry-After"], r.text
+    with api.pool.connection() as conn:
+        written = conn.execute(
+            "SELECT (SELECT count(*) FROM webhook_deliveries) AS d, (SELECT count(*) FROM dispatch_sessions) AS s"
+        ).fetchone()
+    assert written == {"d": 0, "s": 0}
+    again = api.webhook(event, delivery="delivery-every-choice-revoked")
+    assert again.json() == {"status": "ignored", "reason": "no_orchestrator"}, again.text
