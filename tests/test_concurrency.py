@@ -372,3 +372,34 @@ def test_ack_plan_probes_by_key(
     assert text.count("dispatch_queue_pkey") >= 1, text
     top = plan["QUERY PLAN"][0]
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 100, text
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_stop_reads_its_agent_sessions_rows_by_key(
+    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """A stop's cancel (`cancel_agent_session`, which locks the rows in the agent session's order)
+    reads them from the agent-order index in both plans, never the table, beside 50,000 messages of
+    other agent sessions of its org."""
+    from shared.sql import query
+
+    o = make_orchestrator()
+    fill_queue(pool, o, 50_000)
+    with pool.connection() as conn:  # the messages of 1,000 other agent sessions of the same org
+        conn.execute("UPDATE dispatch_queue SET agent_session_id = 'as-other-' || (seq % 1000)")
+        conn.execute("ANALYZE dispatch_queue")
+    params = {"org_id": o.org_id, "agent_session_id": "as-1", "reason": "stopped"}
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        with conn.transaction():
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("cancel_agent_session"),
+                params,
+                prepare=True,
+            ).fetchone()
+    assert plan is not None
+    text = json.dumps(plan)
+    assert "Seq Scan" not in text, text
+    assert "dispatch_queue_agent_order_idx" in text, text
+    top = plan["QUERY PLAN"][0]
+    assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 50, text

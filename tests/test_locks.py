@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 
 import httpx
 import psycopg
+import pytest
 
 from shared.db import Pool, Tx, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
@@ -381,3 +382,68 @@ def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_write
     assert written == {"d": 0, "s": 0}
     again = api.webhook(event, delivery="delivery-every-choice-revoked")
     assert again.json() == {"status": "ignored", "reason": "no_orchestrator"}, again.text
+
+
+@pytest.mark.parametrize("racer", ["stop", "revoke", "revoke_to_another_machine"])
+def test_a_stop_or_revoke_racing_the_sweep_that_dead_letters_a_start_never_deadlocks(
+    racer: str, api: Api, db_url: str
+) -> None:
+    """The sweep, dead-lettering an agent session's start at the attempt limit, holds the start's
+    row and then deletes the messages queued behind it. A stop deletes every undelivered message of
+    the agent session; a revoke moves (to the user's other machine) or cancels every message of the
+    machine. Were either to take a later message's row first (the order a scan meets them in: a row
+    can sit in space freed before the start's), each would wait for the other, and Postgres would
+    abort one. They take the rows in queue order (seq), so they wait for the start's row holding
+    nothing the sweep needs; the sweep finishes, and they after it, finding those rows gone.
+    (Here the sweep's hold on the start is a lock its transaction takes before the sweep runs.)"""
+    machine, _ = api.register(name="laptop")
+    if racer == "revoke_to_another_machine":
+        api.register(name="desktop")
+    with api.pool.connection() as conn:  # webhooks route to the laptop
+        conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (machine,))
+    filler = api.webhook(issue_event(issue_id="iss-filler")).json()["sessionId"]
+    start = api.webhook(agent_session_event(session_id="as-race")).json()["sessionId"]
+    assert api.webhook(issue_event("remove", issue_id="iss-filler")).json()["sessionId"] == filler
+    with connect(db_url) as conn:
+        conn.execute("VACUUM dispatch_queue")  # the filler's slot, before the start's, is free again
+    follow_up = api.webhook(agent_session_event(session_id="as-race", action="prompted", body="and then?"))
+    prompt = follow_up.json()["sessionId"]
+    with api.pool.connection() as conn:
+        conn.execute(  # the start was claimed for the last time, and its lease ran out
+            "UPDATE dispatch_queue SET attempts = %s, claim_token = gen_random_uuid(),"
+            " claimed_at = now() - interval '2 hours', lease_expires_at = now() - interval '1 hour'"
+            " WHERE session_id = %s",
+            (api.settings.max_attempts, start),
+        )
+        order = [
+            r["session_id"] for r in conn.execute("SELECT session_id::text FROM dispatch_queue ORDER BY ctid")
+        ]
+    assert order == [prompt, start], "the follow-up's row must lie before the start's"
+    settings = api.settings
+    with connect(db_url, autocommit=False) as sweeper:
+        sweeper.execute("SELECT 1 FROM dispatch_queue WHERE session_id = %s FOR UPDATE", (start,))
+        if racer == "stop":
+            stop = agent_session_event(session_id="as-race", action="prompted", signal="stop")
+            t, out = in_thread(lambda: api.webhook(stop))
+        else:
+            t, out = in_thread(lambda: api.http.post(f"/orchestrators/{machine}/revoke", headers=api.admin()))
+        _blocked_by(api, sweeper.info.backend_pid)  # it waits for the start's row
+        swept = sweeper.execute(
+            query("sweep"),
+            {
+                "now": None,
+                "batch": 10,
+                "max_attempts": settings.max_attempts,
+                "base": settings.backoff_base_seconds,
+                "cap": settings.backoff_cap_seconds,
+            },
+        ).fetchone()
+        sweeper.commit()
+    t.join(timeout=10)
+    assert swept is not None and swept["dead_lettered"] == 1 and swept["failed"] == 2
+    assert out[0].status_code == 200, out[0].text
+    if racer == "stop":
+        assert out[0].json()["status"] == "stopped"
+    else:
+        assert out[0].json()["moved"] == out[0].json()["cancelled"] == 0
+    assert _queue_of(api) == []

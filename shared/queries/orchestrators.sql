@@ -114,12 +114,19 @@ WITH target AS (
     WHERE q.orchestrator_id = %(id)s
 ), moving AS (
 -- include: moving
+), locked AS (
+    -- In queue order (seq), not in the order the join meets them: the sweep dead-lettering a
+    -- start holds its row, then deletes the rows behind it; holding one of those while waiting for
+    -- the start's would deadlock with it. Rows gone by then are skipped.
+    SELECT q.id FROM dispatch_queue q JOIN moving m ON m.id = q.id
+    ORDER BY q.seq
+    FOR UPDATE OF q
 ), moved AS (
     UPDATE dispatch_queue q
     SET orchestrator_id = r.target, lease_expires_at = NULL, claimed_at = NULL,
         available_at = CASE WHEN q.lease_expires_at IS NULL THEN q.available_at ELSE now() END
-    FROM moving r
-    WHERE q.id = r.id AND q.orchestrator_id = r.source
+    FROM locked l JOIN moving r ON r.id = l.id
+    WHERE q.id = l.id AND q.orchestrator_id = r.source
     RETURNING q.session_id, r.target AS orchestrator_id
 ), sessions AS (
     UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
@@ -134,8 +141,12 @@ SELECT (SELECT count(*) FROM sessions) AS moved,
 -- (the prompts and stops of conversations it already had, and starts nobody else could take, with
 -- what was queued behind them) is cancelled; an agent session whose start is cancelled hears why
 -- in Linear (for orgs Linear is told about).
-WITH removed AS (
-    DELETE FROM dispatch_queue dq WHERE dq.orchestrator_id = %(id)s RETURNING dq.session_id
+-- Its rows are locked in queue order (seq), as `revoke_move_starts` and a stop do: see `doomed`
+-- in `cancel_agent_session` (queue.sql) for the deadlock with the sweep that any other order risks.
+WITH doomed AS (
+    SELECT id FROM dispatch_queue WHERE orchestrator_id = %(id)s ORDER BY seq FOR UPDATE
+), removed AS (
+    DELETE FROM dispatch_queue dq USING doomed WHERE dq.id = doomed.id RETURNING dq.session_id
 ),
 -- include: cancel_removed
 , notices AS (

@@ -341,9 +341,17 @@ SELECT id FROM cancelled;
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
 -- undelivered message of one agent session (Linear's stop). Same lock order as cancel_open_issue,
 -- so an ack racing it either wins (delivered: the caller then queues a `stop`) or gets 404.
-WITH removed AS (
-    DELETE FROM dispatch_queue dq
-    WHERE dq.org_id = %(org_id)s AND dq.agent_session_id = %(agent_session_id)s
+-- The rows are locked in the agent session's order (seq), not in the order a scan meets them: the
+-- sweep or a release that dead-letters a start holds the start's row and then deletes the rows
+-- behind it (`end_claims`), so a stop holding a later row while it waits for the start's would
+-- deadlock with it. Rows gone by then (the sweep took them) are skipped.
+WITH doomed AS (
+    SELECT id FROM dispatch_queue
+    WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s
+    ORDER BY seq
+    FOR UPDATE
+), removed AS (
+    DELETE FROM dispatch_queue dq USING doomed WHERE dq.id = doomed.id
     RETURNING dq.session_id
 ),
 -- include: cancel_removed
