@@ -447,3 +447,39 @@ def test_a_stop_or_revoke_racing_the_sweep_that_dead_letters_a_start_never_deadl
     else:
         assert out[0].json()["moved"] == out[0].json()["cancelled"] == 0
     assert _queue_of(api) == []
+
+
+def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(
+    api: Api, db_url: str
+) -> None:
+    """A stop for a conversation a machine has cancels the follow-up still queued for that machine
+    and queues a `stop` for it (an enqueue: it waits for a revoke holding the machine's row). The
+    revoke, holding the machine's row, cancels every message of the machine, the follow-up among
+    them. Were the stop to cancel first and then wait for the machine, each would wait for the
+    other. The stop takes the machine's row before it cancels anything: it waits for the revoke,
+    which cancels the follow-up and commits; the stop then finds no machine with the conversation,
+    queues nothing, and nothing is left on the revoked machine."""
+    machine, token = api.register()
+    api.webhook(agent_session_event(session_id="as-revoked"))
+    [start] = api.post_as(token, "/claim", {"max": 10}).json()["messages"]
+    assert (
+        api.post_as(
+            token, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]}
+        ).status_code
+        == 200
+    )
+    follow_up = api.webhook(agent_session_event(session_id="as-revoked", action="prompted", body="and then?"))
+    assert follow_up.json()["status"] == "dispatched", follow_up.text
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": machine})  # the revoke, open
+        stop = agent_session_event(session_id="as-revoked", action="prompted", signal="stop")
+        t, out = in_thread(lambda: api.webhook(stop))
+        _blocked_by(api, revoker.info.backend_pid)  # the stop waits for the machine's row
+        revoker.execute(query("revoke_move_starts"), {"id": machine})
+        rest = revoker.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"}).fetchone()
+        revoker.commit()
+    t.join(timeout=10)
+    assert rest is not None and rest["cancelled"] == 1  # the follow-up
+    assert out[0].status_code == 200, out[0].text
+    assert out[0].json() == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    assert _queue_of(api) == []

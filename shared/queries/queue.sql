@@ -341,13 +341,27 @@ SELECT id FROM cancelled;
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
 -- undelivered message of one agent session (Linear's stop). Same lock order as cancel_open_issue,
 -- so an ack racing it either wins (delivered: the caller then queues a `stop`) or gets 404.
--- The rows are locked in the agent session's order (seq), not in the order a scan meets them: the
--- sweep or a release that dead-letters a start holds the start's row and then deletes the rows
--- behind it (`end_claims`), so a stop holding a later row while it waits for the start's would
--- deadlock with it. Rows gone by then (the sweep took them) are skipped.
-WITH doomed AS (
+-- Two lock orders keep a stop out of deadlocks, each with a party that holds one lock and then
+-- wants the stop's:
+-- * `machines` first: the machines of the conversation (of its queued and delivered messages)
+--   FOR KEY SHARE, the lock the stop's own enqueue takes next, before any queue row. A revoke holds
+--   its machine's row, then cancels that machine's rows; a stop holding one of those while it
+--   waited for the machine would deadlock with it.
+-- * then the rows in the agent session's order (seq), not in the order a scan meets them: the sweep
+--   or a release that dead-letters a start holds the start's row, then deletes the rows behind it
+--   (`end_claims`); a stop holding a later row while it waited for the start's would deadlock.
+-- Rows gone by then (the sweep or the revoke took them) are skipped.
+WITH machines AS (
+    SELECT o.id FROM orchestrators o
+    WHERE o.id IN (SELECT s.orchestrator_id FROM dispatch_sessions s
+                   WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
+                     AND s.status IN ('queued', 'delivered'))
+    ORDER BY o.id
+    FOR KEY SHARE
+), doomed AS (
     SELECT id FROM dispatch_queue
     WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s
+      AND (SELECT count(*) FROM machines) >= 0  -- (true: it makes the machines come first)
     ORDER BY seq
     FOR UPDATE
 ), removed AS (
