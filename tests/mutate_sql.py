@@ -120,6 +120,9 @@ def _swaps(line: str) -> Iterator[tuple[str, str]]:
     lock = code.strip()
     if lock.rstrip(";") in ("FOR UPDATE", "FOR KEY SHARE"):  # a lock that orders two statements
         yield "no row lock", ";" if lock.endswith(";") else ""
+    order = re.search(r"\s*ORDER BY (\w+\.)?seq\b", code)
+    if order:  # the queue order that rows are locked in (a deadlock with the sweep without it)
+        yield "lock order removed", line[: order.start()] + line[order.end() :]
     notify = re.search(r"pg_notify\((?:[^()]|\([^()]*\))*\)", code)
     if notify:
         yield "notify removed", line[: notify.start()] + "NULL" + line[notify.end() :]
