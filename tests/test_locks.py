@@ -483,3 +483,58 @@ def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_d
     assert out[0].status_code == 200, out[0].text
     assert out[0].json() == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
     assert _queue_of(api) == []
+
+
+@pytest.mark.parametrize("racer", ["revoke", "ack"])
+def test_a_batch_ack_racing_a_revoke_or_another_ack_never_deadlocks(
+    racer: str, api: Api, db_url: str
+) -> None:
+    """A batch ack names its rows in any order; a revoke takes its machine's rows in queue order
+    (seq), and so may another ack of the same rows (a retried batch, say). Were the ack to take
+    its rows in the order of its items, it could hold a later row while it waited for an earlier
+    one that the other holds, and the other then wait for the later one: Postgres would abort one
+    (503). The ack takes its rows in queue order too, so it waits holding nothing the other needs.
+    Here the later row lies first in the table (an update moved the earlier row's newest version
+    behind it), and the other's hold on the earlier row is a lock its transaction takes before its
+    statement."""
+    machine, token = api.register()
+    for n in (1, 2):
+        api.webhook(issue_event(issue_id=f"iss-batch-{n}"))
+    messages = api.post_as(token, "/claim", {"max": 10}).json()["messages"]
+    with api.pool.connection() as conn:
+        in_queue_order = [r["id"] for r in conn.execute("SELECT id::text FROM dispatch_queue ORDER BY seq")]
+    first, second = sorted(messages, key=lambda m: in_queue_order.index(m["queueId"]))
+    with api.pool.connection() as conn:  # the first row's newest version now lies behind the second's
+        conn.execute("UPDATE dispatch_queue SET attempts = attempts WHERE id = %s", (first["queueId"],))
+        in_table_order = [r["id"] for r in conn.execute("SELECT id::text FROM dispatch_queue ORDER BY ctid")]
+    assert in_table_order == [second["queueId"], first["queueId"]]
+    backwards = {"acks": [{"queueId": m["queueId"], "claimToken": m["claimToken"]} for m in (second, first)]}
+    with connect(db_url, autocommit=False) as other:
+        if racer == "revoke":
+            other.execute(query("orchestrator_revoke"), {"id": machine})
+        other.execute("SELECT 1 FROM dispatch_queue WHERE id = %s FOR UPDATE", (first["queueId"],))
+        t, out = in_thread(lambda: api.post_as(token, "/ack", backwards))
+        _blocked_by(api, other.info.backend_pid)  # the batch ack waits for the first row
+        if racer == "revoke":
+            other.execute(query("revoke_move_starts"), {"id": machine})
+            other.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"})
+        else:
+            in_order = [first, second]
+            other.execute(
+                query("ack"),
+                {
+                    "orchestrator_id": machine,
+                    "queue_ids": [m["queueId"] for m in in_order],
+                    "claim_tokens": [m["claimToken"] for m in in_order],
+                },
+            )
+        other.commit()
+    t.join(timeout=10)
+    assert out[0].status_code == 200, out[0].text
+    # After a revoke both were cancelled; after the other ack both are delivered, and a repeated
+    # ack of a delivered row answers acked.
+    expected = "not_found" if racer == "revoke" else "acked"
+    results = out[0].json()["results"]
+    assert [r["queueId"] for r in results] == [second["queueId"], first["queueId"]]
+    assert all(r.get("error", r.get("status")) == expected for r in results), results
+    assert _queue_of(api) == []

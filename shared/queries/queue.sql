@@ -191,12 +191,20 @@ FROM who LEFT JOIN deleted d ON true;
 -- CLAIMED -> deleted, session `delivered`. One statement, so one atomic step: deletes each row only
 -- while it still carries the given claim token (compare-and-set; zero rows means gone or superseded,
 -- never an overwrite) and marks the sessions of exactly the deleted rows `delivered`.
+-- The rows are locked in queue order (seq), whatever the order of the items, as a revoke and a stop
+-- lock theirs: a batch ack racing a revoke of its machine (or an overlapping batch in another
+-- order) then waits holding nothing the other needs, instead of each waiting for the other.
 items AS (
     SELECT * FROM unnest(%(queue_ids)s::uuid[], %(claim_tokens)s::uuid[]) AS t(queue_id, claim_token)
+), locked AS (
+    SELECT q.id FROM dispatch_queue q, who
+    WHERE (q.id, q.claim_token) IN (SELECT queue_id, claim_token FROM items) AND q.orchestrator_id = who.id
+    ORDER BY q.seq
+    FOR UPDATE OF q
 ), deleted AS (
     DELETE FROM dispatch_queue q
-    USING items i, who
-    WHERE q.id = i.queue_id AND q.orchestrator_id = who.id AND q.claim_token = i.claim_token
+    USING locked l
+    WHERE q.id = l.id
     RETURNING q.id, q.session_id, q.claim_token
 ), delivered AS (
     UPDATE dispatch_sessions s
