@@ -37,6 +37,32 @@ def long_poll(api: Api, token: str) -> tuple[threading.Thread, list[Any]]:
     return in_thread(lambda: (api.post_as(token, "/claim", {"waitSeconds": 20}).json(), time.monotonic()))
 
 
+def _blocked_by(pool: Pool, pid: int | None = None, *, count: int = 1) -> None:
+    """Wait until `count` backends of this database wait on a lock (one the backend `pid` holds,
+    when given): the interleaving a test holds open has begun, on any host, however slow."""
+    deadline = time.monotonic() + 10
+    with pool.connection() as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+                " AND cardinality(pg_blocking_pids(pid)) > 0"
+                " AND (%(pid)s::int IS NULL OR %(pid)s::int = ANY(pg_blocking_pids(pid)))",
+                {"pid": pid},
+            ).fetchone()
+            if row is not None and row["n"] >= count:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"fewer than {count} backends waited on a lock (held by {pid or 'any'})")
+
+
+def _backend_of(tx: Tx) -> int:
+    """The server process of an open transaction (through a transaction-mode pooler too, where the
+    connection's own backend pid is the pooler's stand-in)."""
+    row = tx.one("SELECT pg_backend_pid() AS pid")
+    assert row is not None
+    return int(row["pid"])
+
+
 def enqueue(tx: Tx, machine: str, user: str, n: int, session_id: UUID | None = None) -> None:
     """Issue n's start for a machine of org-a, in the caller's transaction."""
     enqueue_dispatch(
@@ -99,7 +125,7 @@ def test_a_release_that_waited_on_a_newer_claim_changes_nothing(
         ).fetchone()
         assert row is not None
         t, out = in_thread(lambda: release(pool, Settings(), o.id, old.queue_id, old.claim_token))
-        time.sleep(0.5)  # the release waits on the row
+        _blocked_by(pool, newer.info.backend_pid)  # the release waits on the row
         newer.commit()
     t.join(timeout=10)
     assert out[0].status == "claim_superseded"
@@ -132,7 +158,7 @@ def test_a_long_poll_that_starts_while_an_enqueue_commits_is_not_left_asleep(api
     with transaction(api.pool) as tx:
         enqueue(tx, oid, "user-1", 1)
         t, out = long_poll(api, token)
-        time.sleep(1.0)  # the long-poll has begun, and waits on the machine's row
+        _blocked_by(api.pool, _backend_of(tx))  # the long-poll has begun, and waits on the machine's row
     committed_at = time.monotonic()
     t.join(timeout=25)
     answer, answered_at = out[0]
@@ -158,7 +184,7 @@ def test_an_enqueue_that_was_held_up_while_a_long_poll_began_still_wakes_it(api:
             return time.monotonic()
 
         e, committed = in_thread(held_up_enqueue)
-        time.sleep(0.5)  # its statement has begun and waits on the session id
+        _blocked_by(api.pool, _backend_of(holder))  # its statement has begun and waits on the session id
         t, out = long_poll(api, token)
         time.sleep(1.0)  # the long-poll has marked the machine, looked, found nothing, and waits
         raise psycopg.Rollback()  # the holder ends; the held-up enqueue goes on and commits
@@ -241,7 +267,7 @@ def test_a_revoke_waits_for_an_enqueue_to_its_machine_and_moves_that_work(api: A
     with transaction(api.pool) as tx:
         enqueue(tx, revoked, "user-1", 1)
         t, out = in_thread(lambda: api.http.post(f"/orchestrators/{revoked}/revoke", headers=api.admin()))
-        time.sleep(0.5)  # the revoke has begun
+        _blocked_by(api.pool, _backend_of(tx))  # the revoke has begun and waits on the machine's row
     t.join(timeout=10)
     assert out[0].status_code == 200, out[0].text
     assert _queue_of(api) == [(other, "queued")]
@@ -260,7 +286,9 @@ def test_a_webhook_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, 
     with connect(db_url, autocommit=False) as revoker:
         revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
         t, out = in_thread(lambda: api.webhook(issue_event(issue_id="iss-held")))
-        time.sleep(0.5)  # the webhook has routed to the machine being revoked, and waits on it
+        _blocked_by(
+            api.pool, revoker.info.backend_pid
+        )  # the webhook routed to the machine being revoked, and waits
         revoker.execute(query("revoke_move_starts"), {"id": revoked})
         revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
         revoker.commit()
@@ -291,7 +319,7 @@ def test_two_machines_of_one_user_revoked_at_once_hand_their_work_to_the_third(a
     with connect(db_url, autocommit=False) as first:
         first.execute(query("orchestrator_revoke"), {"id": a})  # a's revoke, open
         t, out = in_thread(lambda: api.http.post(f"/orchestrators/{b}/revoke", headers=api.admin()))
-        time.sleep(0.5)  # b's revoke has begun
+        _blocked_by(api.pool, first.info.backend_pid)  # b's revoke has begun, and waits on a's row
         first.execute(query("revoke_move_starts"), {"id": a})
         first.execute(query("revoke_cancel_rest"), {"id": a, "reason": "revoked"})
         first.commit()
@@ -312,11 +340,13 @@ def test_a_stop_waits_for_the_start_its_agent_session_is_committing(api: Api, db
         # Holds the start's enqueue (which reads its machine's row FOR KEY SHARE) mid-transaction.
         holder.execute("SELECT 1 FROM orchestrators WHERE id = %s FOR UPDATE", (machine,))
         start_t, start = in_thread(lambda: api.webhook(agent_session_event(session_id="as-held")))
-        time.sleep(0.5)  # the start has recorded its delivery and waits on the machine's row
+        _blocked_by(
+            api.pool, holder.info.backend_pid
+        )  # the start recorded its delivery, waits on the machine's row
         stop_t, stop = in_thread(
             lambda: api.webhook(agent_session_event(session_id="as-held", action="prompted", signal="stop"))
         )
-        time.sleep(0.5)  # the stop has begun
+        _blocked_by(api.pool, count=2)  # the stop has begun, and waits on the start
         holder.rollback()
     start_t.join(timeout=10)
     stop_t.join(timeout=10)
@@ -324,20 +354,6 @@ def test_a_stop_waits_for_the_start_its_agent_session_is_committing(api: Api, db
     assert stop[0].status_code == 200, stop[0].text
     assert stop[0].json()["cancelledSessionIds"] == [start[0].json()["sessionId"]]
     assert _queue_of(api) == []
-
-
-def _blocked_by(api: Api, pid: int) -> None:
-    """Wait until some backend waits on a lock that the backend `pid` holds."""
-    deadline = time.monotonic() + 10
-    with api.pool.connection() as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
-            ).fetchone()
-            if row is not None and row["n"]:
-                return
-            time.sleep(0.02)
-    raise AssertionError(f"nothing waited on backend {pid}")
 
 
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
@@ -366,7 +382,7 @@ def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_write
             revoker.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (machine,))
         t, out = in_thread(lambda: api.webhook(event, delivery="delivery-every-choice-revoked"))
         for revoker in revokers:
-            _blocked_by(api, revoker.info.backend_pid)  # this round chose this machine, and waits
+            _blocked_by(api.pool, revoker.info.backend_pid)  # this round chose this machine, and waits
             revoker.commit()
     finally:
         for revoker in revokers:
@@ -427,7 +443,7 @@ def test_a_stop_or_revoke_racing_the_sweep_that_dead_letters_a_start_never_deadl
             t, out = in_thread(lambda: api.webhook(stop))
         else:
             t, out = in_thread(lambda: api.http.post(f"/orchestrators/{machine}/revoke", headers=api.admin()))
-        _blocked_by(api, sweeper.info.backend_pid)  # it waits for the start's row
+        _blocked_by(api.pool, sweeper.info.backend_pid)  # it waits for the start's row
         swept = sweeper.execute(
             query("sweep"),
             {
@@ -474,7 +490,7 @@ def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_d
         revoker.execute(query("orchestrator_revoke"), {"id": machine})  # the revoke, open
         stop = agent_session_event(session_id="as-revoked", action="prompted", signal="stop")
         t, out = in_thread(lambda: api.webhook(stop))
-        _blocked_by(api, revoker.info.backend_pid)  # the stop waits for the machine's row
+        _blocked_by(api.pool, revoker.info.backend_pid)  # the stop waits for the machine's row
         revoker.execute(query("revoke_move_starts"), {"id": machine})
         rest = revoker.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"}).fetchone()
         revoker.commit()
@@ -514,7 +530,7 @@ def test_a_batch_ack_racing_a_revoke_or_another_ack_never_deadlocks(
             other.execute(query("orchestrator_revoke"), {"id": machine})
         other.execute("SELECT 1 FROM dispatch_queue WHERE id = %s FOR UPDATE", (first["queueId"],))
         t, out = in_thread(lambda: api.post_as(token, "/ack", backwards))
-        _blocked_by(api, other.info.backend_pid)  # the batch ack waits for the first row
+        _blocked_by(api.pool, other.info.backend_pid)  # the batch ack waits for the first row
         if racer == "revoke":
             other.execute(query("revoke_move_starts"), {"id": machine})
             other.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"})
