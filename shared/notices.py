@@ -198,13 +198,7 @@ def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, 
                 else:
                     conn.execute(
                         query("notice_failed"),
-                        {
-                            "id": row["id"],
-                            "error": error,
-                            "max_attempts": settings.max_attempts,
-                            "base": settings.backoff_base_seconds,
-                            "cap": settings.backoff_cap_seconds,
-                        },
+                        {"id": row["id"], "error": error, **settings.retry_params()},
                     )
                     failed += 1
                     log.warning(

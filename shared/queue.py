@@ -240,6 +240,12 @@ class Released:
     notice_ids: tuple[UUID, ...] = ()
 
 
+def end_claim_params(settings: Settings, now: datetime | None = None) -> dict[str, Any]:
+    """The parameters of `end_claims` (queue.sql), which the release and the sweep share: the
+    attempt limit and the backoff `min(n² × base, cap)`, and the clock (None: the database's)."""
+    return {"now": now, **settings.retry_params()}
+
+
 def release(
     pool: Pool,
     settings: Settings,
@@ -257,10 +263,7 @@ def release(
         "orchestrator_id": orchestrator_id,
         "claim_token": claim_token,
         "reason": reason,
-        "now": now,
-        "max_attempts": settings.max_attempts,
-        "base": settings.backoff_base_seconds,
-        "cap": settings.backoff_cap_seconds,
+        **end_claim_params(settings, now),
     }
     with transaction(pool) as tx:
         row = tx.one(query("release"), params)
@@ -294,13 +297,7 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
     is one statement in its own transaction; concurrent sweeps split the rows between them (SKIP
     LOCKED) and never count one twice."""
     requeued = dead = 0
-    params = {
-        "now": now,
-        "batch": SWEEP_BATCH,
-        "max_attempts": settings.max_attempts,
-        "base": settings.backoff_base_seconds,
-        "cap": settings.backoff_cap_seconds,
-    }
+    params = {"batch": SWEEP_BATCH, **end_claim_params(settings, now)}
     while True:
         with pool.connection() as conn:  # one statement per batch: its own transaction
             row = conn.execute(query("sweep"), params).fetchone()

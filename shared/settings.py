@@ -121,6 +121,15 @@ class Settings(BaseModel):
         """Delay before attempt n+1 after the n-th failed delivery: min(n² × base, cap)."""
         return min(attempt * attempt * self.backoff_base_seconds, self.backoff_cap_seconds)
 
+    def retry_params(self) -> dict[str, int]:
+        """The attempt limit and the backoff, as the statements that retry (`end_claims`,
+        `notice_failed`) take them: `max_attempts`, and `base` and `cap` of min(n² × base, cap)."""
+        return {
+            "max_attempts": self.max_attempts,
+            "base": self.backoff_base_seconds,
+            "cap": self.backoff_cap_seconds,
+        }
+
 
 @cache
 def _variables(model: type[BaseModel]) -> tuple[str, ...]:

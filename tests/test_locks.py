@@ -18,7 +18,7 @@ import pytest
 from shared.db import Pool, Tx, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
 from shared.models import DispatchPayload
-from shared.queue import claim, enqueue_dispatch, release, sweep
+from shared.queue import claim, end_claim_params, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
@@ -435,7 +435,6 @@ def test_a_stop_or_revoke_racing_the_sweep_that_dead_letters_a_start_never_deadl
             r["session_id"] for r in conn.execute("SELECT session_id::text FROM dispatch_queue ORDER BY ctid")
         ]
     assert order == [prompt, start], "the follow-up's row must lie before the start's"
-    settings = api.settings
     with connect(db_url, autocommit=False) as sweeper:
         sweeper.execute("SELECT 1 FROM dispatch_queue WHERE session_id = %s FOR UPDATE", (start,))
         if racer == "stop":
@@ -444,16 +443,7 @@ def test_a_stop_or_revoke_racing_the_sweep_that_dead_letters_a_start_never_deadl
         else:
             t, out = in_thread(lambda: api.http.post(f"/orchestrators/{machine}/revoke", headers=api.admin()))
         _blocked_by(api.pool, sweeper.info.backend_pid)  # it waits for the start's row
-        swept = sweeper.execute(
-            query("sweep"),
-            {
-                "now": None,
-                "batch": 10,
-                "max_attempts": settings.max_attempts,
-                "base": settings.backoff_base_seconds,
-                "cap": settings.backoff_cap_seconds,
-            },
-        ).fetchone()
+        swept = sweeper.execute(query("sweep"), {"batch": 10, **end_claim_params(api.settings)}).fetchone()
         sweeper.commit()
     t.join(timeout=10)
     assert swept is not None and swept["dead_lettered"] == 1 and swept["failed"] == 2
