@@ -160,21 +160,11 @@ def _dispatch(
             issue=issue, agent_session_id=plan.agent_session_id, kind=kind, prompt=prompt
         ),
         delivery_key=delivery_key,
+        # Linear's first activity for a new agent session, written by the enqueue's own statement.
+        notice_queued=bool(plan.agent_session_id) and kind == "start" and delivery_key is not None,
     )
     sid = enq.session_id
-    told: list[UUID] = []
-    if plan.agent_session_id and kind == "start":
-        row = tx.one(
-            query("notice_dispatched"),
-            {
-                "org_id": org,
-                "session_id": sid,
-                "agent_session_id": plan.agent_session_id,
-                "issue_id": issue.id,
-                "orchestrator_id": orch,
-            },
-        )
-        told = [] if row is None else [row["id"]]
+    told: list[UUID] = [] if enq.notice_id is None else [enq.notice_id]
     answer: dict[str, Any] = {
         "status": "dispatched",
         "sessionId": str(sid),

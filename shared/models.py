@@ -64,3 +64,4 @@ class Enqueued(Wire):
     session_id: UUID
     queue_id: UUID
     message_id: UUID
+    notice_id: UUID | None = None  # the "Queued for <machine>" notice, when one was asked for and written

@@ -54,6 +54,7 @@ def enqueue_dispatch(
     session_id: UUID | None = None,
     now: datetime | None = None,
     delivery_key: str | None = None,
+    notice_queued: bool = False,
 ) -> Enqueued:
     """Create a `queued` session and queue its message for the orchestrator, in one statement of
     the caller's transaction. `tx` is required and must be open: there is no way to write a session
@@ -62,12 +63,25 @@ def enqueue_dispatch(
     The wake-up NOTIFY is sent by the same statement and delivered by Postgres only on commit.
     Raises MachineRevoked, having written nothing, when the machine is not active (its revoke may
     have committed while this statement waited for it). `delivery_key`: the webhook delivery this
-    message answers (the intake's), recorded as dispatched to the new session by the same statement."""
+    message answers (the intake's), recorded as dispatched to the new session by the same statement;
+    with it, `notice_queued` (an agent session's start) also writes Linear's "Queued for <machine>"
+    notice in that statement, for an org Linear is told about (`Enqueued.notice_id`)."""
     tx = require_tx(tx, "enqueue_dispatch")
     if not isinstance(message, DispatchPayload):
         raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
+    if notice_queued and (
+        delivery_key is None or message.agent_session_id is None or message.kind != "start"
+    ):
+        raise ValueError("notice_queued is for an agent session's start answering a webhook delivery")
+    name = (
+        "enqueue"
+        if delivery_key is None
+        else "enqueue_start_for_delivery"
+        if notice_queued
+        else "enqueue_for_delivery"
+    )
     row = tx.one(
-        query("enqueue" if delivery_key is None else "enqueue_for_delivery"),
+        query(name),
         {
             "session_id": session_id or uuid4(),
             "org_id": org_id,
@@ -84,7 +98,12 @@ def enqueue_dispatch(
     )
     if row is None:
         raise MachineRevoked(f"orchestrator {orchestrator_id} is not active")
-    return Enqueued(session_id=row["session_id"], queue_id=row["queue_id"], message_id=row["message_id"])
+    return Enqueued(
+        session_id=row["session_id"],
+        queue_id=row["queue_id"],
+        message_id=row["message_id"],
+        notice_id=row.get("notice_id"),
+    )
 
 
 def claim(

@@ -65,13 +65,3 @@ SELECT id FROM orchestrators
 WHERE org_id = %(org_id)s AND linear_user_id = %(route_user)s AND revoked_at IS NULL
 ORDER BY last_seen_at DESC NULLS LAST, created_at DESC, id
 LIMIT 1
-
--- name: notice_dispatched
--- In the intake transaction: "queued for <machine>" for an agent session, for orgs Linear is told
--- about (Linear shows the agent unresponsive without an activity within 10 s).
-INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
-SELECT %(org_id)s, %(session_id)s, 'dispatched', %(agent_session_id)s, %(issue_id)s, 'Queued for ' || o.name,
-       jsonb_build_object('type', 'thought', 'body', 'Queued for ' || o.name)
-FROM orchestrators o
-WHERE o.id = %(orchestrator_id)s AND devpilot_notifies(%(org_id)s)
-RETURNING id;

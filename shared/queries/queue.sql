@@ -54,19 +54,46 @@ FROM q;
 -- own: the delivery's UPDATE, even one that matches nothing, costs every other enqueue.)
 WITH
 -- include: enqueue_rows
-, delivered AS (
-    UPDATE webhook_deliveries d SET session_id = q.session_id, outcome = 'dispatched'
-    FROM q WHERE d.delivery_key = %(delivery_key)s
-)
+,
+-- include: delivery_dispatched
 SELECT q.session_id, q.id AS queue_id, q.message_id,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
 FROM q;
+
+-- name: enqueue_start_for_delivery
+-- `enqueue_for_delivery` for the start of an agent session, and in the same statement the
+-- "Queued for <machine>" thought for Linear (which shows the agent unresponsive without an
+-- activity within 10 s), for orgs Linear is told about: one round trip less per `created`
+-- webhook. The notice commits with the message or not at all; it is posted after the commit.
+WITH
+-- include: enqueue_rows
+,
+-- include: delivery_dispatched
+, told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT %(org_id)s, q.session_id, 'dispatched', %(agent_session_id)s, %(issue_id)s,
+           'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
+    FROM q JOIN target t ON t.id = q.orchestrator_id
+    WHERE devpilot_notifies(%(org_id)s)
+    RETURNING id
+)
+SELECT q.session_id, q.id AS queue_id, q.message_id, (SELECT id FROM told) AS notice_id,
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
+FROM q;
+
+-- name: delivery_dispatched
+-- A fragment, after `enqueue_rows`: the webhook delivery `delivery_key` recorded as dispatched to
+-- the new session `q`.
+delivered AS (
+    UPDATE webhook_deliveries d SET session_id = q.session_id, outcome = 'dispatched'
+    FROM q WHERE d.delivery_key = %(delivery_key)s
+)
 
 -- name: enqueue_rows
 -- A fragment, the CTEs of `enqueue` and `enqueue_for_delivery` (see `enqueue`): `target` (the
 -- machine's row, locked, if active), `s` (the session) and `q` (its queue row).
 target AS (
-    SELECT id, listening_until > now() AS listening
+    SELECT id, name, listening_until > now() AS listening
     FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
     FOR KEY SHARE
 ), s AS (
