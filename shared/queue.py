@@ -73,13 +73,12 @@ def enqueue_dispatch(
         delivery_key is None or message.agent_session_id is None or message.kind != "start"
     ):
         raise ValueError("notice_queued is for an agent session's start answering a webhook delivery")
-    name = (
-        "enqueue"
-        if delivery_key is None
-        else "enqueue_start_for_delivery"
-        if notice_queued
-        else "enqueue_for_delivery"
-    )
+    if delivery_key is None:
+        name = "enqueue"
+    elif notice_queued:
+        name = "enqueue_start_for_delivery"
+    else:
+        name = "enqueue_for_delivery"
     row = tx.one(
         query(name),
         {

@@ -90,8 +90,8 @@ delivered AS (
 )
 
 -- name: enqueue_rows
--- A fragment, the CTEs of `enqueue` and `enqueue_for_delivery` (see `enqueue`): `target` (the
--- machine's row, locked, if active), `s` (the session) and `q` (its queue row).
+-- A fragment, the CTEs of `enqueue`, `enqueue_for_delivery` and `enqueue_start_for_delivery` (see
+-- `enqueue`): `target` (the machine's row, locked, if active), `s` (the session) and `q` (its row).
 target AS (
     SELECT id, name, listening_until > now() AS listening
     FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
