@@ -491,6 +491,36 @@ def test_enqueue_refuses_a_message_that_is_not_a_dispatch_payload(
     assert counts(pool) == (0, 0)
 
 
+@pytest.mark.parametrize(
+    "message, delivery_key",
+    [
+        (DispatchPayload(issue=issue(1), agent_session_id="as-1"), None),  # no webhook delivery
+        (DispatchPayload(issue=issue(1)), "delivery-1"),  # no agent session
+        (DispatchPayload(issue=issue(1), agent_session_id="as-1", kind="prompt"), "delivery-1"),
+    ],
+)
+def test_enqueue_writes_the_queued_notice_only_for_an_agent_sessions_start_answering_a_webhook(
+    pool: Pool, make_orchestrator: MakeOrch, message: DispatchPayload, delivery_key: str | None
+) -> None:
+    """Linear's "Queued for <machine>" is the first activity of a new agent session, written by the
+    intake's enqueue. Asked for anything else, the enqueue refuses before writing a thing."""
+    o = make_orchestrator()
+    with (
+        pytest.raises(ValueError, match="notice_queued is for an agent session's start"),
+        transaction(pool) as tx,
+    ):
+        enqueue_dispatch(
+            tx,
+            org_id=o.org_id,
+            orchestrator_id=o.id,
+            linear_user_id=None,
+            message=message,
+            delivery_key=delivery_key,
+            notice_queued=True,
+        )
+    assert counts(pool) == (0, 0)
+
+
 def test_batch_ack_with_one_row_twice(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     enqueue_one(pool, o)
