@@ -137,12 +137,21 @@ def test_a_release_that_waited_on_a_newer_claim_changes_nothing(
     assert now["claim_token"] == row["claim_token"] and now["lease_expires_at"] is not None
 
 
-def test_a_long_poll_wakes_on_the_notify_not_the_recheck(api: Api) -> None:
+@pytest.mark.parametrize("event", ["issue_assigned", "agent_session_created"])
+def test_a_long_poll_wakes_on_the_notify_not_the_recheck(api: Api, event: str) -> None:
+    """Each statement that queues a webhook's message NOTIFYs a machine that is long-polling: an
+    issue's assignment, and an agent session's start (whose statement also writes Linear's first
+    thought)."""
     _, token = api.register()
     t, out = long_poll(api, token)
     time.sleep(1.0)  # waiting now (its first look found nothing)
     sent_at = time.monotonic()
-    api.webhook(issue_event(issue_id="wake"))
+    hook = (
+        issue_event(issue_id="wake")
+        if event == "issue_assigned"
+        else agent_session_event(session_id="as-wake")
+    )
+    assert api.webhook(hook).json()["status"] == "dispatched"
     t.join(timeout=25)
     answer, answered_at = out[0]
     assert len(answer["messages"]) == 1
