@@ -10,9 +10,11 @@ Idempotent: every resource is looked up first and updated when it exists, create
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import json
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -32,7 +34,12 @@ PREFIX = "devpilot"
 # Linear signatures) except scheduler-only routes, which IAM guards.
 TARGETS = tuple(t for t, _ in deployed_targets())
 PUBLIC = tuple(t for t, exposure in deployed_targets() if exposure == "public")
-RUNTIME = "python3.12"
+# The zip is built for the Python that builds it (3.11 or newer, as pyproject.toml requires; each is
+# a Lambda runtime): its wheels are that version's, and so is its bytecode, compiled at build time.
+# Lambda's /var/task is read-only, so a module shipped without bytecode for the runtime's version
+# is compiled again at every cold start (about a second more for this code and its dependencies).
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+RUNTIME = f"python{PYTHON}"
 LAMBDA_TRUST = {
     "Version": "2012-10-17",
     "Statement": [
@@ -145,8 +152,9 @@ def build_zip(out: Path, *, skip_dependencies: bool = False) -> Path:
                     "--implementation",
                     "cp",
                     "--python-version",
-                    "3.12",
+                    PYTHON,
                     "--only-binary=:all:",
+                    "--no-compile",  # compiled below, in the mode a read-only deployment needs
                     *deps,
                 ],
                 check=True,
@@ -156,6 +164,7 @@ def build_zip(out: Path, *, skip_dependencies: bool = False) -> Path:
         shutil.copytree(ROOT / "infra" / "migrations", build / "infra" / "migrations")
         shutil.copytree(ROOT / "infra" / "supabase", build / "infra" / "supabase")
         shutil.copy(ROOT / "infra" / "__init__.py", build / "infra" / "__init__.py")  # the schema's package
+        _compile(build)
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
             for path in sorted(build.rglob("*")):
                 if path.is_file():
@@ -163,6 +172,22 @@ def build_zip(out: Path, *, skip_dependencies: bool = False) -> Path:
     finally:
         shutil.rmtree(build, ignore_errors=True)
     return out
+
+
+def _compile(build: Path) -> None:
+    """Bytecode for every module in the zip, for this Python. Unchecked hash-based .pyc (PEP 552):
+    never compared with its source, whose modification time the zip does not keep exactly, so the
+    runtime uses it as it is. Our own code must compile; a dependency's file that does not (a test
+    or an example written for another Python) is left to be compiled if it is ever imported."""
+    mode = py_compile.PycInvalidationMode.UNCHECKED_HASH
+    for package in ("shared", "functions", "infra"):
+        if not compileall.compile_dir(build / package, quiet=1, invalidation_mode=mode):
+            raise RuntimeError(f"{package}/ did not compile for Python {PYTHON}")
+    for top in sorted(build.iterdir()):
+        if top.is_dir() and top.name not in ("shared", "functions", "infra"):
+            compileall.compile_dir(top, quiet=2, workers=0, invalidation_mode=mode)
+        elif top.suffix == ".py":
+            compileall.compile_file(top, quiet=2, invalidation_mode=mode)
 
 
 def _dependencies() -> list[str]:
@@ -358,7 +383,8 @@ def main(
         zip_bytes = b""
         printer(
             "build: pip install --platform manylinux2014_x86_64 --only-binary=:all: "
-            f"--python-version 3.12 --target <build> {' '.join(_dependencies())}; zip shared/ functions/ infra/"
+            f"--python-version {PYTHON} --no-compile --target <build> {' '.join(_dependencies())}; "
+            "compile every module (unchecked-hash .pyc); zip shared/ functions/ infra/"
         )
     else:
         out = Path(tempfile.mkdtemp()) / "devpilot-lambda.zip"

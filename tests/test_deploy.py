@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +62,41 @@ def test_zip_holds_the_code_and_migrations(code_zip: Path) -> None:
         "infra/supabase/0001_realtime.sql",
         "infra/__init__.py",
     } <= names
-    assert not any("__pycache__" in n for n in names)
+    # Bytecode for the runtime (this Python, PEP 3147 tag), built with the zip: never a stale local
+    # __pycache__, and every module of ours has it.
+    tag = sys.implementation.cache_tag
+    pycs = {n for n in names if n.endswith(".pyc")}
+    assert pycs and all(n.endswith(f".{tag}.pyc") for n in pycs), sorted(pycs)[:5]
+    for source in (n for n in names if n.endswith(".py")):
+        folder, _, module = source.rpartition("/")
+        assert f"{folder}/__pycache__/{module[:-3]}.{tag}.pyc" in pycs, source
+
+
+def test_the_zip_runs_its_compiled_code_without_looking_at_the_sources(
+    code_zip: Path, tmp_path: Path
+) -> None:
+    """Lambda's /var/task is read-only: code without bytecode for the runtime would be compiled
+    again at every cold start. The zip's bytecode is used as it is (unchecked hash, PEP 552: the
+    zip keeps no exact modification time to compare): here a source changed after the build is
+    not even read."""
+    task = tmp_path / "task"
+    zipfile.ZipFile(code_zip).extractall(task)
+    (task / "shared" / "queue.py").write_text("raise SystemExit('compiled at start')\n")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-B",
+            "-c",
+            "import functions.main as m, shared.queue as q; m.claim; print(q.__file__)",
+        ],
+        cwd=task,
+        env={**os.environ, "PYTHONPATH": str(task)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(task / "shared" / "queue.py")
 
 
 def test_lambda_deploy_creates_then_updates(
@@ -78,7 +113,11 @@ def test_lambda_deploy_creates_then_updates(
     assert set(functions) == {function_name(t) for t in TARGETS}
     for t in TARGETS:
         f = functions[function_name(t)]
-        assert f["Handler"] == f"functions.aws.{t}" and f["Runtime"] == "python3.12"
+        # The zip's wheels and bytecode are this Python's, and so is the runtime.
+        assert (
+            f["Handler"] == f"functions.aws.{t}"
+            and f["Runtime"] == f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        )
         assert f["Role"].endswith(":role/devpilot-lambda-execution")
         env = f["Environment"]["Variables"]
         assert env["DATABASE_URL"] == ENV["DATABASE_URL"] and env["DEVPILOT_ADMIN_TOKEN"] == "adm-token"
@@ -319,6 +358,8 @@ def test_zip_with_linux_wheels(tmp_path: Path) -> None:
     assert any(n.startswith("psycopg_binary") for n in names) and any(
         n.startswith("apig_wsgi") for n in names
     )
+    # The dependencies' bytecode is the runtime's too (not the building pip's own choice).
+    assert f"psycopg/__pycache__/__init__.{sys.implementation.cache_tag}.pyc" in names
 
 
 def test_the_api_shape_deploys_one_url_for_every_route_and_the_sweep_apart() -> None:
