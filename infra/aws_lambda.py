@@ -180,11 +180,12 @@ def _compile(build: Path) -> None:
     runtime uses it as it is. Our own code must compile; a dependency's file that does not (a test
     or an example written for another Python) is left to be compiled if it is ever imported."""
     mode = py_compile.PycInvalidationMode.UNCHECKED_HASH
-    for package in ("shared", "functions", "infra"):
+    ours = ("shared", "functions", "infra")
+    for package in ours:
         if not compileall.compile_dir(build / package, quiet=1, invalidation_mode=mode):
             raise RuntimeError(f"{package}/ did not compile for Python {PYTHON}")
     for top in sorted(build.iterdir()):
-        if top.is_dir() and top.name not in ("shared", "functions", "infra"):
+        if top.is_dir() and top.name not in ours:
             compileall.compile_dir(top, quiet=2, workers=0, invalidation_mode=mode)
         elif top.suffix == ".py":
             compileall.compile_file(top, quiet=2, invalidation_mode=mode)

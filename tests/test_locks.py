@@ -295,9 +295,8 @@ def test_a_webhook_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, 
     with connect(db_url, autocommit=False) as revoker:
         revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
         t, out = in_thread(lambda: api.webhook(issue_event(issue_id="iss-held")))
-        _blocked_by(
-            api.pool, revoker.info.backend_pid
-        )  # the webhook routed to the machine being revoked, and waits
+        # The webhook routed to the machine being revoked, and waits on it.
+        _blocked_by(api.pool, revoker.info.backend_pid)
         revoker.execute(query("revoke_move_starts"), {"id": revoked})
         revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
         revoker.commit()
@@ -349,9 +348,8 @@ def test_a_stop_waits_for_the_start_its_agent_session_is_committing(api: Api, db
         # Holds the start's enqueue (which reads its machine's row FOR KEY SHARE) mid-transaction.
         holder.execute("SELECT 1 FROM orchestrators WHERE id = %s FOR UPDATE", (machine,))
         start_t, start = in_thread(lambda: api.webhook(agent_session_event(session_id="as-held")))
-        _blocked_by(
-            api.pool, holder.info.backend_pid
-        )  # the start recorded its delivery, waits on the machine's row
+        # The start has recorded its delivery, and waits on the machine's row.
+        _blocked_by(api.pool, holder.info.backend_pid)
         stop_t, stop = in_thread(
             lambda: api.webhook(agent_session_event(session_id="as-held", action="prompted", signal="stop"))
         )
