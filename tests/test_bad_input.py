@@ -4,18 +4,21 @@ through the in-process app and through `devpilot serve` (Granian) itself."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from shared.db import Pool
 from shared.orchestrators import register
-from tests.helpers.api import SECRET, Api
+from tests.helpers.api import SECRET, Api, issue_event
 from tests.helpers.data import row_counts
 from tests.helpers.serving import free_port, start_serve, wait_healthy
 
@@ -39,6 +42,44 @@ def test_deep_nesting_is_400_everywhere_and_writes_nothing(
         assert r.status_code == 400
     assert row_counts(api.pool) == before
     assert "Traceback" not in caplog.text and "unhandled" not in caplog.text
+
+
+def test_a_nul_or_one_level_too_many_is_refused_and_what_only_looks_like_them_is_not(api: Api) -> None:
+    """Postgres cannot store U+0000 and nesting is capped at 64 levels. A body is searched only
+    where it could break either rule; these cases sit on each side of that line."""
+    api.register(user="user-1")
+
+    def nested(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = {"a": value}
+        return value
+
+    def hook(**extra: Any) -> dict[str, Any]:
+        event = issue_event(assignee="user-1", issue_id=f"issue-{uuid.uuid4()}")
+        event.update(extra)
+        return event
+
+    before = row_counts(api.pool)
+    nul, deep = "must not contain NUL", "nested deeper than 64 levels"
+    refused = [
+        (json.dumps(hook(note="a\x00b")).encode(), nul),  # in a value: json.dumps writes \u0000
+        (json.dumps(hook(**{"k\x00": 1})).encode(), nul),  # in a key
+        (json.dumps(hook(note="a\x00b")).encode("utf-16"), nul),  # a UTF-16 body is JSON too
+        (json.dumps(hook(deep=nested(64))).encode(), deep),  # 65 levels, with the event's own
+    ]
+    for body, why in refused:
+        r = api.webhook({}, raw=body)
+        assert (r.status_code, r.json()["error"]) == (400, "bad_request"), r.text
+        assert why in r.json()["detail"]
+    assert row_counts(api.pool) == before
+    accepted = [
+        json.dumps(hook(note="a\\u0000b")).encode(),  # an escaped backslash, then "u0000": no NUL
+        json.dumps(hook(note="{[" * 40, deep=nested(63))).encode(),  # 64 levels, brackets in a string
+    ]
+    for body in accepted:
+        r = api.webhook({}, raw=body)
+        assert (r.status_code, r.json()["status"]) == (200, "dispatched"), r.text
 
 
 def _sig(body: bytes) -> str:
