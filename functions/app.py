@@ -20,7 +20,7 @@ import flask
 import psycopg
 import psycopg_pool
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
-from werkzeug.routing import Map, Rule
+from werkzeug.routing import Map, MapAdapter, Rule
 
 from functions.logs import Fields
 from functions.routes import BY_NAME, ROUTES, Auth, Endpoint, Route
@@ -50,16 +50,21 @@ Handler = Callable[[flask.Request], flask.Response]
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
-def _url_map(routes: Iterable[Route], *, at_root: bool) -> tuple[Map, dict[str, tuple[Route, Endpoint]]]:
+Endpoints = dict[str, tuple[Route, Endpoint]]
+
+
+def _url_map(routes: Iterable[Route], *, at_root: bool) -> tuple[MapAdapter, Endpoints]:
+    """The routes' rules, bound once: a request is matched by its path and method alone (no rule
+    depends on the host or scheme), so nothing is bound per request."""
     rules: list[Rule] = []
-    endpoints: dict[str, tuple[Route, Endpoint]] = {}
+    endpoints: Endpoints = {}
     for route in routes:
         for i, ep in enumerate(route.endpoints):
             key = f"{route.name}:{i}"
             endpoints[key] = (route, ep)
             paths = [route.path + ep.rule] + ([ep.rule or "/"] if at_root else [])
             rules += [Rule(p, endpoint=key, methods=list(ep.methods)) for p in paths]
-    return Map(rules, strict_slashes=False, merge_slashes=False), endpoints
+    return Map(rules, strict_slashes=False, merge_slashes=False).bind(""), endpoints
 
 
 @cache
@@ -85,14 +90,12 @@ def _authorise(auth: Auth, request: flask.Request, rt: Runtime) -> tuple[Orchest
     return None, None
 
 
-def _answer(
-    url_map: Map, endpoints: dict[str, tuple[Route, Endpoint]], request: flask.Request
-) -> flask.Response:
+def _answer(routing: MapAdapter, endpoints: Endpoints, request: flask.Request) -> flask.Response:
     started = time.perf_counter()
     start_notes()
     name = "-"
     try:
-        key, args = url_map.bind_to_environ(request.environ).match()
+        key, args = routing.match(request.path, request.method)
         route, ep = endpoints[key]
         name = route.name
         rt = get_runtime()
@@ -135,7 +138,7 @@ def _answer(
 
 
 @cache
-def _every_route() -> tuple[Map, dict[str, tuple[Route, Endpoint]]]:
+def _every_route() -> tuple[MapAdapter, Endpoints]:
     # Built on first use, not at import: a one-route target never compiles the other routes' rules.
     return _url_map(ROUTES, at_root=False)
 
@@ -148,10 +151,10 @@ def serve_request(request: flask.Request) -> flask.Response:
 @cache
 def target(name: str) -> Handler:
     """One route as its own function (functions-framework target, Lambda handler)."""
-    url_map, endpoints = _url_map([BY_NAME[name]], at_root=True)
+    routing, endpoints = _url_map([BY_NAME[name]], at_root=True)
 
     def handle(request: flask.Request) -> flask.Response:
-        return _answer(url_map, endpoints, request)
+        return _answer(routing, endpoints, request)
 
     handle.__name__ = handle.__qualname__ = name
     return handle
@@ -177,4 +180,13 @@ def wsgi(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[by
     which cost more server CPU than an empty claim's own work (bench/: server CPU per request).
     Views see the same `flask.Request`; nothing here reads Flask's per-request globals.
     """
-    return serve_request(flask.Request(environ))(environ, start_response)
+    resp = serve_request(flask.Request(environ))
+    chunks = resp(environ, start_response)
+    if not resp.is_sequence:  # (nothing streams today; a stream would go out as it comes)
+        return chunks
+    # A body already in memory goes back as a list: Granian hands a list to its HTTP side in one
+    # piece, where any other iterable costs a hand-off between threads per chunk and at its end.
+    try:
+        return list(chunks)
+    finally:
+        resp.close()  # (what the iterable's close would have run: the response's own close)

@@ -8,14 +8,18 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from uuid import UUID
 
 import psycopg
 import pytest
 
+from functions.app import wsgi
 from shared.db import Pool, open_pool, transaction
 from shared.settings import Settings
 from tests.helpers.api import Api, issue_event
@@ -173,3 +177,37 @@ def test_each_poll_is_logged_with_the_machine_that_made_it(
     assert [p.get("orchestratorId") for p in polls] == [mine, other, mine]
     acks = [line for line in lines if line.get("route") == "ack"]
     assert [a.get("orchestratorId") for a in acks] == [other, mine]
+
+
+def test_the_served_app_hands_back_each_body_whole_and_a_head_none(api: Api) -> None:
+    """`devpilot serve`'s WSGI app returns a body it holds as a list of bytes: Granian sends a list
+    in one piece, while any other iterable costs thread hand-offs per request (bench: server CPU
+    per empty claim 0.475 -> 0.428 ms). A HEAD still gets its headers and no body."""
+    _, token = api.register()
+    answers: list[tuple[str, dict[str, str]]] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: object = None) -> None:
+        answers.append((status, dict(headers)))
+
+    def call(method: str, path: str, body: bytes = b"", **headers: str) -> Iterable[bytes]:
+        environ = {
+            "REQUEST_METHOD": method,
+            "PATH_INFO": path,
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "8080",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(body),
+            "CONTENT_LENGTH": str(len(body)),
+            **{f"HTTP_{k.upper()}": v for k, v in headers.items()},
+        }
+        return wsgi(environ, start_response)  # type: ignore[arg-type]
+
+    got = call("POST", "/claim", b'{"max": 1}', authorization=f"Bearer {token}")
+    assert isinstance(got, list) and len(got) == 1
+    assert answers[-1][0].startswith("200") and json.loads(got[0]) == {"messages": []}
+    got = call("GET", "/healthz")
+    assert isinstance(got, list) and json.loads(b"".join(got)) == {"ok": True}
+    got = call("HEAD", "/healthz")
+    assert got == [] and answers[-1][0].startswith("200")
+    assert int(answers[-1][1]["Content-Length"]) == len(b'{"ok":true}')
