@@ -32,6 +32,7 @@ from functions.web import (
     View,
     bearer,
     error,
+    is_routine,
     notes,
     require_admin,
     require_agent,
@@ -127,13 +128,15 @@ def _answer(routing: MapAdapter, endpoints: Endpoints, request: flask.Request) -
     resp.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
     elapsed = time.perf_counter() - started
     observe_route(name, elapsed)
-    line = {
-        "route": name,
-        "method": request.method,
-        "status": resp.status_code,
-        "ms": round(elapsed * 1000, 2),
-    }
-    log.info("%s", Fields({**line, **notes()}))
+    level = logging.DEBUG if is_routine() else logging.INFO
+    if log.isEnabledFor(level):
+        line = {
+            "route": name,
+            "method": request.method,
+            "status": resp.status_code,
+            "ms": round(elapsed * 1000, 2),
+        }
+        log.log(level, "%s", Fields({**line, **notes()}))
     return resp
 
 

@@ -16,7 +16,7 @@ import flask
 
 from functions.bodies import ClaimBody
 from functions.telemetry import count
-from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator
+from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator, routine
 from shared.dispatch import Refused
 
 
@@ -38,4 +38,6 @@ def claim(call: Call) -> flask.Response:
     count("claimed", len(messages))
     if messages:
         note(queueId=",".join(str(m.queue_id) for m in messages[:5]), claimed=len(messages))
+    elif not call.rt.settings.log_empty_polls:
+        routine()  # (last_seen_at and /metrics still show the machine polling)
     return reply({"messages": [m.wire() for m in messages]})

@@ -42,6 +42,16 @@ def error(status: int, code: str, detail: str, headers: dict[str, str] | None = 
 
 def start_notes() -> None:
     _ctx.fields = {}
+    _ctx.routine = False
+
+
+def routine() -> None:
+    """This request's line is routine (an empty poll): logged at debug level, not info."""
+    _ctx.routine = True
+
+
+def is_routine() -> bool:
+    return bool(getattr(_ctx, "routine", False))
 
 
 def notes() -> dict[str, Any]:

@@ -78,6 +78,9 @@ class Settings(BaseModel):
         default="https://api.linear.app/oauth/token", validation_alias="LINEAR_OAUTH_TOKEN_URL"
     )
     metrics_enabled: bool = Field(default=False, validation_alias="DEVPILOT_METRICS")
+    # An empty poll is logged at debug level unless this is set: an idle fleet's polls are most of
+    # its requests, and on Cloud Run and Lambda every line is billed log ingestion.
+    log_empty_polls: bool = Field(default=False, validation_alias="DEVPILOT_LOG_EMPTY_POLLS")
 
     supabase_url: str | None = Field(default=None, validation_alias="SUPABASE_URL")
     supabase_anon_key: str | None = Field(default=None, validation_alias="SUPABASE_ANON_KEY")

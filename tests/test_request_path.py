@@ -157,26 +157,44 @@ def test_a_poll_answers_the_callers_own_work_only(api: Api) -> None:
     assert m["messageId"] == sent["messageId"] and m["orchestratorId"] == mine_id
 
 
+@pytest.mark.parametrize(
+    "api_overrides", [{}, {"DEVPILOT_LOG_EMPTY_POLLS": True}], ids=["default", "every-poll"]
+)
 def test_each_poll_is_logged_with_the_machine_that_made_it(
-    api: Api, caplog: pytest.LogCaptureFixture
+    api: Api, api_overrides: dict[str, object], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Operators tell machines apart in the request log: the poll route learns who is calling in
-    its one statement, and its log line names that machine (an empty poll as much as a full one)."""
-    caplog.set_level(logging.INFO)
+    its one statement, and its log line names that machine. An empty poll's line is a debug line
+    unless DEVPILOT_LOG_EMPTY_POLLS is set (an idle fleet's polls are most of its log bill); a poll
+    that claims something, and every other request, is an info line."""
+    caplog.set_level(logging.DEBUG, logger="devpilot.request")
     mine, token = api.register()
     other, other_token = api.register(user="user-2", name="desktop")
     api.webhook(issue_event())
-    for t in (token, other_token, token):
+    for t in (token, other_token, token):  # mine claims the work, then the other and mine poll empty
         assert api.post_as(t, "/claim").status_code == 200
+    assert api.post_as(token, "/claim", {"waitSeconds": 1}).json() == {"messages": []}  # a long-poll too
+    assert api.post_as("dpo_wrong", "/claim").status_code == 401
     nothing = {"queueId": str(UUID(int=1)), "claimToken": str(UUID(int=2))}
     for t in (other_token, token):  # and so does the ack, which learns it in its one statement too
         assert api.post_as(t, "/ack", nothing).status_code == 404
     # (a request line is logged as "%s" with its fields as the one mapping argument)
-    lines = [r.args for r in caplog.records if isinstance(r.args, dict)]
-    polls = [line for line in lines if line.get("route") == "claim"]
-    assert [p.get("orchestratorId") for p in polls] == [mine, other, mine]
-    acks = [line for line in lines if line.get("route") == "ack"]
-    assert [a.get("orchestratorId") for a in acks] == [other, mine]
+    lines = [(r.levelno, r.args) for r in caplog.records if isinstance(r.args, dict)]
+    polls = [
+        (level, line.get("orchestratorId"), line["status"])
+        for level, line in lines
+        if line["route"] == "claim"
+    ]
+    empty = logging.INFO if api_overrides else logging.DEBUG
+    assert polls == [
+        (logging.INFO, mine, 200),
+        (empty, other, 200),
+        (empty, mine, 200),
+        (empty, mine, 200),
+        (logging.INFO, None, 401),
+    ]
+    acks = [(level, line.get("orchestratorId")) for level, line in lines if line["route"] == "ack"]
+    assert acks == [(logging.INFO, other), (logging.INFO, mine)]
 
 
 def test_the_served_app_hands_back_each_body_whole_and_a_head_none(api: Api) -> None:
