@@ -312,6 +312,12 @@ def test_lambda_dry_run_prints_the_calls_in_order() -> None:
     ]
     assert calls[0] == "iam.create_role" and calls[-1] == "scheduler.create_schedule"
     assert calls.count("lambda.create_function") == len(TARGETS)
+    # Lambda's own START and REPORT lines per invocation are not written (billed like ours; the
+    # moto run above checks the setting's shape against botocore's model, moto keeps no copy).
+    creates = [line for line in r.stdout.splitlines() if line.startswith("lambda.create_function ")]
+    for line in creates:
+        config = json.loads(line.split(" ", 1)[1])["LoggingConfig"]
+        assert config == {"LogFormat": "JSON", "ApplicationLogLevel": "INFO", "SystemLogLevel": "WARN"}
     assert calls.count("lambda.create_function_url_config") == len(TARGETS)
     assert calls.count("lambda.add_permission") == 2 * (len(TARGETS) - 1)  # both, on every public URL
     grants = [line for line in r.stdout.splitlines() if line.startswith("lambda.add_permission")]
