@@ -30,10 +30,12 @@ Settings (environment):
              SECRET_ADMIN_TOKEN (default devpilot-admin-token);
              optional SECRET_DATABASE_LISTEN_URL, SECRET_ENCRYPTION_KEYS (DEVPILOT_ENCRYPTION_KEYS),
              SECRET_LINEAR_CLIENT_ID, SECRET_LINEAR_CLIENT_SECRET (the Linear OAuth app),
-             DEVPILOT_PUBLIC_URL, DEVPILOT_TRANSACTION_POOLER=1 (behind a pooler).
+             DEVPILOT_PUBLIC_URL, DEVPILOT_TRANSACTION_POOLER=1 (behind a pooler),
+             DEVPILOT_LOG_EMPTY_POLLS=1 (a log line for every poll, even one that finds nothing).
   lambda:    AWS_REGION, DATABASE_URL, LINEAR_WEBHOOK_SECRET, DEVPILOT_ADMIN_TOKEN (AWS credentials as
              boto3 finds them); optional DATABASE_LISTEN_URL, DEVPILOT_TRANSACTION_POOLER, SUPABASE_*,
-             DEVPILOT_ENCRYPTION_KEYS, LINEAR_CLIENT_ID, LINEAR_CLIENT_SECRET, DEVPILOT_PUBLIC_URL.
+             DEVPILOT_ENCRYPTION_KEYS, LINEAR_CLIENT_ID, LINEAR_CLIENT_SECRET, DEVPILOT_PUBLIC_URL,
+             DEVPILOT_LOG_EMPTY_POLLS.
   migrate:   MIGRATE_DATABASE_URL or DATABASE_URL.
 It is idempotent: a second run updates what the first created.
 USAGE
@@ -97,6 +99,7 @@ cloudrun() {
   for m in "${mounts[@]}"; do secrets+="${secrets:+,}$m:latest"; done
   local envs="DEVPILOT_TRANSACTION_POOLER=${DEVPILOT_TRANSACTION_POOLER:-0}"
   [ -n "${DEVPILOT_PUBLIC_URL:-}" ] && envs+=",DEVPILOT_PUBLIC_URL=$DEVPILOT_PUBLIC_URL"
+  [ -n "${DEVPILOT_LOG_EMPTY_POLLS:-}" ] && envs+=",DEVPILOT_LOG_EMPTY_POLLS=$DEVPILOT_LOG_EMPTY_POLLS"
 
   run gcloud services enable run.googleapis.com cloudbuild.googleapis.com cloudscheduler.googleapis.com \
     secretmanager.googleapis.com --project "$p"

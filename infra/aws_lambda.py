@@ -68,6 +68,7 @@ PASSED_THROUGH = (
     "LINEAR_CLIENT_ID",
     "LINEAR_CLIENT_SECRET",
     "DEVPILOT_PUBLIC_URL",
+    "DEVPILOT_LOG_EMPTY_POLLS",
 )
 
 
@@ -103,8 +104,8 @@ def function_name(target: str) -> str:
 
 
 # Lambda writes a START and a REPORT line of its own for every invocation, billed as log ingestion
-# like ours: on an idle fleet (one poll per machine every few seconds) they cost about as much as
-# the functions. At system level WARN they are not written (Duration and Errors stay in
+# like ours: an idle fleet polling every few seconds makes billions of invocations a month
+# (bench/README.md). At system level WARN they are not written (Duration and Errors stay in
 # CloudWatch's metrics); the JSON format is what lets Lambda read our lines' "level".
 LOGGING = {"LogFormat": "JSON", "ApplicationLogLevel": "INFO", "SystemLogLevel": "WARN"}
 

@@ -23,6 +23,7 @@ ENV = {
     "LINEAR_WEBHOOK_SECRET": "lin-secret",
     "DEVPILOT_ADMIN_TOKEN": "adm-token",
     "DEVPILOT_TRANSACTION_POOLER": "1",
+    "DEVPILOT_LOG_EMPTY_POLLS": "1",
 }
 # What the deploy must cover: every deployed row of the one route table.
 TARGETS = tuple(r.name for r in ROUTES if r.deployed)
@@ -122,6 +123,7 @@ def test_lambda_deploy_creates_then_updates(
         env = f["Environment"]["Variables"]
         assert env["DATABASE_URL"] == ENV["DATABASE_URL"] and env["DEVPILOT_ADMIN_TOKEN"] == "adm-token"
         assert env["LINEAR_WEBHOOK_SECRET"] == "lin-secret" and env["DEVPILOT_TRANSACTION_POOLER"] == "1"
+        assert env["DEVPILOT_LOG_EMPTY_POLLS"] == "1"
         url = lam.get_function_url_config(FunctionName=function_name(t))
         assert url["AuthType"] == ("AWS_IAM" if t == "sweep" else "NONE")
     url_lines = [line for line in out if ": https://" in line]
@@ -200,6 +202,15 @@ def test_cloudrun_dry_run_plan() -> None:
     lines = r.stdout.splitlines()
     deploys = [line for line in lines if line.startswith("gcloud run deploy ")]
     assert len(deploys) == len(TARGETS)
+    assert not any("DEVPILOT_LOG_EMPTY_POLLS" in d for d in deploys)  # (off unless asked for)
+    asked = run_deploy(
+        "cloudrun",
+        "--dry-run",
+        env={"GCP_PROJECT": "acme-prod", "GCP_REGION": "europe-west1", "DEVPILOT_LOG_EMPTY_POLLS": "1"},
+    )
+    asked_deploys = [line for line in asked.stdout.splitlines() if line.startswith("gcloud run deploy ")]
+    assert len(asked_deploys) == len(TARGETS)
+    assert all("DEVPILOT_LOG_EMPTY_POLLS=1" in d for d in asked_deploys)
     for t in TARGETS:
         [line] = [d for d in deploys if f" --function {t} " in d]
         assert f"gcloud run deploy devpilot-{t.replace('_', '-')} --source . " in line
