@@ -127,8 +127,8 @@ def main() -> int:
         )
         out["idle_fleet_cost"] = cost.table(measured)
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "idle-fleet-cost.md").write_text(cost.markdown(out["idle_fleet_cost"], measured))
-        print(cost.markdown(out["idle_fleet_cost"], measured))
+        (RESULTS / "idle-fleet-cost.md").write_text(cost.report(measured))
+        print(cost.report(measured))
         sizes = [10_000, 50_000] if q else [10_000, 100_000, 1_000_000]
         out["scaling"] = core.scaling(lambda label: s.fresh(label), sizes)
         print(f"scaling: {json.dumps(out['scaling'])}")

@@ -11,20 +11,36 @@ List prices (USD, on-demand, before free tiers, read on 2026-12-03):
 - AWS Lambda, x86, first 6 billion GB-seconds a month: $0.0000166667 per GB-second (billed in 1 ms
   steps), $0.20 per million requests; a Function URL adds nothing.
   https://aws.amazon.com/lambda/pricing/
+- Log ingestion: Cloud Logging $0.50 per GiB (https://cloud.google.com/stackdriver/pricing);
+  CloudWatch Logs, Lambda's logs, $0.50 per GB for the first 10 TB a month
+  (https://aws.amazon.com/cloudwatch/pricing/). Both are taken as $0.50 per GiB here.
 Free tiers (Cloud Run 180k vCPU-s, 360k GiB-s and 2 M requests a month; Lambda 1 M requests and
-400k GB-s) are left out: at these volumes they are a rounding error, and the table compares modes.
+400k GB-s; Cloud Logging 50 GiB a month) are left out: at these volumes they are a rounding error,
+and the table compares modes.
+
+    python -m bench.cost [bench/results/latest.json]
+
+prints the tables again from a run's figures (the prices or the model changed, not the code measured).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import sys
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from functions.logs import Fields, StructuredFormatter
 
 MONTH_S = 30.44 * 86_400
 
 CLOUD_RUN = {"vcpu_s": 0.000024, "gib_s": 0.0000025, "per_million": 0.40}
 LAMBDA = {"gb_s": 0.0000166667, "per_million": 0.20}
+LOG_USD_PER_GIB = 0.50
 
 # The deployment as deploy.sh makes it: Cloud Run defaults (1 vCPU, 512 MiB, 80 concurrent requests
 # per instance, autoscaling towards 60 % CPU); Lambda 512 MB (infra/aws_lambda.py).
@@ -114,3 +130,72 @@ def markdown(rows: list[dict[str, Any]], m: Measured) -> str:
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
+
+
+def request_line_bytes() -> int:
+    """One empty poll's request line as the service writes it (JSON, newline included), made by the
+    service's own formatter: what each logged poll adds to the log bill, before the platform's
+    metadata around it."""
+    fields = Fields(route="claim", method="POST", status=200, ms=1.23, orchestratorId=str(uuid.uuid4()))
+    record = logging.LogRecord("devpilot.request", logging.INFO, __file__, 0, "%s", (fields,), None)
+    return len(StructuredFormatter(as_json=True).format(record).encode()) + 1
+
+
+def log_rows(rows: list[dict[str, Any]], line_bytes: int) -> list[dict[str, Any]]:
+    """Our own request lines a month for each row of the table: by default an empty poll is a debug
+    line (not written), so only the realtime mode's token renewals are logged; with
+    DEVPILOT_LOG_EMPTY_POLLS=1 every request is."""
+    out = []
+    for r in rows:
+        every = r["requests_per_month"]
+        default = r["machines"] / REALTIME_TOKEN_S * MONTH_S if r["mode"] == "realtime" else 0.0
+        out.append(
+            {
+                "machines": r["machines"],
+                "mode": r["mode"],
+                "lines_default": round(default),
+                "usd_default": round(default * line_bytes / 2**30 * LOG_USD_PER_GIB, 2),
+                "lines_every_poll": every,
+                "gib_every_poll": round(every * line_bytes / 2**30, 1),
+                "usd_every_poll": round(every * line_bytes / 2**30 * LOG_USD_PER_GIB, 2),
+            }
+        )
+    return out
+
+
+def logs_markdown(rows: list[dict[str, Any]], line_bytes: int) -> str:
+    head = (
+        f"Our request lines ({line_bytes} bytes each, before the platform's metadata), at "
+        f"${LOG_USD_PER_GIB:.2f} per GiB:\n\n"
+        "| machines | waiting by | lines / month (default) | $ / month (default) "
+        "| lines / month (DEVPILOT_LOG_EMPTY_POLLS=1) | GiB / month | $ / month |\n"
+        "|---:|---|---:|---:|---:|---:|---:|\n"
+    )
+    lines = [
+        f"| {r['machines']:,} | {r['mode']} | {r['lines_default']:,} | {r['usd_default']:,.2f} "
+        f"| {r['lines_every_poll']:,} | {r['gib_every_poll']:,} | {r['usd_every_poll']:,.2f} |"
+        for r in log_rows(rows, line_bytes)
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
+def report(m: Measured) -> str:
+    """The idle-fleet tables as bench/results/idle-fleet-cost.md holds them."""
+    rows = table(m)
+    return markdown(rows, m) + "\n" + logs_markdown(rows, request_line_bytes())
+
+
+def main(argv: list[str]) -> int:
+    path = Path(argv[0] if argv else Path(__file__).parent / "results" / "latest.json")
+    run = json.loads(path.read_text())
+    m = Measured(
+        cpu_ms=run["server_cpu_ms"]["empty_claim"],
+        wall_ms=run["server_cpu_ms"]["empty_claim_wall_ms"],
+        db_us=round(run["idle"]["force_generic_plan"]),
+    )
+    print(report(m), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
