@@ -149,6 +149,7 @@ def log_rows(rows: list[dict[str, Any]], line_bytes: int) -> list[dict[str, Any]
     for r in rows:
         every = r["requests_per_month"]
         default = r["machines"] / REALTIME_TOKEN_S * MONTH_S if r["mode"] == "realtime" else 0.0
+        gib = every * line_bytes / 2**30
         out.append(
             {
                 "machines": r["machines"],
@@ -156,8 +157,8 @@ def log_rows(rows: list[dict[str, Any]], line_bytes: int) -> list[dict[str, Any]
                 "lines_default": round(default),
                 "usd_default": round(default * line_bytes / 2**30 * LOG_USD_PER_GIB, 2),
                 "lines_every_poll": every,
-                "gib_every_poll": round(every * line_bytes / 2**30, 1),
-                "usd_every_poll": round(every * line_bytes / 2**30 * LOG_USD_PER_GIB, 2),
+                "gib_every_poll": round(gib, 1),
+                "usd_every_poll": round(gib * LOG_USD_PER_GIB, 2),
             }
         )
     return out
