@@ -71,7 +71,15 @@ def raw_body(request: flask.Request) -> bytes:
     length = request.content_length
     if length is not None and length > MAX_BODY:
         raise ApiError(413, "too_large", f"body over {MAX_BODY} bytes")
-    data = request.stream.read(MAX_BODY + 1)
+    if length is not None:
+        # The declared length, read from the server's own stream (without the wrapper Werkzeug's
+        # `request.stream` builds on every request). A body that ends short is refused: one read
+        # through that wrapper handed back the part that came as if it were the request.
+        data: bytes = request.environ["wsgi.input"].read(length)
+        if len(data) < length:
+            raise ApiError(400, "bad_request", "the body ended before its Content-Length")
+        return data
+    data = request.stream.read(MAX_BODY + 1)  # no length (chunked): at most one byte over the cap
     if len(data) > MAX_BODY:
         raise ApiError(413, "too_large", f"body over {MAX_BODY} bytes")
     return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -218,6 +219,30 @@ def test_too_large_body_is_413(api: Api) -> None:
     big = b"{" + b" " * (1024 * 1024 + 10) + b"}"
     r = api.http.post("/webhook", content=big, headers={"Linear-Signature": "00"})
     assert r.status_code == 413 and r.json()["error"] == "too_large"
+
+
+def test_a_body_shorter_than_its_content_length_is_refused_and_writes_nothing(api: Api) -> None:
+    # A client that declares more than it sends and hangs up: the part that arrived is complete,
+    # valid JSON, and still not taken as the request.
+    body = json.dumps({"orgId": "org-a", "linearUserId": "user-1", "name": "half"}).encode()
+    host, port = api.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /orchestrators HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + api.admin()["Authorization"].split()[1].encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body) + 20).encode()
+            + b"\r\nConnection: close\r\n\r\n"
+            + body
+        )
+        s.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"400", head
+    assert json.loads(payload)["error"] == "bad_request"
+    assert api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"] == []
 
 
 # --- orchestrators -------------------------------------------------------------------------------
