@@ -49,6 +49,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("devpilot.request")
 Handler = Callable[[flask.Request], flask.Response]
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+# Nothing this service answers is meant to be framed (the dashboard least of all); a page that
+# sets its own policy keeps it. Lowercase name, header, value.
+FRAMING = (
+    ("x-frame-options", "X-Frame-Options", "DENY"),
+    ("content-security-policy", "Content-Security-Policy", "frame-ancestors 'none'"),
+)
 
 
 Endpoints = dict[str, tuple[Route, Endpoint]]
@@ -123,9 +129,12 @@ def _answer(routing: MapAdapter, endpoints: Endpoints, request: flask.Request) -
     except Exception:
         log.exception("unhandled error on %s", name)
         resp = error(500, "internal", "unexpected server error")
-    # Nothing this service answers is meant to be framed (the dashboard least of all).
-    resp.headers.setdefault("X-Frame-Options", "DENY")
-    resp.headers.setdefault("Content-Security-Policy", "frame-ancestors 'none'")
+    # The names are scanned once: Werkzeug looks up a header that is absent by raising and
+    # catching an HTTP exception, which `setdefault` did twice on every answer.
+    present = {name.lower() for name, _ in resp.headers}
+    for lower, name, value in FRAMING:
+        if lower not in present:
+            resp.headers.add(name, value)
     elapsed = time.perf_counter() - started
     observe_route(name, elapsed)
     level = logging.DEBUG if is_routine() else logging.INFO

@@ -245,6 +245,23 @@ def test_a_body_shorter_than_its_content_length_is_refused_and_writes_nothing(ap
     assert api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"] == []
 
 
+def test_every_answer_forbids_framing_once(api: Api) -> None:
+    # JSON answers, errors of every kind, and pages that set their own policy (the dashboard's).
+    answers = {
+        "healthz": api.http.get("/healthz"),
+        "claim without a token": api.http.post("/claim", json={}),
+        "no such path": api.http.get("/nowhere"),
+        "wrong method": api.http.get("/claim"),
+        "bad body": api.http.post("/orchestrators", content=b"[", headers=api.admin()),
+        "dashboard page": api.http.get("/dashboard/login"),
+    }
+    for what, r in answers.items():
+        assert r.headers.get_list("x-frame-options") == ["DENY"], what
+        policies = r.headers.get_list("content-security-policy")
+        assert len(policies) == 1 and "frame-ancestors 'none'" in policies[0], (what, policies)
+    assert answers["dashboard page"].headers["content-security-policy"] != "frame-ancestors 'none'"
+
+
 # --- orchestrators -------------------------------------------------------------------------------
 
 
