@@ -17,15 +17,15 @@ from psycopg.types.json import Jsonb
 
 from shared import orchestrators, queue
 from shared.db import Pool, transaction
-from shared.linear import Webhook
 from shared.models import TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query
 from shared.wakeups import Wakeups
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the webhook's modules load with the webhook route, not with every route)
     from shared import linear_auth, notices
+    from shared.linear import Webhook
 
 log = logging.getLogger("devpilot.dispatch")
 
