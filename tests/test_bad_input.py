@@ -127,3 +127,32 @@ def test_a_client_gone_mid_body_and_odd_signatures_on_the_real_server(
     _, stderr = proc.communicate(timeout=30)
     assert '"route":"claim"' in stderr  # its request log is here, and nothing went wrong in it
     assert "Traceback" not in stderr and '"status":500' not in stderr
+
+
+def test_a_large_body_sent_in_pieces_is_read_whole_by_the_real_server(
+    served: tuple[str, str, subprocess.Popen[str]], pool: Pool
+) -> None:
+    # The app reads a body's declared length in one read of the server's stream: a body that
+    # arrives in pieces, with pauses between them, is still read whole (and one that ends short is
+    # refused, in tests/test_http.py).
+    url, token, _ = served
+    event = issue_event(assignee="u", issue_id="big")
+    event["data"]["description"] = "d" * 900_000
+    body = json.dumps(event).encode()
+    head = (
+        f"POST /webhook HTTP/1.1\r\nHost: x\r\nLinear-Signature: {_sig(body)}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as s:
+        s.sendall(head + body[:1000])
+        for start in range(1000, len(body), 300_000):
+            time.sleep(0.3)
+            s.sendall(body[start : start + 300_000])
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    status, _, payload = answer.partition(b"\r\n\r\n")
+    assert status.split()[1] == b"200", status
+    assert json.loads(payload)["status"] == "dispatched"
+    r = httpx.post(url + "/claim", json={}, headers={"Authorization": f"Bearer {token}"})
+    assert [m["issue"]["description"] for m in r.json()["messages"]] == ["d" * 900_000]
