@@ -131,10 +131,10 @@ def _answer(routing: MapAdapter, endpoints: Endpoints, request: flask.Request) -
         resp = error(500, "internal", "unexpected server error")
     # The names are scanned once: Werkzeug looks up a header that is absent by raising and
     # catching an HTTP exception, which `setdefault` did twice on every answer.
-    present = {name.lower() for name, _ in resp.headers}
-    for lower, name, value in FRAMING:
+    present = {header.lower() for header, _ in resp.headers}
+    for lower, header, value in FRAMING:
         if lower not in present:
-            resp.headers.add(name, value)
+            resp.headers.add(header, value)
     elapsed = time.perf_counter() - started
     observe_route(name, elapsed)
     level = logging.DEBUG if is_routine() else logging.INFO
