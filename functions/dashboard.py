@@ -21,6 +21,7 @@ import flask
 
 from functions.runtime import Runtime
 from functions.web import Call, bearer, raw_body, require_admin
+from shared.db import lend
 from shared.sql import query
 from shared.status import Snapshot, format_age, snapshot
 
@@ -37,7 +38,7 @@ def _hash(session: str) -> bytes:
 
 
 def _one(rt: Runtime, name: str, params: dict[str, Any]) -> Any:
-    with rt.pool.connection() as conn:
+    with lend(rt.pool) as conn:
         return conn.execute(query(name), params).fetchone()
 
 
@@ -203,11 +204,11 @@ def login(call: Call) -> flask.Response:
     token = (form.get("token") or [""])[0]
     expected = call.rt.settings.admin_token
     if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
-        with call.rt.pool.connection() as conn:
+        with lend(call.rt.pool) as conn:
             conn.execute(query("dashboard_login_failed"), client)
         return _html(login_page("wrong token"), 401)
     session = secrets.token_urlsafe(32)
-    with call.rt.pool.connection() as conn:
+    with lend(call.rt.pool) as conn:
         conn.execute(
             query("dashboard_session_create"), {"token_hash": _hash(session), "seconds": SESSION_SECONDS}
         )
@@ -228,7 +229,7 @@ def login(call: Call) -> flask.Response:
 def logout(call: Call) -> flask.Response:
     cookie = call.request.cookies.get(COOKIE, "")
     if cookie:
-        with call.rt.pool.connection() as conn:
+        with lend(call.rt.pool) as conn:
             conn.execute(query("dashboard_session_end"), {"token_hash": _hash(cookie)})
     resp = _html("", 303, {"Location": "/dashboard/login"})
     resp.delete_cookie(COOKIE, path="/dashboard")

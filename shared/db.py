@@ -77,6 +77,23 @@ def require_tx(tx: object, caller: str) -> Tx:
 
 
 @contextmanager
+def lend(pool: Pool) -> Iterator[Conn]:
+    """A pooled connection for one block, then back to the pool.
+
+    psycopg_pool's `connection()` also ends the connection's transaction on the way out (commit, or
+    rollback on an exception): a call into the driver on every request that never has anything to
+    end here, since every pooled connection is autocommit and every transaction an explicit
+    `transaction()` block, ended by that block. A connection handed back otherwise (broken, or
+    mid-transaction) is rolled back or replaced by the pool's `putconn`, as with `connection()`.
+    """
+    conn = pool.getconn()
+    try:
+        yield conn
+    finally:
+        pool.putconn(conn)
+
+
+@contextmanager
 def transaction(source: Pool | Conn) -> Iterator[Tx]:
     """Open a transaction: commits when the block ends normally, rolls back on an exception.
 
@@ -84,7 +101,7 @@ def transaction(source: Pool | Conn) -> Iterator[Tx]:
     (DEVPILOT_TRANSACTION_POOLER) the statement timeout is set per transaction instead.
     """
     if isinstance(source, ConnectionPool):
-        with source.connection() as conn, _open(conn, _POOL_SETTINGS.get(source)) as tx:
+        with lend(source) as conn, _open(conn, _POOL_SETTINGS.get(source)) as tx:
             yield tx
     else:
         with _open(source, None) as tx:

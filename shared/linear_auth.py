@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from shared import crypto
-from shared.db import Pool, Tx, require_tx, transaction
+from shared.db import Pool, Tx, lend, require_tx, transaction
 from shared.settings import Settings
 from shared.sql import query
 
@@ -141,7 +141,7 @@ def finish_install(pool: Pool, settings: Settings, code: str, state: str) -> Ins
 
 def store_static(pool: Pool, settings: Settings, org_id: str, access_token: str) -> None:
     token = crypto.keys(settings).encrypt(access_token.encode())
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         conn.execute(query("credentials_upsert"), {"org_id": org_id, "token": token})
 
 
@@ -168,7 +168,7 @@ class Tokens:
     def get(self, org_id: str) -> str | None:
         """A usable token, or None (no connection, or disconnected)."""
         if org_id not in self._cache:
-            with self.pool.connection() as conn:
+            with lend(self.pool) as conn:
                 row = conn.execute(query("credentials_get"), {"org_id": org_id}).fetchone()
             if row is None or row["disconnected_at"] is not None:
                 self._cache[org_id] = None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from shared import crypto, linear_auth
-from shared.db import Pool, Tx, require_tx
+from shared.db import Pool, Tx, lend, require_tx
 from shared.settings import Settings
 from shared.sql import query
 
@@ -37,12 +37,12 @@ COMMENT = """mutation CommentCreate($input: CommentCreateInput!) {
 
 
 def list_credentials(pool: Pool) -> list[dict[str, Any]]:
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         return [dict(r) for r in conn.execute(query("credentials_list"))]
 
 
 def delete_credentials(pool: Pool, org_id: str) -> bool:
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         return conn.execute(query("credentials_delete"), {"org_id": org_id}).fetchone() is not None
 
 
@@ -125,7 +125,7 @@ def send_pending(
     total = SendResult(0, 0)
     follow: list[str] | None = None
     for _ in range(MAX_ROUNDS):
-        with pool.connection() as conn:
+        with lend(pool) as conn:
             rows = conn.execute(
                 query("notice_take"), {"ids": ids, "agent_sessions": follow, "limit": limit}
             ).fetchall()
@@ -187,7 +187,7 @@ def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, 
                 error = f"refreshing the Linear token failed: {exc}"
             except (httpx.HTTPError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}"[:300]
-            with pool.connection() as conn:
+            with lend(pool) as conn:
                 if waits:
                     conn.execute(query("notice_wait"), {"id": row["id"], "error": error})
                 elif error is None:

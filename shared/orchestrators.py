@@ -13,7 +13,7 @@ from datetime import datetime
 from uuid import UUID
 
 from shared import agent_tokens
-from shared.db import Pool, transaction
+from shared.db import Pool, lend, transaction
 from shared.sql import query
 
 UNAUTHORIZED = "missing, wrong or revoked orchestrator token"  # what a refused machine is told
@@ -64,7 +64,7 @@ def authenticate_agent(pool: Pool, token: str) -> tuple[Orchestrator, str] | Non
     claimed = agent_tokens.parse(token)
     if claimed is None:
         return None
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         row = conn.execute(query("orchestrator_by_id"), {"id": claimed.orchestrator_id}).fetchone()
     if row is None or not claimed.valid(bytes(row["token_hash"])):
         return None
@@ -75,7 +75,7 @@ def authenticate_agent(pool: Pool, token: str) -> tuple[Orchestrator, str] | Non
 
 def authenticate(pool: Pool, token: str) -> Orchestrator | None:
     """The active machine holding this token, recorded as seen now; None for any other token."""
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         row = conn.execute(query("orchestrator_by_token"), {"token_hash": hash_token(token)}).fetchone()
     if row is None:
         return None
@@ -94,7 +94,7 @@ class Listed:
 
 
 def list_all(pool: Pool) -> list[Listed]:
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         return [Listed(**r) for r in conn.execute(query("orchestrator_list")).fetchall()]
 
 
@@ -120,7 +120,7 @@ def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
 
 
 def is_active(pool: Pool, orchestrator_id: UUID) -> bool:
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         return conn.execute(query("orchestrator_active"), {"id": orchestrator_id}).fetchone() is not None
 
 
@@ -129,5 +129,5 @@ def mark_listening(pool: Pool, orchestrator_id: UUID, seconds: float, margin: fl
     spare), enqueues to this machine send their NOTIFY. One statement on an autocommit connection,
     so it is committed before the look (`mark_listening` in orchestrators.sql says why that order
     leaves no wake-up behind)."""
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         conn.execute(query("mark_listening"), {"id": orchestrator_id, "seconds": seconds, "margin": margin})

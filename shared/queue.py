@@ -26,7 +26,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from shared import orchestrators
-from shared.db import Conn, Pool, Tx, require_tx, transaction
+from shared.db import Conn, Pool, Tx, lend, require_tx, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
@@ -131,7 +131,7 @@ def claim(
     }
     # One statement on an autocommit connection is its own transaction: the same atomicity as a
     # BEGIN/COMMIT block, in one round trip instead of three.
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         rows = conn.execute(
             query("claim" if handover_seconds is None else "claim_handover"), params
         ).fetchall()
@@ -146,7 +146,7 @@ def poll(
     claimed then). The same exactly-once claim as `claim`; one round trip for an idle machine's poll."""
     _check_max(max)
     params = {"token_hash": token_hash, "max": max, "lease_seconds": lease_seconds, "now": now}
-    with pool.connection() as conn:  # one statement, autocommit: its own transaction
+    with lend(pool) as conn:  # one statement, autocommit: its own transaction
         rows = conn.execute(query("poll"), params).fetchall()
     if not rows:
         return None
@@ -212,7 +212,7 @@ def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> AckResu
     """Deliver: delete each row and mark its session `delivered`, only if the token is the row's
     latest claim. Every write is in one statement (autocommit, so one transaction); only items that
     missed are then explained, read-only. Repeating a successful ack answers `acked` again."""
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         rows = conn.execute(
             query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items)}
         ).fetchall()
@@ -223,7 +223,7 @@ def ack_as(pool: Pool, token_hash: bytes, items: list[AckItem]) -> tuple[Orchest
     """The ack route in one statement (`ack_as` in queue.sql): the active machine holding this token
     hash, marked seen, and `ack_many`'s work for it. None when the hash is no active machine's
     (nothing is acked then). One round trip for an ack that lands."""
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         rows = conn.execute(query("ack_as"), {"token_hash": token_hash, **_ack_params(items)}).fetchall()
         if not rows:
             return None
@@ -317,7 +317,7 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
     requeued = dead = 0
     params = {"batch": SWEEP_BATCH, **end_claim_params(settings, now)}
     while True:
-        with pool.connection() as conn:  # one statement per batch: its own transaction
+        with lend(pool) as conn:  # one statement per batch: its own transaction
             row = conn.execute(query("sweep"), params).fetchone()
             assert row is not None
         requeued += row["requeued"]
@@ -327,7 +327,7 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
     rerouted = 0
     if settings.reroute_after_seconds > 0:
         while True:  # one statement per batch, its own transaction
-            with pool.connection() as conn:
+            with lend(pool) as conn:
                 row = conn.execute(
                     query("reroute_quiet"), {"after": settings.reroute_after_seconds, "batch": SWEEP_BATCH}
                 ).fetchone()
@@ -337,7 +337,7 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
                 break
     # Work left on a revoked machine (`revoked_with_work` says how it can happen): revoked again,
     # each in its own transaction, which moves it to the user's active machine or cancels it.
-    with pool.connection() as conn:
+    with lend(pool) as conn:
         leftover = [r["id"] for r in conn.execute(query("revoked_with_work"), {"batch": SWEEP_BATCH})]
     rescued = sum(1 for oid in leftover if orchestrators.revoke(pool, oid) is not None)
     with transaction(pool) as tx:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shared.db import Pool
+from shared.db import Pool, lend
 from shared.sql import query
 
 
@@ -113,7 +113,7 @@ class Snapshot:
 
 
 def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -> Snapshot:
-    with pool.connection() as conn, conn.transaction():
+    with lend(pool) as conn, conn.transaction():
         conn.execute(query("read_only"))
         orchs = [
             OrchestratorRow(
