@@ -1,6 +1,6 @@
 """bench/run: every figure in one run, on fresh databases of one server, so the ratios hold.
 
-    bench/run --quick   (under a minute)      bench/run   (under ten)
+    bench/run --quick   (about two minutes)      bench/run   (about fourteen)
 Writes a table to stdout, bench/results/latest.json and bench/results/latest.png.
 """
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import coldstart, core, cost, http, peers
+from bench import coldstart, core, cost, http, instructions, peers
 from bench.db import BenchServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -29,7 +29,9 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(prog="bench/run")
-    ap.add_argument("--quick", action="store_true", help="smaller and shorter: under a minute")
+    ap.add_argument(
+        "--quick", action="store_true", help="smaller and shorter (about two minutes; no instruction counts)"
+    )
     args = ap.parse_args()
     q = args.quick
     secs = 1.0 if q else 5.0
@@ -105,6 +107,9 @@ def main() -> int:
         print(f"http: {json.dumps(out['http'])}")
         out["server_cpu_ms"] = http.server_cpu_ms(s.fresh("cpu"), 500 if q else 3000)
         print(f"server CPU per request (devpilot serve), ms: {json.dumps(out['server_cpu_ms'])}")
+        if instructions.available() and not q:  # (six valgrind runs: about 2.5 minutes)
+            out["instructions"] = instructions.per_request(s.fresh("instr"), 1000)
+            print(f"instructions per request, in-process (callgrind): {json.dumps(out['instructions'])}")
         out["cold_start"] = cold_start(s, 1 if q else 5)
         print(f"cold start (spawn -> first answer): {json.dumps(out['cold_start'])}")
         lat: dict[str, Any] = {}
@@ -183,6 +188,12 @@ def table(out: dict[str, Any]) -> str:
             "server CPU: empty claim / webhook / healthz",
             f"{out['server_cpu_ms']['empty_claim']} / {out['server_cpu_ms']['webhook']} / "
             f"{out['server_cpu_ms']['healthz']} ms",
+        ),
+        (
+            "instructions in-process: empty claim / webhook / enqueue",
+            " / ".join(f"{out['instructions'][m]:,}" for m in instructions.MODES)
+            if "instructions" in out
+            else "(not counted: --quick, or no valgrind)",
         ),
         (
             "cold start claim / ack / webhook",
