@@ -20,7 +20,7 @@ from shared.db import Pool
 from shared.orchestrators import register
 from tests.helpers.api import SECRET, Api, issue_event
 from tests.helpers.data import row_counts
-from tests.helpers.serving import free_port, start_serve, wait_healthy
+from tests.helpers.serving import free_port, raw_exchange, start_serve, wait_healthy
 
 ROOT = Path(__file__).parent.parent
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -141,18 +141,10 @@ def test_a_large_body_sent_in_pieces_is_read_whole_by_the_real_server(
     body = json.dumps(event).encode()
     head = (
         f"POST /webhook HTTP/1.1\r\nHost: x\r\nLinear-Signature: {_sig(body)}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as s:
-        s.sendall(head + body[:1000])
-        for start in range(1000, len(body), 300_000):
-            time.sleep(0.3)
-            s.sendall(body[start : start + 300_000])
-        answer = b""
-        while chunk := s.recv(65536):
-            answer += chunk
-    status, _, payload = answer.partition(b"\r\n\r\n")
-    assert status.split()[1] == b"200", status
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}"
+    )
+    status, payload = raw_exchange(url, head, body, pieces=300_000, pause=0.3)
+    assert status == 200, payload
     assert json.loads(payload)["status"] == "dispatched"
     r = httpx.post(url + "/claim", json={}, headers={"Authorization": f"Bearer {token}"})
     assert [m["issue"]["description"] for m in r.json()["messages"]] == ["d" * 900_000]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import uuid
@@ -15,6 +14,7 @@ import pytest
 
 from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
 from tests.helpers.data import row_counts
+from tests.helpers.serving import raw_exchange
 
 
 def rows(api: Api) -> dict[str, int]:
@@ -225,22 +225,12 @@ def test_a_body_shorter_than_its_content_length_is_refused_and_writes_nothing(ap
     # A client that declares more than it sends and hangs up: the part that arrived is complete,
     # valid JSON, and still not taken as the request.
     body = json.dumps({"orgId": "org-a", "linearUserId": "user-1", "name": "half"}).encode()
-    host, port = api.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(
-            b"POST /orchestrators HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-            + api.admin()["Authorization"].split()[1].encode()
-            + b"\r\nContent-Type: application/json\r\nContent-Length: "
-            + str(len(body) + 20).encode()
-            + b"\r\nConnection: close\r\n\r\n"
-            + body
-        )
-        s.shutdown(socket.SHUT_WR)
-        answer = b""
-        while chunk := s.recv(65536):
-            answer += chunk
-    head, _, payload = answer.partition(b"\r\n\r\n")
-    assert head.split()[1] == b"400", head
+    head = (
+        f"POST /orchestrators HTTP/1.1\r\nHost: x\r\nAuthorization: {api.admin()['Authorization']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body) + 20}"
+    )
+    status, payload = raw_exchange(api.url, head, body, end_early=True)
+    assert status == 400, payload
     assert json.loads(payload)["error"] == "bad_request"
     assert api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"] == []
 

@@ -71,3 +71,26 @@ def wait_healthy(url: str, timeout: float = 60) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} did not become healthy")
+
+
+def raw_exchange(
+    url: str, head: str, body: bytes, *, pieces: int = 300_000, pause: float = 0.0, end_early: bool = False
+) -> tuple[int, bytes]:
+    """One request written byte for byte (what httpx will not send: a body shorter than its
+    Content-Length, a body in pieces with pauses), `Connection: close`, and the answer read to the
+    end: its status and its body. `head` is the request line and headers without the blank line;
+    with `end_early` the client stops sending (half-closes) after the body it has."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(f"{head}\r\nConnection: close\r\n\r\n".encode())
+        for start in range(0, len(body), pieces):
+            if start and pause:
+                time.sleep(pause)
+            s.sendall(body[start : start + pieces])
+        if end_early:
+            s.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    status, _, payload = answer.partition(b"\r\n\r\n")
+    return int(status.split()[1]), payload
