@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -78,6 +79,10 @@ def raw_body(request: flask.Request) -> bytes:
         data: bytes = request.environ["wsgi.input"].read(length)
         if len(data) < length:
             raise ApiError(400, "bad_request", "the body ended before its Content-Length")
+        # ...and stays readable through Werkzeug: functions-framework reads every request's body
+        # again once the view has answered (on Cloud Run and Lambda).
+        request.environ["wsgi.input"] = io.BytesIO(data)
+        request.environ["wsgi.input_terminated"] = True
         return data
     data = request.stream.read(MAX_BODY + 1)  # no length (chunked): at most one byte over the cap
     if len(data) > MAX_BODY:
