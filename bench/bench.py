@@ -55,8 +55,17 @@ def main() -> int:
             c: round(core.commit_baseline(s.fresh("base", False), c, secs)) for c in (1, 4, 16)
         }
         print(f"commit baseline (single-row INSERT tx/s): {out['commit_baseline']}")
-        out["enqueue"] = {c: round(core.enqueue_rate(s.fresh("enq"), c, secs)) for c in (1, 4, 16)}
+        out["enqueue"] = {c: round(core.enqueue_rate(s.fresh("enq"), c, secs)) for c in (1, 4)}
+        split = core.enqueue_cpu_split(s.fresh("enq"), HTTP_CLIENTS, secs)
+        out["enqueue"][HTTP_CLIENTS] = split.pop("rate")
         print(f"enqueue (session + queue row, 1 commit each) msg/s: {out['enqueue']}")
+        out["enqueue_cpu_ms"] = {
+            f"at_{HTTP_CLIENTS}": split,
+            "invariant_trigger": core.invariant_trigger_ms(s.fresh("trig"), 500 if q else 3000),
+        }
+        print(
+            f"CPU per enqueue, ms (client, Postgres; the invariant trigger): {json.dumps(out['enqueue_cpu_ms'])}"
+        )
         drain: dict[str, float] = {}
         for claimers in (1, 4, 16):
             for batch in (1, 10, 100):
@@ -160,6 +169,10 @@ def cold_start(s: BenchServer, repeats: int) -> dict[str, Any]:
     return coldstart.cold_starts(url, token, repeats)
 
 
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f} ms"
+
+
 def table(out: dict[str, Any]) -> str:
     d, b = out["drain"], out["commit_baseline"]
     rows = [
@@ -183,6 +196,20 @@ def table(out: dict[str, Any]) -> str:
             f"HTTP / library at {HTTP_CLIENTS} clients: webhooks, claim+ack",
             f"{out['http']['ratios']['webhooks_vs_library_enqueue']}x, "
             f"{out['http']['ratios']['claim_ack_vs_library_drain']}x",
+        ),
+        (
+            f"CPU per enqueue at {HTTP_CLIENTS}: client / Postgres (trigger)",
+            f"{_ms(out['enqueue_cpu_ms'][f'at_{HTTP_CLIENTS}']['client'])} / "
+            f"{_ms(out['enqueue_cpu_ms'][f'at_{HTTP_CLIENTS}']['postgres'])} "
+            f"({_ms(out['enqueue_cpu_ms']['invariant_trigger'].get('ms_per_enqueue'))})",
+        ),
+        (
+            "CPU per HTTP webhook: load generator / server / Postgres",
+            " / ".join(_ms(v) for v in out["http"]["cpu_ms_per_request"]["webhooks"].values()),
+        ),
+        (
+            "CPU per HTTP claim+ack: load generator / server / Postgres",
+            " / ".join(_ms(v) for v in out["http"]["cpu_ms_per_request"]["claim_ack_cycles"].values()),
         ),
         (
             "server CPU: empty claim / webhook / healthz",

@@ -10,7 +10,8 @@ from typing import Any
 
 import psycopg
 
-from shared.db import open_pool, transaction
+from bench import cpu
+from shared.db import lend, open_pool, transaction
 from shared.models import DispatchPayload, IssueRef
 from shared.orchestrators import register
 from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
@@ -70,6 +71,69 @@ def enqueue_rate(url: str, concurrency: int, seconds: float) -> float:
     rate = run_threads(concurrency, one, seconds)
     pool.close()
     return rate
+
+
+def enqueue_cpu_split(url: str, concurrency: int, seconds: float) -> dict[str, float | None]:
+    """`enqueue_rate`, and what each enqueue cost in CPU (ms): this process (the library and
+    psycopg, the client side) and every Postgres process (the statement, its triggers, the commit).
+    The two share the machine's cores, so this is where the rate's time went."""
+    me0, pg0 = cpu.self_seconds(), cpu.postgres_seconds()
+    rate = enqueue_rate(url, concurrency, seconds)
+    me1, pg1 = cpu.self_seconds(), cpu.postgres_seconds()
+    n = rate * seconds
+    return {
+        "rate": round(rate),
+        "client": cpu.per_unit_ms(me0, me1, n),
+        "postgres": cpu.per_unit_ms(pg0, pg1, n),
+    }
+
+
+def invariant_trigger_ms(url: str, n: int) -> dict[str, float]:
+    """Postgres's time inside the invariant trigger's function per enqueue (ms; it runs twice at
+    each enqueue's commit, once for the session row and once for the queue row), from
+    pg_stat_user_functions over n enqueues on one connection that tracks its functions. The
+    function's own time: the trigger machinery around the call is not in it."""
+    pool = open_pool(url, SETTINGS, max_size=1)
+    try:
+        orch = register(pool, org_id="bench", linear_user_id="trigger", name="m")
+        payload = DispatchPayload(issue=IssueRef(id="i", identifier="B-1", title="bench"))
+        with lend(pool) as conn:  # (max_size 1: every transaction below runs on this connection)
+            try:
+                conn.execute("SET track_functions = 'pl'")
+            except psycopg.errors.InsufficientPrivilege:  # (a superuser's setting)
+                return {}
+
+        def calls_and_ms() -> tuple[int, float]:
+            with lend(pool) as conn:
+                if conn.info.server_version >= 150000:  # (before 15, sent at each transaction's end)
+                    conn.execute("SELECT pg_stat_force_next_flush()")
+            time.sleep(1.1)  # (sent when the connection is next idle)
+            with psycopg.connect(url, autocommit=True) as other:
+                row = other.execute(
+                    "SELECT coalesce(sum(calls), 0), coalesce(sum(self_time), 0) FROM pg_stat_user_functions"
+                    " WHERE funcname = 'devpilot_check_session_invariant'"
+                ).fetchone()
+            assert row is not None
+            return int(row[0]), float(row[1])
+
+        def enqueue() -> None:
+            with transaction(pool) as tx:
+                enqueue_dispatch(
+                    tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", message=payload
+                )
+
+        for _ in range(100):  # (plans cached)
+            enqueue()
+        calls0, ms0 = calls_and_ms()
+        for _ in range(n):
+            enqueue()
+        calls1, ms1 = calls_and_ms()
+        return {
+            "calls_per_enqueue": round((calls1 - calls0) / n, 2),
+            "ms_per_enqueue": round((ms1 - ms0) / n, 4),
+        }
+    finally:
+        pool.close()
 
 
 def fill(url: str, n: int, orchestrators: int = 1, expired_fraction: float = 0.0) -> list[Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from bench import cpu
 from bench.loadgen import assignment
 from shared.linear import sign
 from shared.sql import query
@@ -97,14 +98,39 @@ def loadgen(mode: str, url: str, secret: str, threads: int, seconds: float) -> d
 
 
 def http_rates(db_url: str, seconds: float, threads: int) -> dict[str, Any]:
+    """Webhooks/s and claim+ack cycles/s through `devpilot serve`, and where each one's CPU went
+    (`cpu_ms_per_request`: the load generator, the server, Postgres; see `cpu_split`)."""
     s = Serve(db_url)
     try:
         _, token = s.register()
-        hooks = loadgen("webhook", s.url, SECRET, threads, seconds)
-        cycles = loadgen("cycle", s.url, token, threads, seconds)
-        return {"webhooks": hooks, "claim_ack_cycles": cycles}
+        hooks, hooks_cpu = cpu_split(lambda: loadgen("webhook", s.url, SECRET, threads, seconds), s.proc.pid)
+        cycles, cycles_cpu = cpu_split(lambda: loadgen("cycle", s.url, token, threads, seconds), s.proc.pid)
+        return {
+            "webhooks": hooks,
+            "claim_ack_cycles": cycles,
+            "cpu_ms_per_request": {"webhooks": hooks_cpu, "claim_ack_cycles": cycles_cpu},
+        }
     finally:
         s.close()
+
+
+def cpu_split(
+    run: Callable[[], dict[str, Any]], server_pid: int
+) -> tuple[dict[str, Any], dict[str, float | None]]:
+    """Runs one load generator (`run`, a child process: its answer counts the requests and its own
+    CPU while it sent) and says what each request cost in CPU (ms) on each side of this machine: the
+    load generator, the server process tree, and every Postgres process. On a small machine they
+    share the cores, so this is where a rate's time went. `postgres` is None when Postgres runs
+    elsewhere."""
+    srv0, pg0 = cpu.tree_seconds(server_pid), cpu.postgres_seconds()
+    result = run()
+    srv1, pg1 = cpu.tree_seconds(server_pid), cpu.postgres_seconds()
+    n = int(result["count"])
+    return result, {
+        "load_generator": cpu.per_unit_ms(0.0, float(result["cpu_s"]), n),
+        "server": cpu.per_unit_ms(srv0, srv1, n),
+        "postgres": cpu.per_unit_ms(pg0, pg1, n),
+    }
 
 
 class RealtimeRelay:
@@ -215,20 +241,6 @@ def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -
             relay.close()
 
 
-def _tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its live children (the server's master and worker)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    for p in pids:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
-
-
 def server_cpu_ms(db_url: str, n: int) -> dict[str, float]:
     """The serve process's own CPU per request (ms), over `n` sequential requests of each kind from
     one keep-alive client: an empty /claim, a dispatched /webhook, /healthz. What a serverless
@@ -263,13 +275,13 @@ def cpu_per_request(url: str, pid: int, token: str, n: int) -> dict[str, float]:
         for name, call in kinds.items():
             for i in range(50):
                 call(i)
-            before = _tree_cpu_seconds(pid)
+            before = cpu.tree_seconds(pid)
             walls = []
             for i in range(n):
                 t0 = time.perf_counter()
                 r = call(i)
                 walls.append(time.perf_counter() - t0)
                 assert r.status_code == 200, r.text
-            out[name] = round((_tree_cpu_seconds(pid) - before) / n * 1000, 3)
+            out[name] = round((cpu.tree_seconds(pid) - before) / n * 1000, 3)
             out[f"{name}_wall_ms"] = round(sorted(walls)[n // 2] * 1000, 3)
     return out

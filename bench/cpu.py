@@ -1,0 +1,53 @@
+"""CPU time by process, read from /proc: where a rate's time went on a machine whose cores the
+bench's client, the server and Postgres share. Linux only (the bench's machines)."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+
+def _stat_cpu_seconds(stat: str) -> float:
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def tree_seconds(pid: int) -> float:
+    """User + system CPU of a process and its live children (the server's master and worker)."""
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    return sum(_stat_cpu_seconds(Path(f"/proc/{p}/stat").read_text()) for p in pids)
+
+
+def self_seconds() -> float:
+    """User + system CPU of this process, every thread."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def postgres_seconds() -> float | None:
+    """User + system CPU of every process on this machine named `postgres` (the server, its
+    backends and its background workers: all a statement costs, commit included); None when there
+    is none to read (Postgres on another host)."""
+    total, found = 0.0, False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            total += _stat_cpu_seconds((entry / "stat").read_text())
+        except OSError:  # (it ended meanwhile)
+            continue
+        found = True
+    return total if found else None
+
+
+def per_unit_ms(before: float | None, after: float | None, n: float) -> float | None:
+    """CPU milliseconds per unit of work between two readings (None if either is missing)."""
+    if before is None or after is None:
+        return None
+    return round((after - before) / max(n, 1) * 1000, 3)
