@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from bench import cpu
-from shared.db import lend, open_pool, transaction
+from shared.db import Pool, lend, open_pool, transaction
 from shared.models import DispatchPayload, IssueRef
 from shared.orchestrators import register
 from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
@@ -57,15 +57,25 @@ def commit_baseline(url: str, concurrency: int, seconds: float) -> float:
     return rate
 
 
-def enqueue_rate(url: str, concurrency: int, seconds: float) -> float:
-    pool = open_pool(url, SETTINGS, min_size=concurrency, max_size=concurrency + 2)
-    orch = register(pool, org_id="bench", linear_user_id="u", name="m")
-    iss = IssueRef(id="i", identifier="B-1", title="bench")
-    payload = DispatchPayload(issue=iss)
+def enqueuer(pool: Pool, machine_user: str) -> Callable[[], None]:
+    """A machine registered for the Linear user `machine_user`, and a function that enqueues one
+    message for it in a transaction of its own: the library's enqueue as every figure here runs it."""
+    orch = register(pool, org_id="bench", linear_user_id=machine_user, name="m")
+    payload = DispatchPayload(issue=IssueRef(id="i", identifier="B-1", title="bench"))
 
-    def one(i: int) -> int:
+    def enqueue() -> None:
         with transaction(pool) as tx:
             enqueue_dispatch(tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", message=payload)
+
+    return enqueue
+
+
+def enqueue_rate(url: str, concurrency: int, seconds: float) -> float:
+    pool = open_pool(url, SETTINGS, min_size=concurrency, max_size=concurrency + 2)
+    enqueue = enqueuer(pool, "u")
+
+    def one(i: int) -> int:
+        enqueue()
         return 1
 
     rate = run_threads(concurrency, one, seconds)
@@ -95,8 +105,7 @@ def invariant_trigger_ms(url: str, n: int) -> dict[str, float]:
     function's own time: the trigger machinery around the call is not in it."""
     pool = open_pool(url, SETTINGS, max_size=1)
     try:
-        orch = register(pool, org_id="bench", linear_user_id="trigger", name="m")
-        payload = DispatchPayload(issue=IssueRef(id="i", identifier="B-1", title="bench"))
+        enqueue = enqueuer(pool, "trigger")
         with lend(pool) as conn:  # (max_size 1: every transaction below runs on this connection)
             try:
                 conn.execute("SET track_functions = 'pl'")
@@ -115,12 +124,6 @@ def invariant_trigger_ms(url: str, n: int) -> dict[str, float]:
                 ).fetchone()
             assert row is not None
             return int(row[0]), float(row[1])
-
-        def enqueue() -> None:
-            with transaction(pool) as tx:
-                enqueue_dispatch(
-                    tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", message=payload
-                )
 
         for _ in range(100):  # (plans cached)
             enqueue()

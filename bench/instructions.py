@@ -154,21 +154,11 @@ def _served(mode: str) -> Callable[[], None]:
 
 
 def _enqueue(_mode: str) -> Callable[[], None]:
-    from bench.core import SETTINGS
-    from shared.db import open_pool, transaction
-    from shared.models import DispatchPayload, IssueRef
-    from shared.orchestrators import register
-    from shared.queue import enqueue_dispatch
+    from bench.core import SETTINGS, enqueuer
+    from shared.db import open_pool
 
     pool = open_pool(os.environ["DATABASE_URL"], SETTINGS, max_size=1)
-    orch = register(pool, org_id="bench", linear_user_id=f"enqueue-{uuid.uuid4()}", name="m")
-    payload = DispatchPayload(issue=IssueRef(id="i", identifier="B-1", title="bench"))
-
-    def enqueue() -> None:
-        with transaction(pool) as tx:
-            enqueue_dispatch(tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", message=payload)
-
-    return enqueue
+    return enqueuer(pool, f"enqueue-{uuid.uuid4()}")
 
 
 def main() -> int:
