@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -237,6 +238,7 @@ def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -
         return sorted((got[m] - sent[m]) * 1000 for m in got)
     finally:
         s.close()
+        shutil.rmtree(state, ignore_errors=True)  # (the orchestrator's state: not needed after)
         if relay is not None:
             relay.close()
 
