@@ -28,30 +28,40 @@ Pool = ConnectionPool[Conn]
 
 
 class Tx:
-    """An open transaction on one connection. Made only by `transaction()`; dead once it ends."""
+    """An open transaction on one connection. Made only by `transaction()` or `statement()`; dead
+    once it ends."""
 
-    __slots__ = ("_active", "_conn")
+    __slots__ = ("_active", "_conn", "_single")
 
-    def __init__(self, conn: Conn, _token: object) -> None:
+    def __init__(self, conn: Conn, _token: object, *, single: bool = False) -> None:
         if _token is not _MINT:
             raise TypeError("Tx is made by shared.db.transaction(), not constructed directly")
         self._conn = conn
         self._active = True
+        self._single = single  # `statement()`: the transaction is its one statement
 
     @property
     def active(self) -> bool:
+        if self._single:
+            return self._active
         return self._active and self._conn.info.transaction_status == TransactionStatus.INTRANS
 
     @property
     def conn(self) -> Conn:
         if not self._active:
-            raise TypeError("this transaction has ended; open a new one with shared.db.transaction()")
+            raise TypeError(
+                "this transaction has ended (its block, or its one statement); open a new one with "
+                "shared.db.transaction() or statement()"
+            )
         return self._conn
 
     def execute(
         self, query: LiteralString | sql.SQL | sql.Composed, params: dict[str, Any] | None = None
     ) -> psycopg.Cursor[DictRow]:
-        return self.conn.execute(query, params)
+        conn = self.conn
+        if self._single:  # its one statement is the whole transaction: a second is refused above
+            self._active = False
+        return conn.execute(query, params)
 
     def one(self, query: LiteralString, params: dict[str, Any] | None = None) -> DictRow | None:
         return self.execute(query, params).fetchone()
@@ -72,7 +82,9 @@ def require_tx(tx: object, caller: str) -> Tx:
             f"argument, not {type(tx).__name__}: the session row and the queue row must commit together"
         )
     if not tx.active:
-        raise TypeError(f"{caller}() was given a transaction whose block has already ended")
+        raise TypeError(
+            f"{caller}() was given a transaction that has ended (its block, or its one statement)"
+        )
     return tx
 
 
@@ -106,6 +118,31 @@ def transaction(source: Pool | Conn) -> Iterator[Tx]:
     else:
         with _open(source, None) as tx:
             yield tx
+
+
+@contextmanager
+def statement(pool: Pool) -> Iterator[Tx]:
+    """A transaction of exactly one statement, for a write whose statement does all of it.
+
+    Postgres runs a statement sent on an autocommit connection as a transaction of its own: all of
+    it commits when it ends, or none of it (deferred constraint triggers run then too). That is
+    two round trips fewer than a `transaction()` block (no BEGIN, no COMMIT). The `Tx` refuses a
+    second statement (TypeError), so what must be atomic cannot be split across two by mistake.
+    Behind a transaction-mode pooler the statement runs inside a `transaction()` block instead,
+    where the statement timeout is set (`_open`).
+    """
+    settings = _POOL_SETTINGS.get(pool)
+    with lend(pool) as conn:
+        if settings is not None and settings.database_transaction_pooler:
+            with _open(conn, settings) as tx:
+                tx._single = True
+                yield tx
+            return
+        tx = Tx(conn, _MINT, single=True)
+        try:
+            yield tx
+        finally:
+            tx._active = False
 
 
 @contextmanager

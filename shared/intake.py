@@ -25,10 +25,10 @@ from typing import Any
 from uuid import UUID
 
 from shared import linear_auth, notices
-from shared.db import Pool, Tx, transaction
+from shared.db import Pool, Tx, statement, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, IssueRef, MessageKind
-from shared.queue import MachineRevoked, cancel_issue, enqueue_dispatch
+from shared.queue import MachineRevoked, cancel_issue, enqueue_dispatch, route_and_enqueue
 from shared.sql import query
 
 UNROUTABLE = "No machine is registered in devpilot for the person who started this; nothing was dispatched."
@@ -49,21 +49,75 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
     (MachineRevoked), the transaction rolls back whole, and the webhook is decided again, now seeing
     the revoke (another machine of the user, or no machine). Each round needs a revoke committed
     during it, so a few rounds end it; the last round's MachineRevoked reaches the caller, with
-    nothing written, and the route answers 503: Linear retries the delivery."""
-    for _ in range(ROUNDS - 1):
+    nothing written, and the route answers 503: Linear retries the delivery.
+
+    An issue created with an assignee, the plain case, is first tried as one statement that is
+    its own transaction (`_start_at_once`): its first round. Only when that writes nothing is it
+    decided in the transaction."""
+    plan = intent(hook)
+    key, content_key = hook.delivery_keys(delivery)
+    rounds = ROUNDS
+    start = _plain_start(hook, plan)
+    if start is not None:
+        done = _start_at_once(pool, *start, key, content_key)
+        if done is not None:
+            return done
+        rounds -= 1  # (a round that wrote nothing: a delivery seen before, or its machine revoked)
+    for _ in range(rounds - 1):
         try:
-            return _receive(pool, hook, delivery)
+            return _receive(pool, hook, plan, key, content_key)
         except MachineRevoked:
             continue
-    return _receive(pool, hook, delivery)
+    return _receive(pool, hook, plan, key, content_key)
 
 
 ROUNDS = 3
 
 
-def _receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
-    plan = intent(hook)
-    key, content_key = hook.delivery_keys(delivery)
+def _plain_start(hook: Webhook, plan: Intent) -> tuple[str, IssueRef, str] | None:
+    """(org, issue, user) of a start for a user's machine with nothing to cancel first and outside
+    any agent session (whose events take turns, `record_delivery`): an issue created with an
+    assignee. None for any other event."""
+    if plan.kind != "dispatch" or plan.agent_session_id is not None or plan.cancel_issue_id is not None:
+        return None
+    if hook.org_id is None or plan.issue is None or plan.user_id is None:
+        return None
+    return hook.org_id, plan.issue, plan.user_id
+
+
+def _start_at_once(
+    pool: Pool, org: str, issue: IssueRef, user: str, key: str, content_key: str
+) -> Received | None:
+    """The plain start as one statement, its own transaction: the delivery recorded, the machine
+    chosen and the message queued in one round trip, where the transaction below takes four. None:
+    it wrote nothing (a delivery seen before, or the machine chosen was revoked meanwhile)."""
+    with statement(pool) as tx:
+        routed = route_and_enqueue(
+            tx,
+            org_id=org,
+            linear_user_id=user,
+            message=DispatchPayload(issue=issue, agent_session_id=None, kind="start", prompt=None),
+            delivery_key=key,
+            content_key=content_key,
+        )
+    if routed is None:
+        return None
+    if routed.enqueued is None or routed.orchestrator_id is None:
+        # As the transaction below answers it: most assignments in a workspace go to people
+        # without a machine, and Linear is not told about a plain issue.
+        return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)
+    enq = routed.enqueued
+    answer: dict[str, Any] = {
+        "status": "dispatched",
+        "sessionId": str(enq.session_id),
+        "queueId": str(enq.queue_id),
+        "messageId": str(enq.message_id),
+        "orchestratorId": str(routed.orchestrator_id),
+    }
+    return Received(answer, recorded=True)
+
+
+def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
     keys = {"key": key, "content_key": content_key}
     routing = plan.kind in ("dispatch", "prompt") and plan.issue is not None and hook.org_id is not None
     # The events of one agent session that do something take turns (`agent_session_turn`).

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from shared import queue
-from shared.db import Pool, connect, transaction
-from shared.models import DispatchPayload
+from shared.db import Pool, connect, statement, transaction
+from shared.models import DispatchPayload, Enqueued
 from shared.orchestrators import mark_listening
 from shared.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
 from shared.settings import Settings
@@ -119,6 +119,14 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
             message=DispatchPayload(issue=issue()),
         ),
         "cancel_issue": lambda h: queue.cancel_issue(h, org_id=o.org_id, issue_id=issue().id, reason="x"),
+        "route_and_enqueue": lambda h: queue.route_and_enqueue(
+            h,
+            org_id=o.org_id,
+            linear_user_id=o.linear_user_id,
+            message=DispatchPayload(issue=issue()),
+            delivery_key="k",
+            content_key="c",
+        ),
     }
     with connect(db_url) as conn:
         for name, call in calls.items():
@@ -537,12 +545,44 @@ def test_batch_ack_with_one_row_twice(pool: Pool, make_orchestrator: MakeOrch) -
     assert results == ["claim_superseded", "acked", "acked"]
 
 
+def test_a_one_statement_transaction_commits_its_statement_and_refuses_a_second(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    """`statement()`: the statement is the transaction, committed when it ends (no BEGIN, no
+    COMMIT), all of it or none of it. The handle refuses a second statement, so writes that must
+    commit together cannot be split over two by mistake."""
+    o = make_orchestrator()
+
+    def enqueue(tx: Any, sid: UUID | None = None) -> Enqueued:
+        message = DispatchPayload(issue=issue())
+        return enqueue_dispatch(
+            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, message=message, session_id=sid
+        )
+
+    with statement(pool) as tx:
+        first = enqueue(tx)
+        assert counts(pool) == (1, 1)  # committed: another connection sees both rows already
+        with pytest.raises(TypeError, match="one statement"):
+            enqueue(tx)
+    with pytest.raises(TypeError, match="has ended"):
+        enqueue(tx)  # nor after its block
+    assert counts(pool) == (1, 1)
+    with statement(pool) as tx, pytest.raises(psycopg.errors.UniqueViolation):
+        enqueue(tx, first.session_id)  # a statement that fails writes nothing
+    assert counts(pool) == (1, 1)
+    with transaction(pool) as tx:  # and leaves its connection with no transaction open
+        assert tx.one("SELECT 1 AS one") == {"one": 1}
+
+
 def test_transaction_pooler_mode_sets_the_timeout_per_transaction(db_url: str) -> None:
     from shared.db import open_pool
 
     settings = Settings(DEVPILOT_TRANSACTION_POOLER=True, DEVPILOT_STATEMENT_TIMEOUT_MS=1234)
     with open_pool(db_url, settings, max_size=1) as p:
         with transaction(p) as tx:
+            row = tx.one("SHOW statement_timeout")
+            assert row is not None and row["statement_timeout"] == "1234ms"
+        with statement(p) as tx:  # a one-statement transaction too: BEGIN, SET LOCAL, it, COMMIT
             row = tx.one("SHOW statement_timeout")
             assert row is not None and row["statement_timeout"] == "1234ms"
         with p.connection() as conn:

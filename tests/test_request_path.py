@@ -4,6 +4,8 @@
   (pg_terminate_backend, a restart) is never lent: the next request answers 200, not 503.
 - Authentication records that the machine was seen, in the same statement, at most once a second,
   and never for a revoked token.
+- An issue created with an assignee is taken in one round trip, and writes and answers what the
+  intake transaction would.
 """
 
 from __future__ import annotations
@@ -11,18 +13,25 @@ from __future__ import annotations
 import io
 import json
 import logging
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
 import pytest
 
 from functions.app import wsgi
+from shared import intake, linear
 from shared.db import Pool, open_pool, transaction
+from shared.orchestrators import register, revoke
+from shared.queue import claim
 from shared.settings import Settings
 from tests.helpers.api import Api, issue_event
+
+T = TypeVar("T")
 
 
 def _terminate_all_but_me(db_url: str) -> int:
@@ -229,3 +238,110 @@ def test_the_served_app_hands_back_each_body_whole_and_a_head_none(api: Api) -> 
     got = call("HEAD", "/healthz")
     assert got == [] and answers[-1][0].startswith("200")
     assert int(answers[-1][1]["Content-Length"]) == len(b'{"ok":true}')
+
+
+def _round_trips(pool: Pool, run: Callable[[], T]) -> tuple[T, int]:
+    """`run()`'s answer and how many round trips its pool's one connection made: each ends with the
+    server's ReadyForQuery, counted in libpq's own trace of the connection's messages."""
+    conn = pool.getconn()
+    pool.putconn(conn)
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            answer = run()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        return answer, sum(1 for line in trace if "\tReadyForQuery\t" in line)
+
+
+def _receive(pool: Pool, event: dict[str, Any], delivery: str) -> dict[str, Any]:
+    return intake.receive(pool, linear.parse(json.dumps(event).encode()), delivery).answer
+
+
+def _written(pool: Pool) -> list[dict[str, Any]]:
+    with pool.connection() as conn:
+        return conn.execute(
+            "SELECT d.delivery_key, d.outcome, d.session_id, s.status, s.kind, s.issue_id, s.linear_user_id,"
+            " s.orchestrator_id, s.queue_id, q.id AS queue_row FROM webhook_deliveries d"
+            " LEFT JOIN dispatch_sessions s ON s.id = d.session_id LEFT JOIN dispatch_queue q ON q.session_id = s.id"
+            " ORDER BY d.received_at"
+        ).fetchall()
+
+
+def test_an_issue_created_with_an_assignee_is_taken_in_one_round_trip(
+    db_url: str, settings: Settings
+) -> None:
+    """The plain case of the intake, an issue created with an assignee, is one statement that is
+    its own transaction: the delivery, the routing choice, the session and its queue row in one
+    round trip where the intake transaction takes four (BEGIN, record and route, enqueue, COMMIT).
+    It writes what that transaction writes, answers the same, and a second copy is a duplicate."""
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        machine = register(pool, org_id="org-a", linear_user_id="user-1", name="laptop")
+        event = issue_event(issue_id="iss-once", assignee="user-1")
+        answer, trips = _round_trips(pool, lambda: _receive(pool, event, "d-1"))
+        assert trips == 1
+        assert answer == {
+            "status": "dispatched",
+            "sessionId": answer["sessionId"],
+            "queueId": answer["queueId"],
+            "messageId": answer["messageId"],
+            "orchestratorId": str(machine.id),
+        }
+        [row] = _written(pool)
+        assert row == {
+            "delivery_key": "delivery:d-1",
+            "outcome": "dispatched",
+            "session_id": UUID(answer["sessionId"]),
+            "status": "queued",
+            "kind": "start",
+            "issue_id": "iss-once",
+            "linear_user_id": "user-1",
+            "orchestrator_id": machine.id,
+            "queue_id": UUID(answer["queueId"]),
+            "queue_row": UUID(answer["queueId"]),
+        }
+        [message] = claim(pool, machine.id, max=10, lease_seconds=60)
+        assert str(message.message_id) == answer["messageId"] and message.issue.id == "iss-once"
+        # Linear's retry of the delivery, and the same change under another delivery id.
+        assert _receive(pool, event, "d-1") == {"status": "duplicate", "sessionId": answer["sessionId"]}
+        assert _receive(pool, event, "d-2") == {"status": "duplicate", "sessionId": answer["sessionId"]}
+        assert len(_written(pool)) == 1
+    finally:
+        pool.close()
+
+
+def test_an_issue_for_someone_without_a_machine_is_ignored_in_one_round_trip(
+    db_url: str, settings: Settings
+) -> None:
+    """Most assignments in a workspace go to people without a machine: recorded as ignored (so a
+    retry is a duplicate), nothing queued, in the one statement."""
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        register(pool, org_id="org-a", linear_user_id="someone-else", name="laptop")
+        event = issue_event(issue_id="iss-nobody", assignee="user-1")
+        answer, trips = _round_trips(pool, lambda: _receive(pool, event, "d-1"))
+        assert (answer, trips) == ({"status": "ignored", "reason": "no_orchestrator"}, 1)
+        [row] = _written(pool)
+        assert (row["outcome"], row["session_id"], row["status"]) == ("ignored", None, None)
+        assert _receive(pool, event, "d-1") == {"status": "duplicate", "sessionId": None}
+    finally:
+        pool.close()
+
+
+def test_a_machine_revoked_before_the_statement_is_never_chosen(db_url: str, settings: Settings) -> None:
+    """The one statement chooses among active machines only; a user whose only machine is revoked
+    has none, and the work goes nowhere rather than to a machine that can never claim it."""
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=2)
+    try:
+        gone = register(pool, org_id="org-a", linear_user_id="user-1", name="old")
+        assert revoke(pool, gone.id) is not None
+        answer = _receive(pool, issue_event(issue_id="iss-revoked", assignee="user-1"), "d-1")
+        assert answer == {"status": "ignored", "reason": "no_orchestrator"}
+        stays = register(pool, org_id="org-a", linear_user_id="user-1", name="new")
+        answer = _receive(pool, issue_event(issue_id="iss-revoked-2", assignee="user-1"), "d-2")
+        assert answer["status"] == "dispatched" and answer["orchestratorId"] == str(stays.id)
+    finally:
+        pool.close()

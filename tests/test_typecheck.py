@@ -1,4 +1,5 @@
-"""The type half of the guarantee: mypy --strict rejects enqueue with a connection."""
+"""The type half of the guarantee: mypy --strict rejects an enqueue (`enqueue_dispatch`,
+`route_and_enqueue`) given a connection instead of a transaction."""
 
 from __future__ import annotations
 
@@ -40,3 +41,4 @@ def test_mypy_on_enqueue_calls(case: str) -> None:
         assert result.returncode == 1, result.stdout
         assert 'Argument 1 to "enqueue_dispatch" has incompatible type "Connection[' in result.stdout
         assert 'expected "Tx"' in result.stdout
+        assert 'Argument 1 to "route_and_enqueue" has incompatible type "Connection[' in result.stdout

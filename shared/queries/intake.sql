@@ -58,7 +58,8 @@ ORDER BY s.created_at DESC
 LIMIT 1;
 
 -- name: route
--- A fragment, the routing policy (in `record_delivery`, so in the intake transaction): the active
+-- A fragment, the routing policy (in `record_delivery` and `route_and_enqueue_for_delivery`, so in
+-- the intake transaction): the active
 -- orchestrator registered for (org, Linear user), most recently seen first, then the newest
 -- registration. Served by orchestrators_route_idx.
 SELECT id FROM orchestrators

@@ -96,7 +96,13 @@ target AS (
     SELECT id, name, listening_until > now() AS listening
     FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
     FOR KEY SHARE
-), s AS (
+),
+-- include: enqueue_session_rows
+
+-- name: enqueue_session_rows
+-- A fragment, after a CTE `target` (the machine, locked; no row: nothing is written): `s` (the
+-- session) and `q` (its queue row), as `enqueue` writes them.
+s AS (
     INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
                                    issue_identifier, agent_session_id, kind, queue_id, message_id)
     SELECT %(session_id)s, %(org_id)s, t.id, 'queued', %(linear_user_id)s, %(issue_id)s,
@@ -111,6 +117,44 @@ target AS (
     FROM s
     RETURNING id, message_id, session_id, orchestrator_id
 )
+
+-- name: route_and_enqueue_for_delivery
+-- (none) -> AVAILABLE for a webhook delivery that asks for a plain `start` to a Linear user's
+-- machine (an issue created with an assignee), the whole intake in one statement. Run as a
+-- transaction of its own (`shared.db.statement`), the delivery's record, the routing choice, the
+-- session and its queue row commit together or not at all, with no BEGIN or COMMIT: one round trip
+-- per such webhook where the intake transaction takes four.
+-- * `routed`: the routing policy's choice for `route_user` (`route`, intake.sql).
+-- * `machine`: that machine's row FOR KEY SHARE if it is still active: as `enqueue`'s `target`, a
+--   revoke that committed while this waited is seen, and nothing is written for the machine.
+-- * `d`: the delivery (its two keys, as `record_delivery`) recorded with what it did: dispatched
+--   to the new session, or ignored when the user has no active machine at all. ON CONFLICT DO
+--   NOTHING: a delivery seen before, or a concurrent copy once that commits, writes nothing.
+-- * `target`, then `enqueue`'s session and queue row and its NOTIFY, only for a dispatch.
+-- No row returned: nothing was written (a delivery seen before, or a machine revoked meanwhile).
+-- The caller then decides in a full intake transaction, which tells the two apart.
+WITH routed AS (
+-- include: route
+), machine AS (
+    SELECT id, name, listening_until > now() AS listening
+    FROM orchestrators WHERE id = (SELECT id FROM routed) AND revoked_at IS NULL
+    FOR KEY SHARE
+), d AS (
+    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
+    SELECT %(delivery_key)s, %(content_key)s, c.session_id, c.outcome
+    FROM (SELECT %(session_id)s::uuid AS session_id, 'dispatched' AS outcome FROM machine
+          UNION ALL
+          SELECT NULL, 'ignored' WHERE NOT EXISTS (SELECT FROM routed)) c
+    ON CONFLICT DO NOTHING
+    RETURNING outcome
+), target AS (
+    SELECT m.* FROM machine m WHERE EXISTS (SELECT FROM d WHERE d.outcome = 'dispatched')
+),
+-- include: enqueue_session_rows
+SELECT d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t
+        WHERE t.listening AND q.id IS NOT NULL) AS notified
+FROM d LEFT JOIN q ON true;
 
 -- name: claimable
 -- A fragment, the `due` CTE of `claim` and `claim_handover`: up to `max` due, unclaimed rows of one

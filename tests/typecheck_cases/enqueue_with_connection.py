@@ -5,7 +5,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from shared.models import DispatchPayload, IssueRef
-from shared.queue import enqueue_dispatch
+from shared.queue import enqueue_dispatch, route_and_enqueue
 
 
 def wrong(url: str) -> None:
@@ -16,4 +16,12 @@ def wrong(url: str) -> None:
             orchestrator_id=uuid4(),
             linear_user_id=None,
             message=DispatchPayload(issue=IssueRef(id="i")),
+        )
+        route_and_enqueue(
+            conn,
+            org_id="o",
+            linear_user_id="u",
+            message=DispatchPayload(issue=IssueRef(id="i")),
+            delivery_key="k",
+            content_key="c",
         )

@@ -1,9 +1,9 @@
 # The right way: passes mypy --strict.
 from uuid import UUID
 
-from shared.db import Pool, transaction
+from shared.db import Pool, statement, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef
-from shared.queue import enqueue_dispatch
+from shared.queue import Routed, enqueue_dispatch, route_and_enqueue
 
 
 def right(pool: Pool, orchestrator_id: UUID) -> Enqueued:
@@ -14,4 +14,16 @@ def right(pool: Pool, orchestrator_id: UUID) -> Enqueued:
             orchestrator_id=orchestrator_id,
             linear_user_id=None,
             message=DispatchPayload(issue=IssueRef(id="i")),
+        )
+
+
+def right_in_one_statement(pool: Pool) -> Routed | None:
+    with statement(pool) as tx:
+        return route_and_enqueue(
+            tx,
+            org_id="o",
+            linear_user_id="u",
+            message=DispatchPayload(issue=IssueRef(id="i")),
+            delivery_key="k",
+            content_key="c",
         )
