@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from bench import cpu
-from shared.db import Pool, lend, open_pool, transaction
+from shared.db import Pool, lend, open_pool, statement, transaction
 from shared.models import DispatchPayload, IssueRef
 from shared.orchestrators import register
 from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
@@ -25,6 +25,12 @@ FILL_SETTINGS = Settings(DEVPILOT_POOL_MAX=4, DEVPILOT_STATEMENT_TIMEOUT_MS=600_
 
 def run_threads(n: int, work: Callable[[int], int], seconds: float) -> float:
     """Run `work(i)` in n threads until `seconds` pass; returns units of work per second."""
+    done, elapsed = count_threads(n, work, seconds)
+    return done / elapsed
+
+
+def count_threads(n: int, work: Callable[[int], int], seconds: float) -> tuple[int, float]:
+    """`run_threads`, answering the units of work done and the seconds they took."""
     done = [0] * n
     stop = time.monotonic() + seconds
 
@@ -38,7 +44,7 @@ def run_threads(n: int, work: Callable[[int], int], seconds: float) -> float:
         t.start()
     for t in ts:
         t.join()
-    return sum(done) / (time.monotonic() - t0)
+    return sum(done), time.monotonic() - t0
 
 
 def commit_baseline(url: str, concurrency: int, seconds: float) -> float:
@@ -57,44 +63,50 @@ def commit_baseline(url: str, concurrency: int, seconds: float) -> float:
     return rate
 
 
-def enqueuer(pool: Pool, machine_user: str) -> Callable[[], None]:
+def enqueuer(pool: Pool, machine_user: str, *, one_statement: bool = False) -> Callable[[], None]:
     """A machine registered for the Linear user `machine_user`, and a function that enqueues one
-    message for it in a transaction of its own: the library's enqueue as every figure here runs it."""
+    message for it in a transaction of its own: the library's enqueue as every figure here runs it,
+    in a `transaction()` block (BEGIN, the statement, COMMIT), or with `one_statement` as a
+    `statement()` transaction (the statement alone, as an issue's webhook is taken)."""
     orch = register(pool, org_id="bench", linear_user_id=machine_user, name="m")
     payload = DispatchPayload(issue=IssueRef(id="i", identifier="B-1", title="bench"))
+    begin = statement if one_statement else transaction
 
     def enqueue() -> None:
-        with transaction(pool) as tx:
+        with begin(pool) as tx:
             enqueue_dispatch(tx, org_id="bench", orchestrator_id=orch.id, linear_user_id="u", message=payload)
 
     return enqueue
 
 
-def enqueue_rate(url: str, concurrency: int, seconds: float) -> float:
+def enqueue_rate(url: str, concurrency: int, seconds: float, *, one_statement: bool = False) -> float:
+    return enqueue_cpu_split(url, concurrency, seconds, one_statement=one_statement)["rate"] or 0.0
+
+
+def enqueue_cpu_split(
+    url: str, concurrency: int, seconds: float, *, one_statement: bool = False
+) -> dict[str, float | None]:
+    """Enqueues a second by `concurrency` clients (`rate`), and what each enqueue cost in CPU (ms):
+    this process (the library and psycopg, the client side) and every Postgres process (the
+    statement, its triggers, the commit), read before the pool's connections close. The two share
+    the machine's cores, so this is where the rate's time went."""
     pool = open_pool(url, SETTINGS, min_size=concurrency, max_size=concurrency + 2)
-    enqueue = enqueuer(pool, "u")
+    try:
+        enqueue = enqueuer(pool, "u", one_statement=one_statement)
 
-    def one(i: int) -> int:
-        enqueue()
-        return 1
+        def one(i: int) -> int:
+            enqueue()
+            return 1
 
-    rate = run_threads(concurrency, one, seconds)
-    pool.close()
-    return rate
-
-
-def enqueue_cpu_split(url: str, concurrency: int, seconds: float) -> dict[str, float | None]:
-    """`enqueue_rate`, and what each enqueue cost in CPU (ms): this process (the library and
-    psycopg, the client side) and every Postgres process (the statement, its triggers, the commit).
-    The two share the machine's cores, so this is where the rate's time went."""
-    me0, pg0 = cpu.self_seconds(), cpu.postgres_seconds()
-    rate = enqueue_rate(url, concurrency, seconds)
-    me1, pg1 = cpu.self_seconds(), cpu.postgres_seconds()
-    n = rate * seconds
+        me0, pg0 = cpu.self_seconds(), cpu.postgres_by_process()
+        done, elapsed = count_threads(concurrency, one, seconds)
+        me1, pg1 = cpu.self_seconds(), cpu.postgres_by_process()
+    finally:
+        pool.close()
     return {
-        "rate": round(rate),
-        "client": cpu.per_unit_ms(me0, me1, n),
-        "postgres": cpu.per_unit_ms(pg0, pg1, n),
+        "rate": round(done / elapsed),
+        "client": cpu.per_unit_ms(me0, me1, done),
+        "postgres": cpu.per_unit_ms(0.0, cpu.postgres_used(pg0, pg1), done),
     }
 
 

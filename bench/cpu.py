@@ -28,22 +28,32 @@ def self_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def postgres_seconds() -> float | None:
+def postgres_by_process() -> dict[int, float] | None:
     """User + system CPU of every process on this machine named `postgres` (the server, its
-    backends and its background workers: all a statement costs, commit included); None when there
-    is none to read (Postgres on another host)."""
-    total, found = 0.0, False
+    backends and its background workers: all a statement costs, commit included), by pid; None
+    when there is none to read (Postgres on another host)."""
+    found: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             if (entry / "comm").read_text().strip() != "postgres":
                 continue
-            total += _stat_cpu_seconds((entry / "stat").read_text())
+            found[int(entry.name)] = _stat_cpu_seconds((entry / "stat").read_text())
         except OSError:  # (it ended meanwhile)
             continue
-        found = True
-    return total if found else None
+    return found or None
+
+
+def postgres_used(before: dict[int, float] | None, after: dict[int, float] | None) -> float | None:
+    """Postgres's CPU seconds between two readings of `postgres_by_process`: each process alive at
+    the second by how much it grew (from zero if it started meanwhile). A process that ended in
+    between is left out, not subtracted: the backends of connections closed just before a run
+    (the step before it) would otherwise take their whole lives' CPU off the figure. So read the
+    second time before closing the run's own connections."""
+    if before is None or after is None:
+        return None
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 def per_unit_ms(before: float | None, after: float | None, n: float) -> float | None:

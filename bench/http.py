@@ -123,14 +123,14 @@ def cpu_split(
     load generator, the server process tree, and every Postgres process. On a small machine they
     share the cores, so this is where a rate's time went. `postgres` is None when Postgres runs
     elsewhere."""
-    srv0, pg0 = cpu.tree_seconds(server_pid), cpu.postgres_seconds()
+    srv0, pg0 = cpu.tree_seconds(server_pid), cpu.postgres_by_process()
     result = run()
-    srv1, pg1 = cpu.tree_seconds(server_pid), cpu.postgres_seconds()
+    srv1, pg1 = cpu.tree_seconds(server_pid), cpu.postgres_by_process()
     n = int(result["count"])
     return result, {
         "load_generator": cpu.per_unit_ms(0.0, float(result["cpu_s"]), n),
         "server": cpu.per_unit_ms(srv0, srv1, n),
-        "postgres": cpu.per_unit_ms(pg0, pg1, n),
+        "postgres": cpu.per_unit_ms(0.0, cpu.postgres_used(pg0, pg1), n),
     }
 
 
