@@ -93,6 +93,7 @@ def enqueue_dispatch(
             "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
             "now": now,
             "delivery_key": delivery_key,
+            "notice_queued": notice_queued,
         },
     )
     if row is None:
@@ -108,7 +109,7 @@ def enqueue_dispatch(
 @dataclass(frozen=True)
 class Routed:
     """What `route_and_enqueue` did: dispatched (`enqueued`, to `orchestrator_id`), or, with both
-    None, recorded the delivery as ignored because the user has no active machine."""
+    None, recorded a plain issue's delivery as ignored because the user has no active machine."""
 
     enqueued: Enqueued | None
     orchestrator_id: UUID | None
@@ -125,21 +126,23 @@ def route_and_enqueue(
     session_id: UUID | None = None,
     now: datetime | None = None,
 ) -> Routed | None:
-    """The webhook intake of a plain start (an issue created with an assignee) in one statement:
-    records the delivery (its two keys), chooses the user's machine by the routing policy, and
-    queues the message for it as `enqueue_dispatch` does, or records the delivery as ignored when
-    the user has no active machine. `tx` is required, as for every write to the queue; a
+    """The webhook intake of a start with nothing to cancel first (an issue created with an
+    assignee, an agent session `created`) in one statement: records the delivery (its two keys),
+    takes an agent session's turn, chooses the user's machine by the routing policy and queues the
+    message for it as `enqueue_dispatch` does, with Linear's "Queued for" notice for an agent
+    session (`Enqueued.notice_id`); or records a plain issue's delivery as ignored when the user
+    has no active machine. `tx` is required, as for every write to the queue; a
     `shared.db.statement()` makes the statement its own transaction (one round trip in all).
 
-    None: nothing was written. The delivery was seen before (or a concurrent copy committed it), or
-    the machine chosen was revoked while this waited for it; the caller decides in a full intake
-    transaction, which tells those apart. Agent sessions take turns first (`record_delivery`), and
-    a re-assignment cancels first: neither comes here."""
+    None: nothing was written. The delivery was seen before (or a concurrent copy committed it),
+    the machine chosen was revoked while this waited for it, or an agent session's user has no
+    machine; the caller decides in a full intake transaction, which tells those apart."""
     tx = require_tx(tx, "route_and_enqueue")
     if not isinstance(message, DispatchPayload):
         raise TypeError("route_and_enqueue() message must be a DispatchPayload")
-    if message.kind != "start" or message.agent_session_id is not None:
-        raise ValueError("route_and_enqueue is for a plain start, outside any agent session")
+    if message.kind != "start":
+        raise ValueError("route_and_enqueue is for a start")
+    in_session = message.agent_session_id is not None
     row = tx.one(
         query("route_and_enqueue_for_delivery"),
         {
@@ -149,22 +152,27 @@ def route_and_enqueue(
             "linear_user_id": linear_user_id,
             "issue_id": message.issue.id,
             "issue_identifier": message.issue.identifier,
-            "agent_session_id": None,
+            "agent_session_id": message.agent_session_id,
             "kind": message.kind,
             "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
             "now": now,
             "delivery_key": delivery_key,
             "content_key": content_key,
+            "record_unrouted": not in_session,  # (an agent session's user hears why: the caller tells)
+            "notice_queued": in_session,
         },
     )
     if row is None:
         return None
     if row["outcome"] != "dispatched":
         return Routed(None, None)
-    return Routed(
-        Enqueued(session_id=row["session_id"], queue_id=row["queue_id"], message_id=row["message_id"]),
-        row["orchestrator_id"],
+    enqueued = Enqueued(
+        session_id=row["session_id"],
+        queue_id=row["queue_id"],
+        message_id=row["message_id"],
+        notice_id=row["notice_id"],
     )
+    return Routed(enqueued, row["orchestrator_id"])
 
 
 def claim(

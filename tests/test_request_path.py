@@ -26,10 +26,12 @@ import pytest
 from functions.app import wsgi
 from shared import intake, linear
 from shared.db import Pool, open_pool, transaction
+from shared.linear_auth import store_static
 from shared.orchestrators import register, revoke
 from shared.queue import claim
 from shared.settings import Settings
-from tests.helpers.api import Api, issue_event
+from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.data import ENCRYPTION_KEY
 
 T = TypeVar("T")
 
@@ -343,5 +345,47 @@ def test_a_machine_revoked_before_the_statement_is_never_chosen(db_url: str, set
         stays = register(pool, org_id="org-a", linear_user_id="user-1", name="new")
         answer = _receive(pool, issue_event(issue_id="iss-revoked-2", assignee="user-1"), "d-2")
         assert answer["status"] == "dispatched" and answer["orchestratorId"] == str(stays.id)
+    finally:
+        pool.close()
+
+
+def test_an_agent_sessions_start_is_taken_in_one_round_trip(db_url: str) -> None:
+    """An agent session `created` is the same one statement: its turn taken, the start queued and
+    Linear's "Queued for <machine>" thought written with it (posted after the commit), in one
+    round trip. For a user without a machine it writes nothing and the transaction decides, which
+    tells Linear why."""
+    settings = Settings(DATABASE_URL=None, DEVPILOT_ENCRYPTION_KEYS=ENCRYPTION_KEY)
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        machine = register(pool, org_id="org-a", linear_user_id="user-1", name="laptop")
+        store_static(pool, settings, "org-a", "lin_api_test")  # an org Linear is told about
+        event = agent_session_event(session_id="as-once", creator="user-1")
+        received, trips = _round_trips(
+            pool, lambda: intake.receive(pool, linear.parse(json.dumps(event).encode()), "d-1")
+        )
+        assert trips == 1
+        answer = received.answer
+        assert answer["status"] == "dispatched" and answer["kind"] == "start"
+        assert answer["orchestratorId"] == str(machine.id)
+        with pool.connection() as conn:
+            notices = conn.execute(
+                "SELECT id, session_id, agent_session_id, content FROM linear_notices"
+            ).fetchall()
+        assert [(n["session_id"], n["agent_session_id"], n["content"]) for n in notices] == [
+            (UUID(answer["sessionId"]), "as-once", {"type": "thought", "body": "Queued for laptop"})
+        ]
+        assert received.notice_ids == [notices[0]["id"]]  # posted after the commit
+        [message] = claim(pool, machine.id, max=10, lease_seconds=60)
+        assert message.agent_session_id == "as-once" and message.kind == "start"
+        assert message.prompt is not None and message.prompt.body == event["agentSession"]["comment"]["body"]
+
+        nobody = agent_session_event(session_id="as-nobody", creator="user-without-machine")
+        _, trips = _round_trips(pool, lambda: _receive(pool, nobody, "d-2"))
+        assert trips > 1  # the one statement wrote nothing; the transaction told Linear
+        with pool.connection() as conn:
+            told = conn.execute(
+                "SELECT kind, body FROM linear_notices WHERE agent_session_id = 'as-nobody'"
+            ).fetchall()
+        assert told == [{"kind": "failed", "body": intake.UNROUTABLE}]
     finally:
         pool.close()

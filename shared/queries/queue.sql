@@ -69,14 +69,8 @@ WITH
 -- include: enqueue_rows
 ,
 -- include: delivery_dispatched
-, told AS (
-    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
-    SELECT %(org_id)s, q.session_id, 'dispatched', %(agent_session_id)s, %(issue_id)s,
-           'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
-    FROM q JOIN target t ON t.id = q.orchestrator_id
-    WHERE devpilot_notifies(%(org_id)s)
-    RETURNING id
-)
+,
+-- include: queued_notice
 SELECT q.session_id, q.id AS queue_id, q.message_id, (SELECT id FROM told) AS notice_id,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
 FROM q;
@@ -119,42 +113,71 @@ s AS (
 )
 
 -- name: route_and_enqueue_for_delivery
--- (none) -> AVAILABLE for a webhook delivery that asks for a plain `start` to a Linear user's
--- machine (an issue created with an assignee), the whole intake in one statement. Run as a
--- transaction of its own (`shared.db.statement`), the delivery's record, the routing choice, the
--- session and its queue row commit together or not at all, with no BEGIN or COMMIT: one round trip
--- per such webhook where the intake transaction takes four.
+-- (none) -> AVAILABLE for a webhook delivery that asks for a `start` on a Linear user's machine
+-- with nothing to cancel first (an issue created with an assignee, an agent session `created`),
+-- the whole intake in one statement. Run as a transaction of its own (`shared.db.statement`), the
+-- delivery's record, the routing choice, the session, its queue row and Linear's first notice
+-- commit together or not at all, with no BEGIN or COMMIT: one round trip where the intake
+-- transaction takes four.
 -- * `routed`: the routing policy's choice for `route_user` (`route`, intake.sql).
+-- * `turn`: for an agent session, its turn (`agent_session_turn`, intake.sql), taken before the
+--   machine's lock as the intake transaction takes it, so a stop that comes meanwhile waits for
+--   this start's commit and then cancels it. This statement reads nothing a turn orders: the
+--   routing choice is read before the turn in the transaction too, and the machine by its lock.
 -- * `machine`: that machine's row FOR KEY SHARE if it is still active: as `enqueue`'s `target`, a
 --   revoke that committed while this waited is seen, and nothing is written for the machine.
 -- * `d`: the delivery (its two keys, as `record_delivery`) recorded with what it did: dispatched
---   to the new session, or ignored when the user has no active machine at all. ON CONFLICT DO
---   NOTHING: a delivery seen before, or a concurrent copy once that commits, writes nothing.
--- * `target`, then `enqueue`'s session and queue row and its NOTIFY, only for a dispatch.
--- No row returned: nothing was written (a delivery seen before, or a machine revoked meanwhile).
--- The caller then decides in a full intake transaction, which tells the two apart.
+--   to the new session, or, with `record_unrouted` (a plain issue, which Linear is not told
+--   about), ignored when the user has no active machine at all. ON CONFLICT DO NOTHING: a
+--   delivery seen before, or a concurrent copy once that commits, writes nothing.
+-- * `target`, then `enqueue`'s session and queue row and its NOTIFY, only for a dispatch; with
+--   `notice_queued`, the "Queued for <machine>" thought too (`queued_notice`).
+-- No row returned: nothing was written (a delivery seen before, a machine revoked meanwhile, or an
+-- agent session for a user with no machine). The caller then decides in a full intake
+-- transaction, which tells those apart (and tells Linear about the last).
 WITH routed AS (
 -- include: route
+), turn AS (
+-- include: agent_session_turn
 ), machine AS (
     SELECT id, name, listening_until > now() AS listening
-    FROM orchestrators WHERE id = (SELECT id FROM routed) AND revoked_at IS NULL
+    FROM orchestrators
+    WHERE id = (SELECT id FROM routed) AND revoked_at IS NULL
+      AND (SELECT count(*) FROM turn) >= 0  -- (true: it makes the turn come before the lock)
     FOR KEY SHARE
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
     SELECT %(delivery_key)s, %(content_key)s, c.session_id, c.outcome
     FROM (SELECT %(session_id)s::uuid AS session_id, 'dispatched' AS outcome FROM machine
           UNION ALL
-          SELECT NULL, 'ignored' WHERE NOT EXISTS (SELECT FROM routed)) c
+          SELECT NULL, 'ignored' WHERE %(record_unrouted)s AND NOT EXISTS (SELECT FROM routed)) c
     ON CONFLICT DO NOTHING
     RETURNING outcome
 ), target AS (
     SELECT m.* FROM machine m WHERE EXISTS (SELECT FROM d WHERE d.outcome = 'dispatched')
 ),
 -- include: enqueue_session_rows
+,
+-- include: queued_notice
 SELECT d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       (SELECT id FROM told) AS notice_id,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t
         WHERE t.listening AND q.id IS NOT NULL) AS notified
 FROM d LEFT JOIN q ON true;
+
+-- name: queued_notice
+-- A fragment, after `q` and `target`: with `notice_queued`, Linear's "Queued for <machine>"
+-- thought for the agent session's start (Linear shows the agent unresponsive without an activity
+-- within 10 s), for an org Linear is told about. It commits with the message or not at all, and
+-- is posted after the commit.
+told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT %(org_id)s, q.session_id, 'dispatched', %(agent_session_id)s, %(issue_id)s,
+           'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
+    FROM q JOIN target t ON t.id = q.orchestrator_id
+    WHERE %(notice_queued)s AND devpilot_notifies(%(org_id)s)
+    RETURNING id
+)
 
 -- name: claimable
 -- A fragment, the `due` CTE of `claim` and `claim_handover`: up to `max` due, unclaimed rows of one
