@@ -82,16 +82,10 @@ def enqueue_dispatch(
     row = tx.one(
         query(name),
         {
-            "session_id": session_id or uuid4(),
+            **_session_params(message, session_id, now),
             "org_id": org_id,
             "orchestrator_id": orchestrator_id,
             "linear_user_id": linear_user_id,
-            "issue_id": message.issue.id,
-            "issue_identifier": message.issue.identifier,
-            "agent_session_id": message.agent_session_id,
-            "kind": message.kind,
-            "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
-            "now": now,
             "delivery_key": delivery_key,
             "notice_queued": notice_queued,
         },
@@ -104,6 +98,22 @@ def enqueue_dispatch(
         message_id=row["message_id"],
         notice_id=row.get("notice_id"),
     )
+
+
+def _session_params(
+    message: DispatchPayload, session_id: UUID | None, now: datetime | None
+) -> dict[str, Any]:
+    """The new session's and its queue row's values that come from the message
+    (`enqueue_session_rows` in queue.sql)."""
+    return {
+        "session_id": session_id or uuid4(),
+        "issue_id": message.issue.id,
+        "issue_identifier": message.issue.identifier,
+        "agent_session_id": message.agent_session_id,
+        "kind": message.kind,
+        "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
+        "now": now,
+    }
 
 
 @dataclass(frozen=True)
@@ -146,16 +156,10 @@ def route_and_enqueue(
     row = tx.one(
         query("route_and_enqueue_for_delivery"),
         {
-            "session_id": session_id or uuid4(),
+            **_session_params(message, session_id, now),
             "org_id": org_id,
             "route_user": linear_user_id,
             "linear_user_id": linear_user_id,
-            "issue_id": message.issue.id,
-            "issue_identifier": message.issue.identifier,
-            "agent_session_id": message.agent_session_id,
-            "kind": message.kind,
-            "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
-            "now": now,
             "delivery_key": delivery_key,
             "content_key": content_key,
             "record_unrouted": not in_session,  # (an agent session's user hears why: the caller tells)
