@@ -134,8 +134,7 @@ def statement(pool: Pool) -> Iterator[Tx]:
     settings = _POOL_SETTINGS.get(pool)
     with lend(pool) as conn:
         if settings is not None and settings.database_transaction_pooler:
-            with _open(conn, settings) as tx:
-                tx._single = True
+            with _open(conn, settings, single=True) as tx:
                 yield tx
             return
         tx = Tx(conn, _MINT, single=True)
@@ -146,9 +145,9 @@ def statement(pool: Pool) -> Iterator[Tx]:
 
 
 @contextmanager
-def _open(conn: Conn, settings: Settings | None) -> Iterator[Tx]:
+def _open(conn: Conn, settings: Settings | None, *, single: bool = False) -> Iterator[Tx]:
     with conn.transaction():
-        tx = Tx(conn, _MINT)
+        tx = Tx(conn, _MINT, single=single)
         try:
             if settings is not None and settings.database_transaction_pooler:
                 conn.execute(query("set_local_timeout"), {"ms": settings.statement_timeout_ms})

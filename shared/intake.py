@@ -29,7 +29,7 @@ from uuid import UUID
 from shared import linear_auth, notices
 from shared.db import Pool, Tx, statement, transaction
 from shared.linear import Intent, Webhook, intent
-from shared.models import DispatchPayload, IssueRef, MessageKind
+from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
 from shared.queue import MachineRevoked, cancel_issue, enqueue_dispatch, route_and_enqueue
 from shared.sql import query
 
@@ -64,7 +64,7 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
         done = _start_at_once(pool, start, key, content_key)
         if done is not None:
             return done
-        rounds -= 1  # (a round that wrote nothing: a delivery seen before, or its machine revoked)
+        rounds -= 1  # (a round that wrote nothing; `_start_at_once` says when)
     for _ in range(rounds - 1):
         try:
             return _receive(pool, hook, plan, key, content_key)
@@ -117,17 +117,27 @@ def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Rec
         # without a machine, and Linear is not told about a plain issue.
         return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)
     enq = routed.enqueued
+    answer = _dispatched(enq, routed.orchestrator_id, "start" if start.message.agent_session_id else None)
+    return Received(answer, _notices(enq), recorded=True)
+
+
+def _dispatched(enq: Enqueued, orch: UUID, kind: MessageKind | None) -> dict[str, Any]:
+    """The webhook's answer for a queued message (`kind`: an agent session's message says which)."""
     answer: dict[str, Any] = {
         "status": "dispatched",
         "sessionId": str(enq.session_id),
         "queueId": str(enq.queue_id),
         "messageId": str(enq.message_id),
-        "orchestratorId": str(routed.orchestrator_id),
+        "orchestratorId": str(orch),
     }
-    if start.message.agent_session_id is not None:
-        answer["kind"] = "start"
-    told = [] if enq.notice_id is None else [enq.notice_id]
-    return Received(answer, told, recorded=True)
+    if kind is not None:
+        answer["kind"] = kind
+    return answer
+
+
+def _notices(enq: Enqueued) -> list[UUID]:
+    """The Linear notice the enqueue's statement wrote, to send after the commit."""
+    return [] if enq.notice_id is None else [enq.notice_id]
 
 
 def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
@@ -230,20 +240,10 @@ def _dispatch(
         # Linear's first activity for a new agent session, written by the enqueue's own statement.
         notice_queued=bool(plan.agent_session_id) and kind == "start" and delivery_key is not None,
     )
-    sid = enq.session_id
-    told: list[UUID] = [] if enq.notice_id is None else [enq.notice_id]
-    answer: dict[str, Any] = {
-        "status": "dispatched",
-        "sessionId": str(sid),
-        "queueId": str(enq.queue_id),
-        "messageId": str(enq.message_id),
-        "orchestratorId": str(orch),
-    }
-    if plan.agent_session_id:
-        answer["kind"] = kind
+    answer = _dispatched(enq, orch, kind if plan.agent_session_id else None)
     if cancelled:
         answer["cancelledSessionId"] = str(cancelled[0])
-    return Received(answer, told, recorded=delivery_key is not None)
+    return Received(answer, _notices(enq), recorded=delivery_key is not None)
 
 
 def _stop(tx: Tx, org: str, plan: Intent) -> Received:
