@@ -336,6 +336,76 @@ def test_enqueue_reads_no_table_in_either_plan(
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 60, text
 
 
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_start_in_one_statement_reads_no_table_in_either_plan(
+    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """The intake's one statement (`route_and_enqueue_for_delivery`) finds the user's machine by
+    the routing index and locks it by its key, and writes the delivery, the session and its queue
+    row, in both plans, with thousands of machines in the org and many queued sessions."""
+    from psycopg.types.json import Jsonb
+
+    from shared.sql import query
+
+    o = make_orchestrator()
+    fill_queue(pool, o, 20_000)
+    with pool.connection() as conn:  # other people's machines in the same org
+        conn.execute(
+            "INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)"
+            " SELECT %s, 'someone-' || i, 'm', sha256(i::text::bytea) FROM generate_series(1, 5000) i",
+            (o.org_id,),
+        )
+        conn.execute("ANALYZE orchestrators")
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        with pytest.raises(RuntimeError), transaction(conn) as tx:
+            for n in range(2):  # the second run is the steady state (the first warms the caches)
+                plan = tx.conn.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("route_and_enqueue_for_delivery"),
+                    {
+                        "session_id": uuid4(),
+                        "org_id": o.org_id,
+                        "route_user": o.linear_user_id,
+                        "linear_user_id": o.linear_user_id,
+                        "issue_id": "i",
+                        "issue_identifier": "X-1",
+                        "kind": "start",
+                        "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
+                        "agent_session_id": None,
+                        "now": None,
+                        "delivery_key": f"delivery-{n}",
+                        "content_key": f"content-{n}",
+                        "record_unrouted": True,
+                        "notice_queued": False,
+                    },
+                    prepare=True,
+                ).fetchone()
+            raise RuntimeError("roll back")
+    assert plan is not None
+    text = json.dumps(plan)
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    top = plan["QUERY PLAN"][0]["Plan"]
+    touched = sorted(
+        (n["Node Type"], n["Relation Name"], n.get("Index Name"))
+        for n in nodes(top)
+        if n.get("Relation Name")
+    )
+    assert touched == sorted(  # the routing read, the machine's row by its key, four inserts
+        [
+            ("Index Scan", "orchestrators", "orchestrators_route_idx"),
+            ("Index Scan", "orchestrators", "orchestrators_pkey"),
+            ("ModifyTable", "webhook_deliveries", None),
+            ("ModifyTable", "dispatch_sessions", None),
+            ("ModifyTable", "dispatch_queue", None),
+            ("ModifyTable", "linear_notices", None),
+        ]
+    ), text
+    assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80, text
+
+
 @pytest.mark.parametrize("statement", ["ack", "ack_as"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_ack_plan_probes_by_key(
