@@ -260,6 +260,20 @@ def test_claim_plan_probes_the_claim_index(
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 50, text
 
 
+def _relations(node: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    """Each plan node that reads or writes a table, under `node` (an EXPLAIN FORMAT JSON plan):
+    (node type, table, index), sorted."""
+
+    def nodes(n: dict[str, Any]) -> list[dict[str, Any]]:
+        return [n, *(m for child in n.get("Plans", []) for m in nodes(child))]
+
+    return sorted(
+        (n["Node Type"], n["Relation Name"], n.get("Index Name"))
+        for n in nodes(node)
+        if n.get("Relation Name")
+    )
+
+
 @pytest.mark.parametrize("statement", ["enqueue", "enqueue_for_delivery"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_enqueue_reads_no_table_in_either_plan(
@@ -312,15 +326,8 @@ def test_enqueue_reads_no_table_in_either_plan(
     assert plan is not None
     text = json.dumps(plan)
 
-    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
-
     top = plan["QUERY PLAN"][0]["Plan"]
-    touched = sorted(
-        (n["Node Type"], n["Relation Name"], n.get("Index Name"))
-        for n in nodes(top)
-        if n.get("Relation Name")
-    )
+    touched = _relations(top)
     delivery = [  # (the intake's: the delivery's row by its key, its outcome written)
         ("Index Scan", "webhook_deliveries", "webhook_deliveries_pkey"),
         ("ModifyTable", "webhook_deliveries", None),
@@ -384,15 +391,8 @@ def test_a_start_in_one_statement_reads_no_table_in_either_plan(
     assert plan is not None
     text = json.dumps(plan)
 
-    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
-
     top = plan["QUERY PLAN"][0]["Plan"]
-    touched = sorted(
-        (n["Node Type"], n["Relation Name"], n.get("Index Name"))
-        for n in nodes(top)
-        if n.get("Relation Name")
-    )
+    touched = _relations(top)
     assert touched == sorted(  # the routing read, the machine's row by its key, four inserts
         [
             ("Index Scan", "orchestrators", "orchestrators_route_idx"),
