@@ -30,7 +30,7 @@ from shared import linear_auth, notices
 from shared.db import Pool, Tx, statement, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
-from shared.queue import MachineRevoked, cancel_issue, enqueue_dispatch, route_and_enqueue
+from shared.queue import NO_MACHINE, MachineRevoked, cancel_issue, enqueue_dispatch, route_and_enqueue
 from shared.sql import query
 
 UNROUTABLE = "No machine is registered in devpilot for the person who started this; nothing was dispatched."
@@ -112,7 +112,7 @@ def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Rec
         )
     if routed is None:
         return None
-    if routed.enqueued is None or routed.orchestrator_id is None:
+    if routed == NO_MACHINE:
         # As the transaction below answers it: most assignments in a workspace go to people
         # without a machine, and Linear is not told about a plain issue.
         return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)

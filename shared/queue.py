@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from uuid import UUID, uuid4
 
 from psycopg.rows import DictRow
@@ -118,11 +118,13 @@ def _session_params(
 
 @dataclass(frozen=True)
 class Routed:
-    """What `route_and_enqueue` did: dispatched (`enqueued`, to `orchestrator_id`), or, with both
-    None, recorded a plain issue's delivery as ignored because the user has no active machine."""
+    """What `route_and_enqueue` queued (`enqueued`), and for which machine."""
 
-    enqueued: Enqueued | None
-    orchestrator_id: UUID | None
+    enqueued: Enqueued
+    orchestrator_id: UUID
+
+
+NO_MACHINE: Final = "no_machine"  # `route_and_enqueue` recorded a plain issue's delivery as ignored
 
 
 def route_and_enqueue(
@@ -135,7 +137,7 @@ def route_and_enqueue(
     content_key: str,
     session_id: UUID | None = None,
     now: datetime | None = None,
-) -> Routed | None:
+) -> Routed | Literal["no_machine"] | None:
     """The webhook intake of a start with nothing to cancel first (an issue created with an
     assignee, an agent session `created`) in one statement: records the delivery (its two keys),
     takes an agent session's turn, chooses the user's machine by the routing policy and queues the
@@ -169,7 +171,7 @@ def route_and_enqueue(
     if row is None:
         return None
     if row["outcome"] != "dispatched":
-        return Routed(None, None)
+        return NO_MACHINE
     enqueued = Enqueued(
         session_id=row["session_id"],
         queue_id=row["queue_id"],

@@ -17,7 +17,7 @@ def right(pool: Pool, orchestrator_id: UUID) -> Enqueued:
         )
 
 
-def right_in_one_statement(pool: Pool) -> Routed | None:
+def right_in_one_statement(pool: Pool) -> Routed | str | None:
     with statement(pool) as tx:
         return route_and_enqueue(
             tx,
