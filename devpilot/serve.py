@@ -10,7 +10,9 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -67,15 +69,21 @@ class QuietHandler(WSGIRequestHandler):
         pass
 
 
-# One worker process (one pool, one LISTEN connection, one in-process sweep) on Granian: its HTTP
-# (hyper, in Rust) reads requests without a Python thread, so a client that trickles its headers
-# holds nothing and is cut off after HEADER_DEADLINE; a request's WSGI call then runs on one of
-# THREADS blocking threads, where a waiting long-poll holds a thread and nothing else.
+# Worker processes on Granian (DEVPILOT_SERVE_WORKERS, default one), each with its own pool and
+# LISTEN connection; the first one also runs the in-process sweep. Granian's HTTP (hyper, in Rust)
+# reads requests without a Python thread, so a client that trickles its headers holds nothing and
+# is cut off after HEADER_DEADLINE; a request's WSGI call then runs on one of THREADS blocking
+# threads, where a waiting long-poll holds a thread and nothing else. More than one worker is how
+# serve uses more than one core: one Python process runs one thread at a time.
 THREADS = 512
 HEADER_DEADLINE = 10.0
 GRACEFUL_SECONDS = 5  # on SIGTERM: requests in flight finish (long-polls are cut short after this)
 
 _worker: dict[str, Callable[[], None]] = {}  # set by serve() in the master, inherited by the fork
+# Only one worker announces and sweeps: each takes the next number from a counter the master made
+# before forking. (A worker that dies is not respawned: Granian's master then stops, so numbers are
+# never taken twice.)
+_FIRST = 0
 
 
 def worker_app() -> Any:
@@ -113,6 +121,19 @@ def _wait_listening(host: str, port: int, timeout: float = 60.0) -> None:
             time.sleep(0.01)
 
 
+def _shared_metrics(workers: int) -> str | None:
+    """With several workers, /metrics must count every worker's requests whichever worker answers
+    the scrape: prometheus_client's multiprocess mode, where each process keeps its counts in files
+    under PROMETHEUS_MULTIPROC_DIR and a scrape sums them. Set here, in the master before it forks,
+    since prometheus_client picks its mode when first imported (in the workers, on first count).
+    One worker keeps its counts in memory as a function instance does. None: nothing to clean up."""
+    if workers == 1:
+        return None
+    path = tempfile.mkdtemp(prefix="devpilot-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) -> int:
     setup_logging()
     settings = get_settings()
@@ -124,8 +145,13 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     url = f"http://{host}:{port}"
     stop = threading.Event()
     made: list[runtime.Runtime] = []
+    workers = settings.serve_workers
+    taken = multiprocessing.get_context("fork").Value("i", 0)
+    metrics_dir = _shared_metrics(workers)
 
     def start_worker() -> None:
+        with taken.get_lock():
+            number, taken.value = taken.value, taken.value + 1
         pool = open_pool(database.url, settings)
         wakeups = Wakeups(settings.database_listen_url or database.url)
         made.append(runtime.Runtime(settings, database, pool, wakeups))
@@ -141,6 +167,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
                 except Exception as exc:  # the next round retries; the table keeps the truth
                     log.warning("sweep failed: %s", exc)
 
+        if number != _FIRST:
+            return
         if sweep_every > 0:
             threading.Thread(target=sweeper, name="devpilot-sweep", daemon=True).start()
         # Said once the worker can answer, so whoever reads "serving on" may call at once: Granian's
@@ -159,6 +187,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
             print(f"migrations applied: {', '.join(applied)}", flush=True)
         for line in configuration_report(settings):
             print(line, flush=True)
+        if workers > 1:
+            print(f"workers: {workers}", flush=True)
         print(f"sweep: every {sweep_every:g}s" if sweep_every > 0 else "sweep: off", flush=True)
 
     def stop_worker() -> None:
@@ -174,7 +204,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
         port=port,
         interface=Interfaces.WSGI,
         factory=True,
-        workers=1,
+        workers=workers,
         blocking_threads=THREADS,
         backpressure=THREADS * 2,
         http=HTTPModes.http1,
@@ -196,6 +226,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
         # The forked worker unwinds through here too when it exits; only the master owns the
         # embedded database and says it stopped.
         if os.getpid() == master:
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
             if database.embedded and database.handle is not None:
                 database.handle.cleanup()
             print("devpilot stopped", flush=True)

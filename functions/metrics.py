@@ -1,16 +1,19 @@
 """`metrics` target (GET /metrics): Prometheus text, admin bearer, off unless DEVPILOT_METRICS=1.
 
-Counters and histograms are this instance's; queue depth by orchestrator is read from the table
-at scrape time, so every instance reports the same truth.
+Counters and histograms are this instance's (with several `devpilot serve` workers, every worker's,
+summed); queue depth by orchestrator is read from the table at scrape time, so every instance
+reports the same truth.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import flask
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from functions.runtime import get_runtime
@@ -51,10 +54,24 @@ class QueueDepth(Collector):
         yield connected
 
 
-meters().registry.register(QueueDepth())
+def _scraped() -> CollectorRegistry:
+    """What a scrape reads: this process's registry; or, in prometheus_client's multiprocess mode
+    (`devpilot serve` with several workers sets PROMETHEUS_MULTIPROC_DIR), the counts every
+    process of the server wrote to that directory, summed, whichever worker answers."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        meters()  # (this worker's metrics exist, at zero, even before its first count)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # (untyped in prometheus_client)
+    else:
+        registry = meters().registry
+    registry.register(QueueDepth())
+    return registry
+
+
+SCRAPED = _scraped()  # (once, at import: the import lock keeps two first scrapes from both making it)
 
 
 def metrics(call: Call) -> flask.Response:
     if not call.rt.settings.metrics_enabled:
         raise ApiError(404, "not_found", "metrics are off; set DEVPILOT_METRICS=1")
-    return flask.Response(generate_latest(meters().registry), mimetype="text/plain; version=0.0.4")
+    return flask.Response(generate_latest(SCRAPED), mimetype="text/plain; version=0.0.4")

@@ -29,6 +29,9 @@ class Settings(BaseModel):
     # prepared statements and no session state (statement timeouts are then set per transaction).
     database_transaction_pooler: bool = Field(default=False, validation_alias="DEVPILOT_TRANSACTION_POOLER")
     database_pool_max: int = Field(default=10, ge=1, le=200, validation_alias="DEVPILOT_POOL_MAX")
+    # `devpilot serve`'s worker processes, each with its own pool (DEVPILOT_POOL_MAX connections)
+    # and its own LISTEN connection; one of them runs the in-process sweep.
+    serve_workers: int = Field(default=1, ge=1, le=64, validation_alias="DEVPILOT_SERVE_WORKERS")
     connect_timeout_seconds: float = Field(
         default=10.0, gt=0, le=120, validation_alias="DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS"
     )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import psycopg
@@ -240,17 +242,133 @@ def test_healthz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.Mon
         get_settings.cache_clear()
 
 
-def test_the_worker_does_not_outlive_a_sigkilled_serve(db_url: str, tmp_path: Path) -> None:
+def _cpu_ticks(pid: str) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_two_workers_share_the_work_count_metrics_together_and_sweep_once(
+    db_url: str, tmp_path: Path
+) -> None:
+    """DEVPILOT_SERVE_WORKERS=2: two worker processes answer requests (each connection goes to one
+    of them); a long-poll held by either is woken by a webhook the other took; /metrics counts
+    every worker's requests whichever worker answers the scrape; only one worker runs the sweep;
+    SIGTERM stops both and leaves no metrics files behind."""
+    from shared.linear import sign
+    from tests.helpers.api import issue_event
+
+    metrics_dirs = set(Path(tempfile.gettempdir()).glob("devpilot-metrics-*"))
+    spawned = time.monotonic()
+    proc, url, lines = start_serve(
+        {
+            "DATABASE_URL": db_url,
+            "DEVPILOT_ADMIN_TOKEN": ADMIN,
+            "LINEAR_WEBHOOK_SECRET": SECRET,
+            "DEVPILOT_SERVE_WORKERS": "2",
+            "DEVPILOT_METRICS": "1",
+        },
+        tmp_path,
+    )
+    err: list[str] = []
+    drain(proc.stderr, err)
+    close = {"Connection": "close"}  # every request on a new connection: the kernel picks a worker
+    try:
+        assert "workers: 2" in lines and sum(line.startswith("devpilot serving on") for line in lines) == 1
+        workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(workers) == 2
+        r = httpx.post(
+            url + "/orchestrators",
+            json={"orgId": "org-a", "linearUserId": "user-1", "name": "laptop"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        token = r.json()["token"]
+        auth = {"Authorization": f"Bearer {token}", **close}
+
+        # Both workers answer: empty polls until each worker has spent CPU on its share (counted
+        # once both have settled after starting).
+        for _ in range(20):
+            httpx.get(url + "/healthz", headers=close)
+        time.sleep(1)
+        before = {w: _cpu_ticks(w) for w in workers}
+        polls = 0
+        while polls < 100 or (polls < 2000 and min(_cpu_ticks(w) - before[w] for w in workers) < 3):
+            assert httpx.post(url + "/claim", json={}, headers=auth).json() == {"messages": []}
+            polls += 1
+        assert min(_cpu_ticks(w) - before[w] for w in workers) >= 3, "one worker answered nothing"
+
+        # Long-polls woken by webhooks, whichever worker holds the poll and whichever takes the hook.
+        for i in range(4):
+            got: list[dict[str, Any]] = []
+            waiting = threading.Thread(
+                target=lambda into=got: into.append(
+                    httpx.post(url + "/claim", json={"waitSeconds": 20}, headers=auth, timeout=30).json()
+                )
+            )
+            started = time.monotonic()
+            waiting.start()
+            time.sleep(0.3)
+            body = json.dumps(issue_event(issue_id=f"issue-{i}")).encode()
+            hook = httpx.post(
+                url + "/webhook",
+                content=body,
+                headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": f"d-{i}", **close},
+            )
+            assert hook.status_code == 200, hook.text
+            waiting.join(timeout=30)
+            assert time.monotonic() - started < 10, "the long-poll was not woken"
+            (message,) = got[0]["messages"]
+            assert message["issue"]["id"] == f"issue-{i}"
+            ack = httpx.post(
+                url + "/ack",
+                json={"queueId": message["queueId"], "claimToken": message["claimToken"]},
+                headers=auth,
+            )
+            assert ack.status_code == 200, ack.text
+        polls += 4
+
+        # Every scrape, whichever worker answers it, counts every worker's claims.
+        for _ in range(6):
+            assert _metric(url, "devpilot_claim_seconds_count") == polls
+            assert _metric(url, "devpilot_acked_messages_total") == 4
+
+        # One sweep a second, not one per worker.
+        time.sleep(max(0.0, 8 - (time.monotonic() - spawned)))
+        swept = _metric(url, "devpilot_sweep_seconds_count")
+        assert 1 <= swept <= time.monotonic() - spawned + 1
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert proc.stdout is not None and proc.stdout.read().count("devpilot stopped") == 1
+        assert set(Path(tempfile.gettempdir()).glob("devpilot-metrics-*")) == metrics_dirs
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_worker_does_not_outlive_a_sigkilled_serve(db_url: str, tmp_path: Path, workers: int) -> None:
     """A SIGKILLed `devpilot serve` leaves no worker behind holding its port and its connections:
-    the worker notices its master is gone and exits, and the port can be served again."""
+    each worker notices its master is gone and exits, and the port can be served again."""
     from tests.helpers.serving import start_serve as start_on
     from tests.helpers.serving import wait_healthy
 
     proc, url, _ = start_serve(
-        {"DATABASE_URL": db_url, "DEVPILOT_ADMIN_TOKEN": ADMIN, "LINEAR_WEBHOOK_SECRET": SECRET}, tmp_path
+        {
+            "DATABASE_URL": db_url,
+            "DEVPILOT_ADMIN_TOKEN": ADMIN,
+            "LINEAR_WEBHOOK_SECRET": SECRET,
+            "DEVPILOT_SERVE_WORKERS": str(workers),
+        },
+        tmp_path,
     )
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    assert children, "serve runs its worker in a process of its own"
+    assert len(children) == workers, "serve runs each worker in a process of its own"
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 5
