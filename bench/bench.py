@@ -114,12 +114,20 @@ def main() -> int:
         # senders against 16 enqueuing clients, 16 claim+ack loops against 16 claimers at batch 1.
         out["http"] = http.http_rates(s.fresh("http"), secs, threads=HTTP_CLIENTS)
         out["http"]["clients"] = HTTP_CLIENTS
+        # The same webhooks through two worker processes: what a second core of the server buys.
+        two = out["http"]["webhooks_2_workers"] = http.webhook_rate(s.fresh("http2"), secs, HTTP_CLIENTS, 2)
         out["http"]["ratios"] = {
             "webhooks_vs_library_enqueue": round(
                 out["http"]["webhooks"]["rate"] / max(1, out["enqueue"][HTTP_CLIENTS]), 2
             ),
             "webhooks_vs_library_enqueue_one_statement": round(
                 out["http"]["webhooks"]["rate"] / max(1, out["enqueue_one_statement"][HTTP_CLIENTS]), 2
+            ),
+            "webhooks_2_workers_vs_library_enqueue": round(
+                two["rate"] / max(1, out["enqueue"][HTTP_CLIENTS]), 2
+            ),
+            "webhooks_2_workers_vs_library_enqueue_one_statement": round(
+                two["rate"] / max(1, out["enqueue_one_statement"][HTTP_CLIENTS]), 2
             ),
             "claim_ack_vs_library_drain": round(
                 out["http"]["claim_ack_cycles"]["rate"] / max(1, drain[f"{HTTP_CLIENTS}x1"]), 2
@@ -217,6 +225,16 @@ def table(out: dict[str, Any]) -> str:
         (
             "webhooks / one-statement enqueue",
             f"{out['http']['ratios']['webhooks_vs_library_enqueue_one_statement']}x",
+        ),
+        (
+            "webhooks over HTTP, 2 workers (DEVPILOT_SERVE_WORKERS=2)",
+            f"{round(out['http']['webhooks_2_workers']['rate']):,}/s, p50 "
+            f"{out['http']['webhooks_2_workers']['p50_ms']} ms",
+        ),
+        (
+            "2 workers' webhooks / enqueue: block, one statement",
+            f"{out['http']['ratios']['webhooks_2_workers_vs_library_enqueue']}x, "
+            f"{out['http']['ratios']['webhooks_2_workers_vs_library_enqueue_one_statement']}x",
         ),
         (
             f"CPU per enqueue at {HTTP_CLIENTS}: client / Postgres (trigger)",

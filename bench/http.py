@@ -115,6 +115,18 @@ def http_rates(db_url: str, seconds: float, threads: int) -> dict[str, Any]:
         s.close()
 
 
+def webhook_rate(db_url: str, seconds: float, threads: int, workers: int) -> dict[str, Any]:
+    """Webhooks/s through `devpilot serve` with `workers` worker processes (DEVPILOT_SERVE_WORKERS),
+    and where each one's CPU went (the server's figure is its whole process tree)."""
+    s = Serve(db_url, env={"DEVPILOT_SERVE_WORKERS": str(workers)})
+    try:
+        s.register()  # (the machine the webhooks are dispatched to)
+        hooks, hooks_cpu = cpu_split(lambda: loadgen("webhook", s.url, SECRET, threads, seconds), s.proc.pid)
+        return {**hooks, "workers": workers, "cpu_ms_per_request": hooks_cpu}
+    finally:
+        s.close()
+
+
 def cpu_split(
     run: Callable[[], dict[str, Any]], server_pid: int
 ) -> tuple[dict[str, Any], dict[str, float | None]]:
