@@ -98,6 +98,7 @@ def worker_app() -> Any:
     def orphaned() -> None:  # a SIGKILLed master cannot stop us: leave with it
         while os.getppid() == parent:
             time.sleep(0.5)
+        _worker["orphaned"]()
         os._exit(0)
 
     threading.Thread(target=orphaned, name="devpilot-parent-watch", daemon=True).start()
@@ -197,7 +198,11 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
             rt.wakeups.stop()
             rt.pool.close()
 
-    _worker.update(start=start_worker, stop=stop_worker)
+    def orphaned_worker() -> None:  # the master was SIGKILLed: its cleanup is left to us
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    _worker.update(start=start_worker, stop=stop_worker, orphaned=orphaned_worker)
     server = SignalSafeServer(
         "devpilot.serve:worker_app",
         address=host,

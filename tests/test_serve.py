@@ -354,10 +354,12 @@ def test_two_workers_share_the_work_count_metrics_together_and_sweep_once(
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_worker_does_not_outlive_a_sigkilled_serve(db_url: str, tmp_path: Path, workers: int) -> None:
     """A SIGKILLed `devpilot serve` leaves no worker behind holding its port and its connections:
-    each worker notices its master is gone and exits, and the port can be served again."""
+    each worker notices its master is gone and exits, and the port can be served again. Several
+    workers' shared metrics directory goes with them."""
     from tests.helpers.serving import start_serve as start_on
     from tests.helpers.serving import wait_healthy
 
+    metrics_dirs = set(Path(tempfile.gettempdir()).glob("devpilot-metrics-*"))
     proc, url, _ = start_serve(
         {
             "DATABASE_URL": db_url,
@@ -376,6 +378,7 @@ def test_the_worker_does_not_outlive_a_sigkilled_serve(db_url: str, tmp_path: Pa
         time.sleep(0.1)
     alive = [c for c in children if Path(f"/proc/{c}").exists() and "zombie" not in _state(c)]
     assert alive == [], f"worker(s) {alive} outlived their master"
+    assert set(Path(tempfile.gettempdir()).glob("devpilot-metrics-*")) == metrics_dirs
     port = int(url.rsplit(":", 1)[1])
     again = start_on(db_url, port)
     try:
