@@ -76,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="apply the schema to DATABASE_URL (idempotent)")
     p.set_defaults(func=_cmd_migrate)
 
-    p = sub.add_parser("serve", help="migrate, then serve every route on one port")
+    p = sub.add_parser(
+        "serve",
+        help="migrate, then serve every route on one port",
+        epilog="Worker processes: DEVPILOT_SERVE_WORKERS (default 1; one worker uses about one core).",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument(
