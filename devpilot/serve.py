@@ -198,11 +198,11 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
             rt.wakeups.stop()
             rt.pool.close()
 
-    def orphaned_worker() -> None:  # the master was SIGKILLed: its cleanup is left to us
+    def drop_metrics() -> None:  # by the master as it stops; by its workers if it was SIGKILLed
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
-    _worker.update(start=start_worker, stop=stop_worker, orphaned=orphaned_worker)
+    _worker.update(start=start_worker, stop=stop_worker, orphaned=drop_metrics)
     server = SignalSafeServer(
         "devpilot.serve:worker_app",
         address=host,
@@ -231,8 +231,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
         # The forked worker unwinds through here too when it exits; only the master owns the
         # embedded database and says it stopped.
         if os.getpid() == master:
-            if metrics_dir is not None:
-                shutil.rmtree(metrics_dir, ignore_errors=True)
+            drop_metrics()
             if database.embedded and database.handle is not None:
                 database.handle.cleanup()
             print("devpilot stopped", flush=True)
