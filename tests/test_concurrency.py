@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from shared.db import Pool, open_pool, transaction
+from shared.db import Pool, Tx, open_pool, transaction
 from shared.migrate import migrate
 from shared.models import DispatchPayload
 from shared.queue import ack, claim, enqueue_dispatch, sweep
@@ -274,6 +275,25 @@ def _relations(node: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     )
 
 
+def _steady_write_plan(
+    db_url: str, mode: str, sql: str, params: Callable[[Tx, int], dict[str, Any]]
+) -> dict[str, Any]:
+    """The plan of a write (`sql`, EXPLAIN ANALYZE, prepared) under `mode`, at its second run in
+    one transaction that is rolled back: the first run warms the caches, the second is the steady
+    state. `params(tx, n)` gives each run's values (and may write what the run needs first)."""
+    plan: dict[str, Any] | None = None
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        with pytest.raises(RuntimeError), transaction(conn) as tx:
+            for n in range(2):
+                plan = tx.conn.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params(tx, n), prepare=True
+                ).fetchone()
+            raise RuntimeError("roll back")
+    assert plan is not None
+    return plan
+
+
 @pytest.mark.parametrize("statement", ["enqueue", "enqueue_for_delivery"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_enqueue_reads_no_table_in_either_plan(
@@ -290,40 +310,34 @@ def test_enqueue_reads_no_table_in_either_plan(
 
     o = make_orchestrator()
     fill_queue(pool, o, 20_000)  # and not analysed yet, as after a burst of webhooks
-    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
-        conn.execute(f"SET plan_cache_mode = {mode}")
-        with pytest.raises(RuntimeError), transaction(conn) as tx:
-            for n in range(2):  # the second run is the steady state (the first warms the caches)
-                key = f"delivery-{n}"  # recorded first, as the intake does
-                tx.execute(
-                    query("record_delivery"),
-                    {
-                        "key": key,
-                        "content_key": key,
-                        "org_id": o.org_id,
-                        "route_user": None,
-                        "agent_session_id": None,
-                    },
-                )
-                plan = tx.conn.execute(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query(statement),
-                    {
-                        "session_id": uuid4(),
-                        "orchestrator_id": o.id,
-                        "org_id": o.org_id,
-                        "linear_user_id": None,
-                        "issue_id": "i",
-                        "issue_identifier": "X-1",
-                        "kind": "start",
-                        "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
-                        "agent_session_id": None,
-                        "now": None,
-                        "delivery_key": key,
-                    },
-                    prepare=True,
-                ).fetchone()
-            raise RuntimeError("roll back")
-    assert plan is not None
+
+    def params(tx: Tx, n: int) -> dict[str, Any]:
+        key = f"delivery-{n}"  # recorded first, as the intake does
+        tx.execute(
+            query("record_delivery"),
+            {
+                "key": key,
+                "content_key": key,
+                "org_id": o.org_id,
+                "route_user": None,
+                "agent_session_id": None,
+            },
+        )
+        return {
+            "session_id": uuid4(),
+            "orchestrator_id": o.id,
+            "org_id": o.org_id,
+            "linear_user_id": None,
+            "issue_id": "i",
+            "issue_identifier": "X-1",
+            "kind": "start",
+            "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
+            "agent_session_id": None,
+            "now": None,
+            "delivery_key": key,
+        }
+
+    plan = _steady_write_plan(db_url, mode, query(statement), params)
     text = json.dumps(plan)
 
     top = plan["QUERY PLAN"][0]["Plan"]
@@ -363,32 +377,26 @@ def test_a_start_in_one_statement_reads_no_table_in_either_plan(
             (o.org_id,),
         )
         conn.execute("ANALYZE orchestrators")
-    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
-        conn.execute(f"SET plan_cache_mode = {mode}")
-        with pytest.raises(RuntimeError), transaction(conn) as tx:
-            for n in range(2):  # the second run is the steady state (the first warms the caches)
-                plan = tx.conn.execute(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("route_and_enqueue_for_delivery"),
-                    {
-                        "session_id": uuid4(),
-                        "org_id": o.org_id,
-                        "route_user": o.linear_user_id,
-                        "linear_user_id": o.linear_user_id,
-                        "issue_id": "i",
-                        "issue_identifier": "X-1",
-                        "kind": "start",
-                        "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
-                        "agent_session_id": None,
-                        "now": None,
-                        "delivery_key": f"delivery-{n}",
-                        "content_key": f"content-{n}",
-                        "record_unrouted": True,
-                        "notice_queued": False,
-                    },
-                    prepare=True,
-                ).fetchone()
-            raise RuntimeError("roll back")
-    assert plan is not None
+
+    def params(_tx: Tx, n: int) -> dict[str, Any]:
+        return {
+            "session_id": uuid4(),
+            "org_id": o.org_id,
+            "route_user": o.linear_user_id,
+            "linear_user_id": o.linear_user_id,
+            "issue_id": "i",
+            "issue_identifier": "X-1",
+            "kind": "start",
+            "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
+            "agent_session_id": None,
+            "now": None,
+            "delivery_key": f"delivery-{n}",
+            "content_key": f"content-{n}",
+            "record_unrouted": True,
+            "notice_queued": False,
+        }
+
+    plan = _steady_write_plan(db_url, mode, query("route_and_enqueue_for_delivery"), params)
     text = json.dumps(plan)
 
     top = plan["QUERY PLAN"][0]["Plan"]
