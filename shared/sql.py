@@ -6,6 +6,13 @@
 
 A line `-- include: <name>` is replaced by that named block (a shared CTE chain, written once).
 Names are unique across the files; `query(name)` returns the statement.
+
+The comments are for the reader of the file; the statement sent leaves out every line that is only
+a comment. psycopg converts a statement's `%(name)s` placeholders once and keeps the result only
+for a statement of at most 4,096 bytes (`MAX_CACHED_STATEMENT_LENGTH`); longer ones it converts
+again, with a regular expression, on every execution. With its comments the webhook's one
+statement was 5,859 bytes, and converting it again was 35 % of the instructions a served webhook
+executes and about 12 % of the server's CPU per webhook (bench/: 0.71 -> 0.62 ms).
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ class QueryFileError(ValueError):
 
 
 def parse(text: str, into: dict[str, str] | None = None) -> dict[str, str]:
-    """Split queries text into {name: statement} (added to `into`); the header comments stay with
-    their query. Includes are resolved by `resolve`, once every file is read."""
+    """Split queries text into {name: statement} (added to `into`). Includes are resolved, and
+    comment lines left out, by `resolve`, once every file is read."""
     queries = {} if into is None else into
     parts = _HEADER.split(text)
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
@@ -48,7 +55,11 @@ def resolve(queries: dict[str, str]) -> dict[str, str]:
 
         return _INCLUDE.sub(one, queries[name])
 
-    return {name: expand(name, ()) for name in queries}
+    return {name: _without_comment_lines(expand(name, ())) for name in queries}
+
+
+def _without_comment_lines(statement: str) -> str:
+    return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
 
 
 @cache

@@ -18,7 +18,7 @@ from shared.settings import Settings, SettingsError, load_settings
 def test_sql_blocks_includes_and_errors() -> None:
     text = "-- name: a\n-- says what\nSELECT 1;\n\n-- name: frag\nx AS (SELECT 2)\n\n-- name: b\nWITH\n-- include: frag\nSELECT * FROM x;\n"
     q = sql.resolve(sql.parse(text))
-    assert q["a"] == "-- says what\nSELECT 1;"
+    assert q["a"] == "SELECT 1;"  # (a comment line is for the file's reader, not sent)
     assert q["b"] == "WITH\nx AS (SELECT 2)\nSELECT * FROM x;"
     with pytest.raises(sql.QueryFileError, match="twice"):
         sql.parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
@@ -37,6 +37,19 @@ def test_shipped_queries_load_and_the_dead_letter_chain_is_written_once() -> Non
     assert (
         text.count("secs => devpilot_backoff(") == 2 and "attempts * attempts" not in text
     )  # queue, notices
+
+
+def test_every_statement_is_short_enough_for_psycopgs_conversion_cache() -> None:
+    """psycopg keeps a statement's converted placeholders only up to this length; a longer one is
+    converted again on every execution (the webhook's statement was, at 5,859 bytes with its
+    comments). The limit is psycopg's own constant, so a newer psycopg that changes it is followed."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    lengths = {name: len(text.encode()) for name, text in sql.load().items()}
+    assert {n: n_bytes for n, n_bytes in lengths.items() if n_bytes > MAX_CACHED_STATEMENT_LENGTH} == {}
+    assert not any(
+        line.lstrip().startswith("--") for text in sql.load().values() for line in text.splitlines()
+    )
 
 
 def test_request_bodies() -> None:
