@@ -34,23 +34,28 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _request(target: str, url: str, token: str) -> httpx.Response:
-    auth = {"Authorization": f"Bearer {token}"}
+def _first_request(target: str, token: str) -> tuple[str, bytes, dict[str, str]]:
+    """The target's first request: method, body, headers."""
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     if target == "claim":
-        return httpx.post(url, json={"max": 1}, headers=auth, timeout=5)
+        return "POST", json.dumps({"max": 1}).encode(), auth
     if target == "ack":
-        return httpx.post(
-            url, json={"queueId": str(uuid.uuid4()), "claimToken": str(uuid.uuid4())}, headers=auth
-        )
+        ack = {"queueId": str(uuid.uuid4()), "claimToken": str(uuid.uuid4())}
+        return "POST", json.dumps(ack).encode(), auth
     if target == "webhook":
         body = json.dumps(assignment(uuid.uuid4().hex, "CS-1", "cold")).encode()
-        return httpx.post(url, content=body, headers={"Linear-Signature": sign(SECRET, body)}, timeout=5)
-    return httpx.get(url, timeout=5)
+        return "POST", body, {"Linear-Signature": sign(SECRET, body), "Content-Type": "application/json"}
+    return "GET", b"", {}
+
+
+def _request(target: str, url: str, token: str) -> httpx.Response:
+    method, body, headers = _first_request(target, token)
+    return httpx.request(method, url, content=body or None, headers=headers, timeout=5)
 
 
 def cold_start_ms(db_url: str, target: str, token: str) -> tuple[float, int]:
     """Spawn -> first answer that is not a connection error, in ms, and the number of modules the
-    target imported by then (from the process's own report at exit)."""
+    target holds once it has answered (`_modules`: the same first request, in a process of its own)."""
     port = _port()
     url = f"http://127.0.0.1:{port}"
     env = {
@@ -79,22 +84,50 @@ def cold_start_ms(db_url: str, target: str, token: str) -> tuple[float, int]:
                 time.sleep(0.005)
         elapsed = (time.perf_counter() - t0) * 1000
         assert r.status_code < 500, (target, r.status_code, r.text)
-        return elapsed, _modules(target, env)
+        return elapsed, _modules(target, env, token)
     finally:
         proc.kill()
         proc.wait()
 
 
-def _modules(target: str, env: dict[str, str]) -> int:
-    """How many modules importing the target loads (functions_framework's own included)."""
-    code = (
-        "import sys, functions_framework, importlib.util; "
-        "spec = importlib.util.spec_from_file_location('main', 'functions/main.py'); "
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-        f"getattr(m, {target!r}); print(len(sys.modules))"
+# Run by `_modules` in a process of its own: the target as functions-framework loads it, its first
+# request handed straight to its WSGI app (nothing imported that the target would not import), then
+# how many modules the process holds. A view's module, and what a view imports on first use, are
+# loaded only by that first request, so counting before it would leave them out.
+_COUNT_AFTER_FIRST_ANSWER = """
+import io, json, sys
+import functions_framework
+method, body, headers = json.loads(sys.argv[2])
+app = functions_framework.create_app(sys.argv[1], "functions/main.py")
+body = body.encode("latin-1")
+environ = {"REQUEST_METHOD": method, "PATH_INFO": "/", "SCRIPT_NAME": "", "QUERY_STRING": "",
+           "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+           "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr,
+           "wsgi.multithread": False, "wsgi.multiprocess": False, "wsgi.run_once": False,
+           "wsgi.version": (1, 0), "CONTENT_LENGTH": str(len(body)),
+           **{"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items()}}
+environ["CONTENT_TYPE"] = environ.pop("HTTP_CONTENT_TYPE", "")
+status = []
+b"".join(app(environ, lambda s, h, e=None: status.append(s)))
+assert int(status[0][:3]) < 500, status
+print(len(sys.modules))
+"""
+
+
+def _modules(target: str, env: dict[str, str], token: str) -> int:
+    """How many modules the target holds once it has answered its first request
+    (functions-framework's own included)."""
+    method, body, headers = _first_request(target, token)
+    request = json.dumps([method, body.decode("latin-1"), headers])
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_AFTER_FIRST_ANSWER, target, request],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
-    return int(out.stdout.strip() or 0)
+    return int(out.stdout.strip())
 
 
 def cold_starts(db_url: str, token: str, repeats: int) -> dict[str, Any]:
