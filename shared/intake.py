@@ -4,7 +4,9 @@ Either all of it commits (the delivery's keys, cancelled sessions, the new messa
 queue row, the Linear notice that says so) or none of it does, so a crash mid-request leaves
 Linear's retry to find nothing recorded and try again. A start with nothing to cancel first (an
 issue created with an assignee, an agent session `created`) is first tried as one statement that
-is a transaction of its own: one round trip instead of four.
+is a transaction of its own: one round trip instead of four. So is an event that does nothing
+(most of a workspace's webhooks: an issue edited without its assignee changing), whose delivery
+alone is recorded.
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
@@ -58,6 +60,11 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
     first round. Only when that writes nothing is it decided in the transaction."""
     plan = intent(hook)
     key, content_key = hook.delivery_keys(delivery)
+    if _does_nothing(hook, plan):
+        ignored = _ignore_at_once(pool, plan, key, content_key)
+        if ignored is not None:
+            return ignored
+        # (Seen before: the transaction below answers `duplicate`, with the session it made.)
     rounds = ROUNDS
     start = _start_alone(hook, plan)
     if start is not None:
@@ -121,6 +128,25 @@ def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Rec
     return Received(answer, _notices(enq), recorded=True)
 
 
+def _does_nothing(hook: Webhook, plan: Intent) -> bool:
+    """The event is ignored and Linear is not told (`_apply`'s first branch, less an agent session
+    that nothing can take, which Linear hears about)."""
+    return plan.kind == "ignore" and not (hook.org_id and plan.unroutable_notice and plan.agent_session_id)
+
+
+def _ignore_at_once(pool: Pool, plan: Intent, key: str, content_key: str) -> Received | None:
+    """The delivery recorded as ignored in one statement that is its own transaction, where the
+    transaction below takes four round trips (BEGIN, record, its outcome, COMMIT). None: it was
+    seen before, and nothing was written."""
+    with statement(pool) as tx:
+        recorded = tx.one(query("record_ignored"), {"key": key, "content_key": content_key})
+    return None if recorded is None else Received(_ignored(plan), recorded=True)
+
+
+def _ignored(plan: Intent) -> dict[str, Any]:
+    return {"status": "ignored", "reason": plan.reason or "not_routable"}
+
+
 def _dispatched(enq: Enqueued, orch: UUID, kind: MessageKind | None) -> dict[str, Any]:
     """The webhook's answer for a queued message (`kind`: an agent session's message says which)."""
     answer: dict[str, Any] = {
@@ -181,7 +207,7 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -
             return Received(
                 {"status": "ignored", "reason": plan.reason}, _tell(tx, org, plan, "failed", UNROUTABLE)
             )
-        return Received({"status": "ignored", "reason": plan.reason or "not_routable"})
+        return Received(_ignored(plan))
     if plan.kind == "disconnect":  # the app was uninstalled: posts wait for a new install
         linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
         return Received({"status": "ignored", "reason": plan.reason})

@@ -5,7 +5,7 @@
 - Authentication records that the machine was seen, in the same statement, at most once a second,
   and never for a revoked token.
 - An issue created with an assignee is taken in one round trip, and writes and answers what the
-  intake transaction would.
+  intake transaction would; so is an event that does nothing (its delivery alone is recorded).
 """
 
 from __future__ import annotations
@@ -329,6 +329,44 @@ def test_an_issue_for_someone_without_a_machine_is_ignored_in_one_round_trip(
         [row] = _written(pool)
         assert (row["outcome"], row["session_id"], row["status"]) == ("ignored", None, None)
         assert _receive(pool, event, "d-1") == {"status": "duplicate", "sessionId": None}
+    finally:
+        pool.close()
+
+
+def test_an_event_that_does_nothing_is_recorded_in_one_round_trip(db_url: str) -> None:
+    """Most of a workspace's webhooks change nothing here (an issue edited, its assignee the same):
+    its delivery alone is recorded, as ignored, in one statement that is its own transaction, so a
+    retry, or the same change through another webhook, is a duplicate. An agent session that
+    nothing can take is not one of them: Linear hears why, in the intake transaction."""
+    settings = Settings(DATABASE_URL=None, DEVPILOT_ENCRYPTION_KEYS=ENCRYPTION_KEY)
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        store_static(pool, settings, "org-a", "lin_api_test")  # an org Linear is told about
+        laptop = register(pool, org_id="org-a", linear_user_id="user-1", name="laptop")
+        edited = issue_event("update", issue_id="iss-edit", assignee="user-1", updated_from={"title": "old"})
+        answer, trips = _round_trips(pool, lambda: _receive(pool, edited, "d-1"))
+        assert (answer, trips) == ({"status": "ignored", "reason": "assignee_unchanged"}, 1)
+        [row] = _written(pool)
+        assert (row["delivery_key"], row["outcome"], row["session_id"]) == ("delivery:d-1", "ignored", None)
+        assert _receive(pool, edited, "d-1") == {"status": "duplicate", "sessionId": None}
+        assert _receive(pool, edited, "d-2") == {"status": "duplicate", "sessionId": None}
+        assert len(_written(pool)) == 1
+        assert claim(pool, laptop.id, max=10, lease_seconds=60) == []  # nothing queued for the assignee
+
+        unhandled = {**issue_event(issue_id="iss-x"), "type": "Comment", "action": "create"}
+        answer, trips = _round_trips(pool, lambda: _receive(pool, unhandled, "d-3"))
+        assert (answer, trips) == ({"status": "ignored", "reason": "unhandled_type:Comment"}, 1)
+
+        nothing_can_take = agent_session_event(session_id="as-no-issue", creator="user-1")
+        del nothing_can_take["agentSession"]["issue"]
+        answer, trips = _round_trips(pool, lambda: _receive(pool, nothing_can_take, "d-4"))
+        assert answer == {"status": "ignored", "reason": "agent_session_without_issue_or_user"}
+        assert trips > 1  # the intake transaction, which also writes Linear's notice
+        with pool.connection() as conn:
+            told = conn.execute(
+                "SELECT kind, body FROM linear_notices WHERE agent_session_id = 'as-no-issue'"
+            ).fetchall()
+        assert told == [{"kind": "failed", "body": intake.UNROUTABLE}]
     finally:
         pool.close()
 

@@ -30,6 +30,17 @@ WHERE delivery_key = %(key)s OR content_key = %(content_key)s
 ORDER BY session_id IS NULL, received_at
 LIMIT 1;
 
+-- name: record_ignored
+-- A delivery that does nothing (an issue edited without its assignee changing, an event type we
+-- do not handle): only its keys are recorded, as `ignored`, in one statement that is its own
+-- transaction. ON CONFLICT DO NOTHING, as `record_delivery`: a delivery seen before, or a
+-- concurrent copy once that commits, writes nothing and returns no row, and the caller answers it
+-- `duplicate` through the intake transaction.
+INSERT INTO webhook_deliveries (delivery_key, content_key, outcome)
+VALUES (%(key)s, %(content_key)s, 'ignored')
+ON CONFLICT DO NOTHING
+RETURNING delivery_key;
+
 -- name: finish_delivery
 -- In the intake transaction: what the delivery did, committed with its rows.
 UPDATE webhook_deliveries SET session_id = %(session_id)s, outcome = %(outcome)s
