@@ -272,6 +272,15 @@ def _written(pool: Pool) -> list[dict[str, Any]]:
         ).fetchall()
 
 
+def _told(pool: Pool, agent_session_id: str) -> list[dict[str, Any]]:
+    """What Linear is to be told about an agent session (its notices, oldest first)."""
+    with pool.connection() as conn:
+        return conn.execute(
+            "SELECT kind, body FROM linear_notices WHERE agent_session_id = %s ORDER BY seq",
+            (agent_session_id,),
+        ).fetchall()
+
+
 def test_an_issue_created_with_an_assignee_is_taken_in_one_round_trip(
     db_url: str, settings: Settings
 ) -> None:
@@ -362,11 +371,7 @@ def test_an_event_that_does_nothing_is_recorded_in_one_round_trip(db_url: str) -
         answer, trips = _round_trips(pool, lambda: _receive(pool, nothing_can_take, "d-4"))
         assert answer == {"status": "ignored", "reason": "agent_session_without_issue_or_user"}
         assert trips > 1  # the intake transaction, which also writes Linear's notice
-        with pool.connection() as conn:
-            told = conn.execute(
-                "SELECT kind, body FROM linear_notices WHERE agent_session_id = 'as-no-issue'"
-            ).fetchall()
-        assert told == [{"kind": "failed", "body": intake.UNROUTABLE}]
+        assert _told(pool, "as-no-issue") == [{"kind": "failed", "body": intake.UNROUTABLE}]
     finally:
         pool.close()
 
@@ -420,10 +425,6 @@ def test_an_agent_sessions_start_is_taken_in_one_round_trip(db_url: str) -> None
         nobody = agent_session_event(session_id="as-nobody", creator="user-without-machine")
         _, trips = _round_trips(pool, lambda: _receive(pool, nobody, "d-2"))
         assert trips > 1  # the one statement wrote nothing; the transaction told Linear
-        with pool.connection() as conn:
-            told = conn.execute(
-                "SELECT kind, body FROM linear_notices WHERE agent_session_id = 'as-nobody'"
-            ).fetchall()
-        assert told == [{"kind": "failed", "body": intake.UNROUTABLE}]
+        assert _told(pool, "as-nobody") == [{"kind": "failed", "body": intake.UNROUTABLE}]
     finally:
         pool.close()
