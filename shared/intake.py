@@ -5,8 +5,8 @@ queue row, the Linear notice that says so) or none of it does, so a crash mid-re
 Linear's retry to find nothing recorded and try again. A start with nothing to cancel first (an
 issue created with an assignee, an agent session `created`) is first tried as one statement that
 is a transaction of its own: one round trip instead of four. So is an event that does nothing
-(most of a workspace's webhooks: an issue edited without its assignee changing), whose delivery
-alone is recorded.
+(an issue edited without its assignee changing: Linear sends an update for every change to an
+issue), whose delivery alone is recorded.
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,

@@ -343,10 +343,11 @@ def test_an_issue_for_someone_without_a_machine_is_ignored_in_one_round_trip(
 
 
 def test_an_event_that_does_nothing_is_recorded_in_one_round_trip(db_url: str) -> None:
-    """Most of a workspace's webhooks change nothing here (an issue edited, its assignee the same):
-    its delivery alone is recorded, as ignored, in one statement that is its own transaction, so a
-    retry, or the same change through another webhook, is a duplicate. An agent session that
-    nothing can take is not one of them: Linear hears why, in the intake transaction."""
+    """Linear sends an update for every change to an issue; most change nothing here (an issue
+    edited, its assignee the same). Its delivery alone is recorded, as ignored, in one statement
+    that is its own transaction, so a retry, or the same change through another webhook, is a
+    duplicate. An agent session that nothing can take is not one of them: Linear hears why, in
+    the intake transaction."""
     settings = Settings(DATABASE_URL=None, DEVPILOT_ENCRYPTION_KEYS=ENCRYPTION_KEY)
     pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
     try:
