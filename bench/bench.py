@@ -251,9 +251,9 @@ def table(out: dict[str, Any]) -> str:
             " / ".join(_ms(v) for v in out["http"]["cpu_ms_per_request"]["claim_ack_cycles"].values()),
         ),
         (
-            "server CPU: empty claim / webhook / healthz",
+            "server CPU: empty claim / webhook / ignored webhook / healthz",
             f"{out['server_cpu_ms']['empty_claim']} / {out['server_cpu_ms']['webhook']} / "
-            f"{out['server_cpu_ms']['healthz']} ms",
+            f"{out['server_cpu_ms']['ignored_webhook']} / {out['server_cpu_ms']['healthz']} ms",
         ),
         (
             "instructions in-process: empty claim / webhook / enqueue",

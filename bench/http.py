@@ -21,7 +21,7 @@ import httpx
 import psycopg
 
 from bench import cpu
-from bench.loadgen import assignment
+from bench.loadgen import assignment, edit
 from shared.linear import sign
 from shared.sql import query
 
@@ -257,8 +257,9 @@ def pickup_latency(db_url: str, transport: str, n: int, interval: float = 1.0) -
 
 def server_cpu_ms(db_url: str, n: int) -> dict[str, float]:
     """The serve process's own CPU per request (ms), over `n` sequential requests of each kind from
-    one keep-alive client: an empty /claim, a dispatched /webhook, /healthz. What a serverless
-    platform bills per request is this CPU, not the client's wall clock."""
+    one keep-alive client: an empty /claim, a dispatched /webhook, an ignored /webhook (an issue
+    edited, its assignee the same), /healthz. What a serverless platform bills per request is this
+    CPU, not the client's wall clock."""
     s = Serve(db_url)
     try:
         return cpu_per_request(s.url, s.proc.pid, s.register()[1], n)
@@ -281,10 +282,21 @@ def cpu_per_request(url: str, pid: int, token: str, n: int) -> dict[str, float]:
                 headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": uuid.uuid4().hex},
             )
 
+        def ignored(i: int) -> httpx.Response:
+            body = json.dumps(edit(uuid.uuid4().hex, "u")).encode()
+            r = c.post(
+                "/webhook",
+                content=body,
+                headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": uuid.uuid4().hex},
+            )
+            assert r.status_code != 200 or r.json()["status"] == "ignored", r.text
+            return r
+
         kinds: dict[str, Any] = {
             "healthz": lambda i: c.get("/healthz"),
             "empty_claim": lambda i: c.post("/claim", json={"max": 1}, headers=auth),
             "webhook": hook,
+            "ignored_webhook": ignored,
         }
         for name, call in kinds.items():
             for i in range(50):

@@ -35,6 +35,13 @@ def assignment(issue_id: str, identifier: str, assignee: str) -> dict[str, objec
     }
 
 
+def edit(issue_id: str, assignee: str) -> dict[str, object]:
+    """A Linear "issue updated" webhook body whose assignee did not change (most of the webhooks a
+    workspace sends): recorded, and nothing else."""
+    body = assignment(issue_id, "B-1", assignee)
+    return {**body, "action": "update", "updatedFrom": {"title": "before"}}
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection that POSTs and reads answers with a Content-Length (as
     `devpilot serve` gives them; anything else is an error of the bench, raised)."""
