@@ -12,14 +12,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import pytest
 
 from shared.db import Pool, Tx, open_pool, transaction
 from shared.migrate import migrate
-from shared.models import DispatchPayload
-from shared.queue import ack, claim, enqueue_dispatch, sweep
+from shared.models import DispatchPayload, IssueRef
+from shared.queue import _session_params, ack, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from tests.helpers.data import MakeOrch, Orch, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
@@ -294,6 +294,12 @@ def _steady_write_plan(
     return plan
 
 
+def _start_rows() -> dict[str, Any]:
+    """A start's session and queue-row values (issue `i`, a new session id), as the library's
+    enqueue gives them to the statement (`enqueue_session_rows`)."""
+    return _session_params(DispatchPayload(issue=IssueRef(id="i", identifier="X-1")), None, None)
+
+
 @pytest.mark.parametrize("statement", ["enqueue", "enqueue_for_delivery"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_enqueue_reads_no_table_in_either_plan(
@@ -304,8 +310,6 @@ def test_enqueue_reads_no_table_in_either_plan(
     primary key, to record the outcome), in both plans, even when the org has many queued
     sessions (an earlier enqueue read the session back, and a generic plan once read all of the
     org's queued sessions on every webhook)."""
-    from psycopg.types.json import Jsonb
-
     from shared.sql import query
 
     o = make_orchestrator()
@@ -324,16 +328,10 @@ def test_enqueue_reads_no_table_in_either_plan(
             },
         )
         return {
-            "session_id": uuid4(),
+            **_start_rows(),
             "orchestrator_id": o.id,
             "org_id": o.org_id,
             "linear_user_id": None,
-            "issue_id": "i",
-            "issue_identifier": "X-1",
-            "kind": "start",
-            "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
-            "agent_session_id": None,
-            "now": None,
             "delivery_key": key,
         }
 
@@ -364,8 +362,6 @@ def test_a_start_in_one_statement_reads_no_table_in_either_plan(
     """The intake's one statement (`route_and_enqueue_for_delivery`) finds the user's machine by
     the routing index and locks it by its key, and writes the delivery, the session and its queue
     row, in both plans, with thousands of machines in the org and many queued sessions."""
-    from psycopg.types.json import Jsonb
-
     from shared.sql import query
 
     o = make_orchestrator()
@@ -380,16 +376,10 @@ def test_a_start_in_one_statement_reads_no_table_in_either_plan(
 
     def params(_tx: Tx, n: int) -> dict[str, Any]:
         return {
-            "session_id": uuid4(),
+            **_start_rows(),
             "org_id": o.org_id,
             "route_user": o.linear_user_id,
             "linear_user_id": o.linear_user_id,
-            "issue_id": "i",
-            "issue_identifier": "X-1",
-            "kind": "start",
-            "payload": Jsonb({"issue": {"id": "i", "identifier": "X-1"}}),
-            "agent_session_id": None,
-            "now": None,
             "delivery_key": f"delivery-{n}",
             "content_key": f"content-{n}",
             "record_unrouted": True,
