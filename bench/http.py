@@ -274,21 +274,19 @@ def cpu_per_request(url: str, pid: int, token: str, n: int) -> dict[str, float]:
     auth = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, timeout=30) as c:
 
-        def hook(i: int) -> httpx.Response:
-            body = json.dumps(assignment(uuid.uuid4().hex, f"C-{i}", "u")).encode()
+        def signed(event: dict[str, object]) -> httpx.Response:
+            body = json.dumps(event).encode()
             return c.post(
                 "/webhook",
                 content=body,
                 headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": uuid.uuid4().hex},
             )
 
+        def hook(i: int) -> httpx.Response:
+            return signed(assignment(uuid.uuid4().hex, f"C-{i}", "u"))
+
         def ignored(i: int) -> httpx.Response:
-            body = json.dumps(edit(uuid.uuid4().hex, "u")).encode()
-            r = c.post(
-                "/webhook",
-                content=body,
-                headers={"Linear-Signature": sign(SECRET, body), "Linear-Delivery": uuid.uuid4().hex},
-            )
+            r = signed(edit(uuid.uuid4().hex, "u"))
             assert r.status_code != 200 or r.json()["status"] == "ignored", r.text
             return r
 
