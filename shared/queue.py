@@ -155,8 +155,10 @@ def route_and_enqueue(
     if message.kind != "start":
         raise ValueError("route_and_enqueue is for a start")
     in_session = message.agent_session_id is not None
+    # (An issue's statement has no notice in it: Linear is not told about a plain issue.)
+    name = "route_and_start_agent_session_for_delivery" if in_session else "route_and_enqueue_for_delivery"
     row = tx.one(
-        query("route_and_enqueue_for_delivery"),
+        query(name),
         {
             **_session_params(message, session_id, now),
             "org_id": org_id,

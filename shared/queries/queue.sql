@@ -114,28 +114,45 @@ s AS (
 
 -- name: route_and_enqueue_for_delivery
 -- (none) -> AVAILABLE for a webhook delivery that asks for a `start` on a Linear user's machine
--- with nothing to cancel first (an issue created with an assignee, an agent session `created`),
--- the whole intake in one statement. Run as a transaction of its own (`shared.db.statement`), the
--- delivery's record, the routing choice, the session, its queue row and Linear's first notice
--- commit together or not at all, with no BEGIN or COMMIT: one round trip where the intake
--- transaction takes four.
+-- with nothing to cancel first: an issue created with an assignee. The whole intake in one
+-- statement. Run as a transaction of its own (`shared.db.statement`), the delivery's record, the
+-- routing choice, the session and its queue row commit together or not at all, with no BEGIN or
+-- COMMIT: one round trip where the intake transaction takes four. (`route_enqueue_rows` says what
+-- each part does.) Linear is not told about a plain issue, so this statement has no notice: even
+-- an INSERT that writes nothing costs Postgres its start-up (the table, its three indexes) on every
+-- execution.
+WITH
+-- include: route_enqueue_rows
+, told AS (SELECT NULL::uuid AS id WHERE false)
+-- include: route_enqueue_answer
+
+-- name: route_and_start_agent_session_for_delivery
+-- `route_and_enqueue_for_delivery` for an agent session `created`: the same rows, after the agent
+-- session's turn, and with them, for an org Linear is told about, the "Queued for <machine>"
+-- thought (`queued_notice`), which commits with the message or not at all.
+WITH
+-- include: route_enqueue_rows
+,
+-- include: queued_notice
+-- include: route_enqueue_answer
+
+-- name: route_enqueue_rows
+-- A fragment, the CTEs of `route_and_enqueue_for_delivery` and
+-- `route_and_start_agent_session_for_delivery`:
 -- * `routed`: the routing policy's choice for `route_user` (`route`, intake.sql).
 -- * `turn`: for an agent session, its turn (`agent_session_turn`, intake.sql), taken before the
 --   machine's lock as the intake transaction takes it, so a stop that comes meanwhile waits for
 --   this start's commit and then cancels it. This statement reads nothing a turn orders: the
 --   routing choice is read before the turn in the transaction too, and the machine by its lock.
+--   (For an issue, `agent_session_id` is NULL and the turn is nothing.)
 -- * `machine`: that machine's row FOR KEY SHARE if it is still active: as `enqueue`'s `target`, a
 --   revoke that committed while this waited is seen, and nothing is written for the machine.
 -- * `d`: the delivery (its two keys, as `record_delivery`) recorded with what it did: dispatched
 --   to the new session, or, with `record_unrouted` (a plain issue, which Linear is not told
 --   about), ignored when the user has no active machine at all. ON CONFLICT DO NOTHING: a
 --   delivery seen before, or a concurrent copy once that commits, writes nothing.
--- * `target`, then `enqueue`'s session and queue row and its NOTIFY, only for a dispatch; with
---   `notice_queued`, the "Queued for <machine>" thought too (`queued_notice`).
--- No row returned: nothing was written (a delivery seen before, a machine revoked meanwhile, or an
--- agent session for a user with no machine). The caller then decides in a full intake
--- transaction, which tells those apart (and tells Linear about the last).
-WITH routed AS (
+-- * `target`, then `enqueue`'s session `s` and queue row `q`, only for a dispatch.
+routed AS (
 -- include: route
 ), turn AS (
 -- include: agent_session_turn
@@ -157,8 +174,13 @@ WITH routed AS (
     SELECT m.* FROM machine m WHERE EXISTS (SELECT FROM d WHERE d.outcome = 'dispatched')
 ),
 -- include: enqueue_session_rows
-,
--- include: queued_notice
+
+-- name: route_enqueue_answer
+-- A fragment, the answer of `route_and_enqueue_for_delivery` and
+-- `route_and_start_agent_session_for_delivery`, after a CTE `told` (the notice written, if any),
+-- with the NOTIFY of `enqueue`. No row: nothing was written (a delivery seen before, a machine
+-- revoked meanwhile, or an agent session for a user with no machine). The caller then decides in a
+-- full intake transaction, which tells those apart (and tells Linear about the last).
 SELECT d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
        (SELECT id FROM told) AS notice_id,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t
