@@ -1,5 +1,5 @@
 """`sweep` (POST /sweep, scheduler): re-queue expired leases, dead-letter at the limit, send the
-Linear notices still unsent.
+Linear notices still unsent, forget webhook deliveries past their retention.
 
 Also the scheduled entry point: `run_sweep()` is what `devpilot serve`'s timer and EventBridge end
 up calling. Safe to run concurrently and repeatedly (see shared.queue.sweep).

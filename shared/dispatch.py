@@ -151,13 +151,17 @@ class Dispatch:
 
     def sweep(self) -> queue.SweepResult:
         """Re-queue expired leases and dead-letter at the limit, then send every Linear notice still
-        unsent (Linear was down, or an instance died between a commit and its send)."""
-        from shared import notices
+        unsent (Linear was down, or an instance died between a commit and its send), and forget
+        webhook deliveries past their retention."""
+        from shared import intake, notices
 
         result = queue.sweep(self.pool, self.settings)
         sent = notices.send_pending(self.pool, self.settings)
         if sent.sent or sent.failed:
             log.info('{"event":"notices","sent":%d,"failed":%d}', sent.sent, sent.failed)
+        pruned = intake.prune_deliveries(self.pool, self.settings)
+        if pruned:
+            log.info('{"event":"deliveries_pruned","count":%d}', pruned)
         return result
 
     def accept_activity(

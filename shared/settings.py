@@ -56,6 +56,11 @@ class Settings(BaseModel):
     webhook_tolerance_seconds: int = Field(
         default=60, ge=1, le=86_400, validation_alias="DEVPILOT_WEBHOOK_TOLERANCE_SECONDS"
     )
+    # How long a webhook delivery's record is kept (0: for ever). The record is what makes Linear's
+    # retry of it (about 1 min, 1 h, 6 h after the first attempt) a duplicate, so a day at least.
+    delivery_retention_hours: int = Field(
+        default=168, ge=0, le=87_600, validation_alias="DEVPILOT_DELIVERY_RETENTION_HOURS"
+    )
 
     # Only on a sweep service that the platform itself protects (Cloud Run without unauthenticated
     # calls, reached by Cloud Scheduler's OIDC token): the platform has authenticated the caller.
@@ -113,6 +118,13 @@ class Settings(BaseModel):
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("DEVPILOT_BACKOFF_CAP_SECONDS must be >= DEVPILOT_BACKOFF_BASE_SECONDS")
         return self
+
+    @field_validator("delivery_retention_hours")
+    @classmethod
+    def _outlives_linears_retries(cls, value: int) -> int:
+        if 0 < value < 24:
+            raise ValueError("must be 0 (keep for ever) or at least 24: Linear retries for about 7 h")
+        return value
 
     @property
     def oauth_enabled(self) -> bool:

@@ -41,6 +41,25 @@ VALUES (%(key)s, %(content_key)s, 'ignored')
 ON CONFLICT DO NOTHING
 RETURNING delivery_key;
 
+-- name: prune_deliveries
+-- Forgets the oldest delivery records received before the retention (`hours`), at most `batch` of
+-- them, by webhook_deliveries_received_idx. A record is what makes a retry a duplicate, and Linear
+-- retries a delivery about 1 min, 1 h and 6 h after it first failed, so a record kept for a day
+-- or more outlives every retry; kept for ever, every webhook a workspace sends (each edit of each
+-- issue) would stay in the table and its three indexes. One statement, its own transaction;
+-- concurrent sweeps split the rows between them (SKIP LOCKED) and never count one twice.
+WITH old AS (
+    SELECT delivery_key FROM webhook_deliveries
+    WHERE received_at < coalesce(%(now)s::timestamptz, now()) - make_interval(hours => %(hours)s)
+    ORDER BY received_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM webhook_deliveries d USING old WHERE d.delivery_key = old.delivery_key
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM gone;
+
 -- name: finish_delivery
 -- In the intake transaction: what the delivery did, committed with its rows.
 UPDATE webhook_deliveries SET session_id = %(session_id)s, outcome = %(outcome)s

@@ -81,6 +81,14 @@ def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEVPILOT_BACKOFF_CAP_SECONDS", "10")
     with pytest.raises(SettingsError, match="CAP"):
         load_settings()
+    monkeypatch.setenv("DEVPILOT_BACKOFF_CAP_SECONDS", "900")
+    assert s.delivery_retention_hours == 168  # a week
+    for hours, kept in (("0", 0), ("24", 24)):  # 0: for ever
+        monkeypatch.setenv("DEVPILOT_DELIVERY_RETENTION_HOURS", hours)
+        assert load_settings().delivery_retention_hours == kept
+    monkeypatch.setenv("DEVPILOT_DELIVERY_RETENTION_HOURS", "6")  # shorter than Linear's retries
+    with pytest.raises(SettingsError, match=r"DEVPILOT_DELIVERY_RETENTION_HOURS.*at least 24"):
+        load_settings()
 
 
 def test_settings_come_from_the_environment_in_any_case_and_yield_to_given_values(
