@@ -26,7 +26,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from shared import orchestrators
-from shared.db import Conn, Pool, Tx, lend, require_tx, transaction
+from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
@@ -36,6 +36,7 @@ AckStatus = Literal["acked", "claim_superseded", "not_found"]
 
 NOTIFY_CHANNEL = "devpilot_dispatch"  # the channel `enqueue` notifies and the `listen` query joins
 SWEEP_BATCH = 1000
+SWEEP_RUNS_KEPT = 20_160  # `record_sweep`: a week of sweeps every 30 s
 
 
 class MachineRevoked(Exception):
@@ -418,8 +419,10 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
     with lend(pool) as conn:
         leftover = [r["id"] for r in conn.execute(query("revoked_with_work"), {"batch": SWEEP_BATCH})]
     rescued = sum(1 for oid in leftover if orchestrators.revoke(pool, oid) is not None)
-    with transaction(pool) as tx:
-        tx.execute(query("record_sweep"), {"requeued": requeued, "dead_lettered": dead})
+    with statement(pool) as tx:
+        tx.execute(
+            query("record_sweep"), {"requeued": requeued, "dead_lettered": dead, "kept": SWEEP_RUNS_KEPT}
+        )
     return SweepResult(requeued, dead, rerouted, rescued)
 
 

@@ -1,9 +1,11 @@
 """Webhook delivery records are kept for DEVPILOT_DELIVERY_RETENTION_HOURS, then the sweep forgets
-them: a retry within the retention is still a duplicate, and the table does not grow for ever."""
+them: a retry within the retention is still a duplicate, and the table does not grow for ever.
+Nor does the sweep's own record of its runs."""
 
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from shared.db import Pool
 from shared.intake import PRUNE_BATCH, PRUNE_BATCHES, prune_deliveries
 from shared.settings import Settings
+from shared.sql import query
 from tests.helpers.api import Api, issue_event
 
 
@@ -110,3 +113,20 @@ def test_the_retention_is_the_setting(pool: Pool, hours: int) -> None:
     with pool.connection() as conn:
         conn.execute("UPDATE webhook_deliveries SET received_at = received_at - interval '2 hours'")
     assert prune_deliveries(pool, retention) == 5
+
+
+def test_the_sweep_keeps_only_the_last_runs_record(pool: Pool, settings: Settings) -> None:
+    from shared.queue import SWEEP_RUNS_KEPT, sweep
+
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO sweep_runs (ran_at, requeued, dead_lettered)"
+            " SELECT now() - make_interval(secs => 30 * i), 0, 0 FROM generate_series(%s, 1, -1) i",
+            (SWEEP_RUNS_KEPT + 100,),
+        )
+    sweep(pool, settings)
+    with pool.connection() as conn:
+        kept = conn.execute("SELECT count(*) AS n, max(id) AS last FROM sweep_runs").fetchone()
+        latest = conn.execute(query("status_last_sweep")).fetchone()
+    assert kept is not None and kept["n"] == SWEEP_RUNS_KEPT
+    assert latest is not None and latest["ran_at"] > datetime.now(UTC) - timedelta(minutes=1)

@@ -431,8 +431,15 @@ SELECT (SELECT count(*) FROM requeued) AS requeued,
        (SELECT count(*) FROM notices) AS notices;
 
 -- name: record_sweep
--- Bookkeeping only: when the sweep ran and what it did (operators' view).
-INSERT INTO sweep_runs (requeued, dead_lettered) VALUES (%(requeued)s, %(dead_lettered)s);
+-- Bookkeeping only: when the sweep ran and what it did (operators' view: `devpilot status` reads
+-- the last run). Only the last `kept` runs are kept (SWEEP_RUNS_KEPT in shared/queue.py, a week of
+-- sweeps every 30 s): without that a row would be added every run, for ever, and nothing reads the
+-- old ones. One statement, its own transaction; the older runs go by the primary key's range.
+WITH ran AS (
+    INSERT INTO sweep_runs (requeued, dead_lettered) VALUES (%(requeued)s, %(dead_lettered)s)
+    RETURNING id
+)
+DELETE FROM sweep_runs WHERE id <= (SELECT id FROM ran) - %(kept)s;
 
 -- name: cancel_removed
 -- A fragment, included after a `removed` CTE (the session_id of queue rows it deleted): those
