@@ -12,6 +12,7 @@ import pytest
 
 from shared.db import Pool
 from shared.intake import PRUNE_BATCH, PRUNE_BATCHES, prune_deliveries
+from shared.queue import SWEEP_RUNS_KEPT, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, issue_event
@@ -116,8 +117,6 @@ def test_the_retention_is_the_setting(pool: Pool, hours: int) -> None:
 
 
 def test_the_sweep_keeps_only_the_last_runs_record(pool: Pool, settings: Settings) -> None:
-    from shared.queue import SWEEP_RUNS_KEPT, sweep
-
     with pool.connection() as conn:
         conn.execute(
             "INSERT INTO sweep_runs (ran_at, requeued, dead_lettered)"
