@@ -33,7 +33,14 @@ from shared import linear_auth, notices
 from shared.db import Pool, Tx, statement, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
-from shared.queue import NO_MACHINE, MachineRevoked, cancel_issue, enqueue_dispatch, route_and_enqueue
+from shared.queue import (
+    NO_MACHINE,
+    SWEEP_BATCH,
+    MachineRevoked,
+    cancel_issue,
+    enqueue_dispatch,
+    route_and_enqueue,
+)
 from shared.settings import Settings
 from shared.sql import query
 
@@ -321,24 +328,23 @@ def _tell(tx: Tx, org: str, plan: Intent, kind: str, body: str) -> list[UUID]:
     return [] if nid is None else [nid]
 
 
-PRUNE_BATCH = 1000
 PRUNE_BATCHES = 20  # at most this many batches a sweep: a backlog is worked off sweep by sweep
 
 
 def prune_deliveries(pool: Pool, settings: Settings, now: datetime | None = None) -> int:
     """Forget the delivery records older than `DEVPILOT_DELIVERY_RETENTION_HOURS` (by the sweep):
-    oldest first, a batch per statement, each its own transaction (`prune_deliveries` in
-    intake.sql), and at most PRUNE_BATCHES of them, so one sweep stays short however large the
-    backlog (the first sweep after an upgrade, say). How many were forgotten."""
+    oldest first, the sweep's SWEEP_BATCH per statement, each its own transaction
+    (`prune_deliveries` in intake.sql), and at most PRUNE_BATCHES of them, so one sweep stays short
+    however large the backlog (the first sweep after an upgrade, say). How many were forgotten."""
     if settings.delivery_retention_hours == 0:
         return 0
-    params = {"hours": settings.delivery_retention_hours, "batch": PRUNE_BATCH, "now": now}
+    params = {"hours": settings.delivery_retention_hours, "batch": SWEEP_BATCH, "now": now}
     pruned = 0
     for _ in range(PRUNE_BATCHES):
         with statement(pool) as tx:
             row = tx.one(query("prune_deliveries"), params)
         assert row is not None
         pruned += row["pruned"]
-        if row["pruned"] < PRUNE_BATCH:
+        if row["pruned"] < SWEEP_BATCH:
             break
     return pruned

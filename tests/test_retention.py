@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from shared.db import Pool
-from shared.intake import PRUNE_BATCH, PRUNE_BATCHES, prune_deliveries
-from shared.queue import SWEEP_RUNS_KEPT, sweep
+from shared.intake import PRUNE_BATCHES, prune_deliveries
+from shared.queue import SWEEP_BATCH, SWEEP_RUNS_KEPT, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, issue_event
@@ -68,7 +68,7 @@ def test_the_sweep_forgets_deliveries_past_the_retention_and_nothing_else(api: A
 
 
 def test_a_backlog_is_pruned_in_batches_a_bounded_number_a_sweep(pool: Pool, settings: Settings) -> None:
-    cap = PRUNE_BATCH * PRUNE_BATCHES
+    cap = SWEEP_BATCH * PRUNE_BATCHES
     _old_records(pool, cap + 1500)
     recent = [f"kept-{i}" for i in range(3)]
     with pool.connection() as conn:
