@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import coldstart, core, cost, http, instructions, peers
+from bench import coldstart, core, cost, http, instructions, paired, peers
 from bench.db import BenchServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -134,6 +134,10 @@ def main() -> int:
             ),
         }
         print(f"http: {json.dumps(out['http'])}")
+        # The two HTTP ratios again, each HTTP rate measured back to back with its library rate
+        # over several rounds: the figures above are taken minutes apart, and the machine drifts.
+        out["paired"] = paired.paired(s, 2 if q else 5, secs, HTTP_CLIENTS, min(n_drain, 2000))
+        print(f"paired rounds: {json.dumps(out['paired'])}")
         out["server_cpu_ms"] = http.server_cpu_ms(s.fresh("cpu"), 500 if q else 3000)
         print(f"server CPU per request (devpilot serve), ms: {json.dumps(out['server_cpu_ms'])}")
         if instructions.available() and not q:  # (six valgrind runs: about 2.5 minutes)
@@ -189,6 +193,10 @@ def cold_start(s: BenchServer, repeats: int) -> dict[str, Any]:
     return coldstart.cold_starts(url, token, repeats)
 
 
+def _paired(ratio: dict[str, Any]) -> str:
+    return f"{ratio['median']}x ({ratio['min']}-{ratio['max']})"
+
+
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f} ms"
 
@@ -225,6 +233,18 @@ def table(out: dict[str, Any]) -> str:
         (
             "webhooks / one-statement enqueue",
             f"{out['http']['ratios']['webhooks_vs_library_enqueue_one_statement']}x",
+        ),
+        (
+            f"paired rounds ({out['paired']['rounds']}), median (range): webhooks / block enqueue",
+            _paired(out["paired"]["webhooks_vs_library_enqueue"]),
+        ),
+        (
+            "paired rounds: webhooks / one-statement enqueue",
+            _paired(out["paired"]["webhooks_vs_library_enqueue_one_statement"]),
+        ),
+        (
+            f"paired rounds: claim+ack / drain {HTTP_CLIENTS}x1",
+            _paired(out["paired"]["claim_ack_vs_library_drain"]),
         ),
         (
             "webhooks over HTTP, 2 workers (DEVPILOT_SERVE_WORKERS=2)",
