@@ -24,22 +24,28 @@ What each event does (the conversation, drawn in the README):
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from shared import linear_auth, notices
+from shared.batching import Combiner
 from shared.db import Pool, Tx, statement, transaction
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
 from shared.queue import (
     NO_MACHINE,
     SWEEP_BATCH,
+    IssueStart,
     MachineRevoked,
+    RouteOutcome,
     cancel_issue,
     enqueue_dispatch,
     route_and_enqueue,
+    route_and_enqueue_many,
 )
 from shared.settings import Settings
 from shared.sql import query
@@ -116,16 +122,24 @@ def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Rec
     """The start as one statement, its own transaction: the delivery recorded, the agent session's
     turn taken, the machine chosen and the message queued (with Linear's first notice) in one round
     trip, where the transaction below takes four. None: it wrote nothing (a delivery seen before,
-    the machine chosen revoked meanwhile, or an agent session's user without a machine)."""
-    with statement(pool) as tx:
-        routed = route_and_enqueue(
-            tx,
-            org_id=start.org,
-            linear_user_id=start.user,
-            message=start.message,
-            delivery_key=key,
-            content_key=content_key,
-        )
+    the machine chosen revoked meanwhile, or an agent session's user without a machine).
+
+    An issue's start goes through the pool's group commit (`_issue_starts`): issues that arrive
+    while another batch is being written are written together, in one statement and one commit."""
+    routed: RouteOutcome
+    if start.message.agent_session_id is None:
+        item = IssueStart(start.org, start.user, start.message, key, content_key)
+        routed = _issue_starts(pool).submit(item)
+    else:
+        with statement(pool) as tx:
+            routed = route_and_enqueue(
+                tx,
+                org_id=start.org,
+                linear_user_id=start.user,
+                message=start.message,
+                delivery_key=key,
+                content_key=content_key,
+            )
     if routed is None:
         return None
     if routed == NO_MACHINE:
@@ -135,6 +149,37 @@ def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Rec
     enq = routed.enqueued
     answer = _dispatched(enq, routed.orchestrator_id, "start" if start.message.agent_session_id else None)
     return Received(answer, _notices(enq), recorded=True)
+
+
+ISSUE_BATCH = 64  # the most issue starts written in one statement
+_COMBINERS: weakref.WeakKeyDictionary[Pool, Combiner[IssueStart, RouteOutcome]] = weakref.WeakKeyDictionary()
+_COMBINERS_LOCK = threading.Lock()
+
+
+def _issue_starts(pool: Pool) -> Combiner[IssueStart, RouteOutcome]:
+    """The pool's group commit of issue starts (one per pool, made on first use)."""
+    with _COMBINERS_LOCK:
+        combiner = _COMBINERS.get(pool)
+        if combiner is None:
+
+            def many(items: list[IssueStart]) -> list[RouteOutcome]:
+                # Keys are distinct: a delivery seen twice in one batch is not a batch item here.
+                with statement(pool) as tx:
+                    return route_and_enqueue_many(tx, items)
+
+            def one(item: IssueStart) -> RouteOutcome:
+                with statement(pool) as tx:
+                    return route_and_enqueue(
+                        tx,
+                        org_id=item.org_id,
+                        linear_user_id=item.linear_user_id,
+                        message=item.message,
+                        delivery_key=item.delivery_key,
+                        content_key=item.content_key,
+                    )
+
+            combiner = _COMBINERS[pool] = Combiner(many, one, ISSUE_BATCH)
+        return combiner
 
 
 def _does_nothing(hook: Webhook, plan: Intent) -> bool:

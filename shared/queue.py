@@ -184,6 +184,65 @@ def route_and_enqueue(
     return Routed(enqueued, row["orchestrator_id"])
 
 
+@dataclass(frozen=True)
+class IssueStart:
+    """One webhook of `route_and_enqueue_many`: an issue created with an assignee."""
+
+    org_id: str
+    linear_user_id: str
+    message: DispatchPayload
+    delivery_key: str
+    content_key: str
+
+
+RouteOutcome = Routed | Literal["no_machine"] | None
+
+
+def route_and_enqueue_many(tx: Tx, starts: list[IssueStart]) -> list[RouteOutcome]:
+    """`route_and_enqueue` for several issues in one statement (its own transaction, given by
+    `shared.db.statement()`): each element's outcome exactly as `route_and_enqueue` would answer
+    it alone, in order, and all of them committed together. The keys must be distinct across the
+    batch (ValueError otherwise, before anything is written)."""
+    tx = require_tx(tx, "route_and_enqueue_many")
+    keys = [k for st in starts for k in (st.delivery_key, st.content_key)]
+    if len(set(keys)) != len(keys):
+        raise ValueError("route_and_enqueue_many() needs distinct delivery and content keys")
+    for st in starts:
+        if st.message.kind != "start" or st.message.agent_session_id is not None:
+            raise ValueError("route_and_enqueue_many is for an issue's start")
+    session_ids = [uuid4() for _ in starts]
+    rows = tx.all(
+        query("route_and_enqueue_many_for_delivery"),
+        {
+            "n": list(range(len(starts))),
+            "org_id": [st.org_id for st in starts],
+            "route_user": [st.linear_user_id for st in starts],
+            "delivery_key": [st.delivery_key for st in starts],
+            "content_key": [st.content_key for st in starts],
+            "session_id": session_ids,
+            "issue_id": [st.message.issue.id for st in starts],
+            "issue_identifier": [st.message.issue.identifier for st in starts],
+            "payload": [Jsonb(st.message.model_dump(mode="json", by_alias=True)) for st in starts],
+            "now": None,
+        },
+    )
+    out: list[RouteOutcome] = []
+    for row in rows:
+        if row["outcome"] is None:
+            out.append(None)
+        elif row["outcome"] != "dispatched":
+            out.append(NO_MACHINE)
+        else:
+            enqueued = Enqueued(
+                session_id=row["session_id"],
+                queue_id=row["queue_id"],
+                message_id=row["message_id"],
+                notice_id=None,
+            )
+            out.append(Routed(enqueued, row["orchestrator_id"]))
+    return out
+
+
 def claim(
     pool: Pool,
     orchestrator_id: UUID,

@@ -20,7 +20,10 @@ SELECT %(key)s, %(content_key)s
 WHERE (SELECT count(*) FROM turn) >= 0  -- (true: it makes the turn come before the insert)
 ON CONFLICT DO NOTHING
 RETURNING delivery_key, (
+    SELECT r.id
+    FROM (SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user) want, LATERAL (
 -- include: route
+    ) r
 ) AS routed;
 
 -- name: delivery_session
@@ -88,11 +91,12 @@ ORDER BY s.created_at DESC
 LIMIT 1;
 
 -- name: route
--- A fragment, the routing policy (in `record_delivery` and `route_and_enqueue_for_delivery`, so in
--- the intake transaction): the active
+-- A fragment, the routing policy (in `record_delivery` and the statements of `route_enqueue_rows`
+-- and `route_and_enqueue_many_for_delivery`, so in the intake transaction): the active
 -- orchestrator registered for (org, Linear user), most recently seen first, then the newest
--- registration. Served by orchestrators_route_idx.
+-- registration. For each row of `want` (org_id, route_user): a LATERAL subquery. Served by
+-- orchestrators_route_idx.
 SELECT id FROM orchestrators
-WHERE org_id = %(org_id)s AND linear_user_id = %(route_user)s AND revoked_at IS NULL
+WHERE org_id = want.org_id AND linear_user_id = want.route_user AND revoked_at IS NULL
 ORDER BY last_seen_at DESC NULLS LAST, created_at DESC, id
 LIMIT 1

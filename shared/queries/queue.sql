@@ -139,7 +139,7 @@ WITH
 -- name: route_enqueue_rows
 -- A fragment, the CTEs of `route_and_enqueue_for_delivery` and
 -- `route_and_start_agent_session_for_delivery`:
--- * `routed`: the routing policy's choice for `route_user` (`route`, intake.sql).
+-- * `want`, `routed`: the routing policy's choice for `route_user` (`route`, intake.sql).
 -- * `turn`: for an agent session, its turn (`agent_session_turn`, intake.sql), taken before the
 --   machine's lock as the intake transaction takes it, so a stop that comes meanwhile waits for
 --   this start's commit and then cancels it. This statement reads nothing a turn orders: the
@@ -152,8 +152,12 @@ WITH
 --   about), ignored when the user has no active machine at all. ON CONFLICT DO NOTHING: a
 --   delivery seen before, or a concurrent copy once that commits, writes nothing.
 -- * `target`, then `enqueue`'s session `s` and queue row `q`, only for a dispatch.
-routed AS (
+want AS (
+    SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user
+), routed AS (
+    SELECT r.id FROM want, LATERAL (
 -- include: route
+    ) r
 ), turn AS (
 -- include: agent_session_turn
 ), machine AS (
@@ -557,3 +561,67 @@ SELECT count(*) AS rerouted,
        (SELECT count(pg_notify('devpilot_dispatch', d.orchestrator_id::text))
         FROM (SELECT DISTINCT orchestrator_id FROM sessions) d) AS woken
 FROM sessions;
+
+-- name: route_and_enqueue_many_for_delivery
+-- `route_and_enqueue_for_delivery` for several issues at once (arrays, one element per webhook,
+-- numbered `n`): each element's rows exactly as that statement writes them, all in one statement
+-- that is its own transaction, so the whole batch commits together or not at all, after one
+-- round trip and one commit. The caller answers no webhook before the commit. Every element is
+-- judged alone: its routing choice (`route`, per element), its machine's lock FOR KEY SHARE (a
+-- revoke committed meanwhile is seen, and nothing is written for that element), its delivery
+-- ON CONFLICT DO NOTHING. The elements' keys are distinct (the caller's duty): a delivery key or
+-- content key twice in one batch would match one inserted record twice. One row per element, in
+-- order: `outcome` NULL means nothing was written for it.
+WITH want AS (
+    SELECT * FROM unnest(%(n)s::int[], %(org_id)s::text[], %(route_user)s::text[],
+                         %(delivery_key)s::text[], %(content_key)s::text[], %(session_id)s::uuid[],
+                         %(issue_id)s::text[], %(issue_identifier)s::text[], %(payload)s::jsonb[])
+        AS w(n, org_id, route_user, delivery_key, content_key, session_id, issue_id,
+             issue_identifier, payload)
+), routed AS (
+    SELECT want.n, r.id
+    FROM want LEFT JOIN LATERAL (
+-- include: route
+    ) r ON true
+), machine AS (
+    SELECT routed.n, o.id, o.name, o.listening_until > now() AS listening
+    FROM routed JOIN orchestrators o ON o.id = routed.id
+    WHERE o.revoked_at IS NULL
+    FOR KEY SHARE OF o
+), d AS (
+    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
+    SELECT w.delivery_key, w.content_key,
+           CASE WHEN m.id IS NOT NULL THEN w.session_id END,
+           CASE WHEN m.id IS NOT NULL THEN 'dispatched' ELSE 'ignored' END
+    FROM want w JOIN routed r ON r.n = w.n LEFT JOIN machine m ON m.n = w.n
+    WHERE m.id IS NOT NULL OR r.id IS NULL
+    ON CONFLICT DO NOTHING
+    RETURNING delivery_key, outcome
+), target AS (
+    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.route_user, w.issue_id,
+           w.issue_identifier, w.payload
+    FROM machine m JOIN want w ON w.n = m.n
+    JOIN d ON d.delivery_key = w.delivery_key AND d.outcome = 'dispatched'
+), s AS (
+    INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
+                                   issue_identifier, agent_session_id, kind, queue_id, message_id)
+    SELECT t.session_id, t.org_id, t.id, 'queued', t.route_user, t.issue_id, t.issue_identifier,
+           NULL, 'start', gen_random_uuid(), gen_random_uuid()
+    FROM target t
+    RETURNING id, queue_id, message_id, orchestrator_id, org_id
+), q AS (
+    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
+                                agent_session_id, available_at)
+    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id, t.payload, NULL,
+           coalesce(%(now)s::timestamptz, now())
+    FROM s JOIN target t ON t.session_id = s.id
+    RETURNING id, message_id, session_id, orchestrator_id
+)
+SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
+        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
+FROM want w
+LEFT JOIN d ON d.delivery_key = w.delivery_key
+LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
+ORDER BY w.n;
+
