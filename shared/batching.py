@@ -22,9 +22,11 @@ R = TypeVar("R")
 class _Slot(Generic[T, R]):
     __slots__ = ("alone", "done", "item", "lead", "result")
 
-    def __init__(self, item: T) -> None:
+    def __init__(self, item: T, waits: bool) -> None:
         self.item = item
-        self.done = threading.Event()
+        # Only a caller that waits needs something to wait on; one that leads at once (every
+        # caller alone) is spared making it.
+        self.done = threading.Event() if waits else None
         self.lead = False  # woken to lead the next batch
         self.alone = False  # its batch failed: the caller writes it alone
         self.result: R | None = None
@@ -43,12 +45,12 @@ class Combiner(Generic[T, R]):
         self._busy = False  # a caller leads
 
     def submit(self, item: T) -> R:
-        slot: _Slot[T, R] = _Slot(item)
         with self._lock:
-            self._waiting.append(slot)
             lead = not self._busy
+            slot: _Slot[T, R] = _Slot(item, waits=not lead)
+            self._waiting.append(slot)
             self._busy = True
-        if not lead:
+        if slot.done is not None:
             slot.done.wait()
             if not slot.lead:
                 return self._one(item) if slot.alone else slot.result  # type: ignore[return-value]
@@ -74,10 +76,10 @@ class Combiner(Generic[T, R]):
                 if heir is None:
                     self._busy = False
             for s in batch[1:]:
-                s.done.set()
+                s.done.set()  # type: ignore[union-attr]  # (every slot behind the first waits)
             if heir is not None:
                 heir.lead = True
-                heir.done.set()
+                heir.done.set()  # type: ignore[union-attr]
         if failed is not None:
             if len(batch) == 1:
                 raise failed

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -410,6 +411,58 @@ def test_a_start_in_one_statement_reads_no_table_in_either_plan(
         ]
     ), text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80, text
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_issues_written_together_read_no_table_in_either_plan(
+    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """The group commit's one statement (`route_and_enqueue_many_for_delivery`) finds each issue's
+    machine by the routing index and locks it by its key, and writes the deliveries, sessions and
+    queue rows, in both plans, with thousands of machines in the org and many queued sessions."""
+    from psycopg.types.json import Jsonb
+
+    from shared.sql import query
+
+    o = make_orchestrator()
+    fill_queue(pool, o, 20_000)
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)"
+            " SELECT %s, 'someone-' || i, 'm', sha256(i::text::bytea) FROM generate_series(1, 5000) i",
+            (o.org_id,),
+        )
+        conn.execute("ANALYZE orchestrators")
+    users = [o.linear_user_id] * 6 + ["someone-7", "nobody"]  # (someone-7 has a machine too)
+
+    def params(_tx: Tx, n: int) -> dict[str, Any]:
+        count = len(users)
+        return {
+            "n": list(range(count)),
+            "org_id": [o.org_id] * count,
+            "route_user": users,
+            "delivery_key": [f"delivery-{n}-{i}" for i in range(count)],
+            "content_key": [f"content-{n}-{i}" for i in range(count)],
+            "session_id": [uuid.uuid4() for _ in range(count)],
+            "issue_id": [f"i-{i}" for i in range(count)],
+            "issue_identifier": [f"X-{i}" for i in range(count)],
+            "payload": [Jsonb({"issue": {"id": f"i-{i}"}}) for i in range(count)],
+            "now": None,
+        }
+
+    plan = _steady_write_plan(db_url, mode, query("route_and_enqueue_many_for_delivery"), params)
+    text = json.dumps(plan)
+    top = plan["QUERY PLAN"][0]["Plan"]
+    assert _relations(top) == sorted(
+        [
+            ("Index Scan", "orchestrators", "orchestrators_route_idx"),
+            ("Index Scan", "orchestrators", "orchestrators_pkey"),
+            ("ModifyTable", "webhook_deliveries", None),
+            ("ModifyTable", "dispatch_sessions", None),
+            ("ModifyTable", "dispatch_queue", None),
+        ]
+    ), text
+    assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
 
 
 @pytest.mark.parametrize("statement", ["ack", "ack_as"])
