@@ -189,3 +189,46 @@ def test_a_webhook_postgres_refuses_fails_alone_and_its_batch_is_written_without
     assert [a.json()["status"] for a in good] == ["dispatched"] * 6
     assert row_counts(api.pool)["sessions"] == 6 and row_counts(api.pool)["queue"] == 6
     assert "d-bad" not in deliveries(api.pool) and len(deliveries(api.pool)) == 6
+
+
+def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_machine(
+    api: Api, db_url: str
+) -> None:
+    """The batch locks each machine as the one statement does: a revoke that commits while the
+    batch waits for the machine's row is seen, nothing is written for that machine, and each
+    webhook is decided again (here: the user's other machine), once."""
+    other, _ = api.register(user="user-1", name="desktop")
+    first, _ = api.register(user="user-1", name="laptop")  # (the newer: routing's choice)
+    elsewhere, _ = api.register(user="user-2", name="elsewhere")
+    holds_leader = _lock_machine(db_url, elsewhere)  # the leader waits here, alone
+    revokes = _lock_machine(db_url, first)  # the batch waits here; the revoke commits meanwhile
+    revokes.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (first,))
+    bodies = [(issue_event(issue_id=f"iss-{i}"), f"d-{i}") for i in range(10)]
+    combiner = intake._issue_starts(api.pool)
+
+    def waiting_on_locks(watch: Any) -> int:
+        return int(watch.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"])
+
+    try:
+        with ThreadPoolExecutor(len(bodies) + 1) as ex, connect(db_url) as watch:
+            leader = ex.submit(api.webhook, issue_event(issue_id="iss-x", assignee="user-2"), "d-x")
+            _wait_for(lambda: waiting_on_locks(watch) == 1, "the leader to wait on its machine")
+            futures = [ex.submit(api.webhook, *b) for b in bodies]
+            _wait_for(lambda: len(combiner._waiting) == len(bodies), "the batch to wait in line")
+            holds_leader.commit()
+            assert leader.result(30).json()["orchestratorId"] == elsewhere
+            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait on the machine")
+            revokes.commit()  # the revoke commits while the batch waits for the machine's row
+            answers = [f.result(30).json() for f in futures]
+    finally:
+        holds_leader.close()
+        revokes.close()
+    assert [a["status"] for a in answers] == ["dispatched"] * 10
+    assert {a["orchestratorId"] for a in answers} == {other}
+    assert len({a["sessionId"] for a in answers}) == 10
+    with api.pool.connection() as conn:
+        on_revoked = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions WHERE orchestrator_id = %s", (first,)
+        ).fetchone()
+    assert on_revoked is not None and on_revoked["n"] == 0
+    assert row_counts(api.pool)["sessions"] == 11 and row_counts(api.pool)["queue"] == 11
