@@ -28,6 +28,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -39,9 +40,9 @@ from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
 from shared.queue import (
     NO_MACHINE,
     SWEEP_BATCH,
-    IssueStart,
     MachineRevoked,
     RouteOutcome,
+    Start,
     cancel_issue,
     enqueue_dispatch,
     route_and_enqueue,
@@ -81,9 +82,9 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
             return ignored
         # (Seen before: the transaction below answers `duplicate`, with the session it made.)
     rounds = ROUNDS
-    start = _start_alone(hook, plan)
+    start = _start_alone(hook, plan, key, content_key)
     if start is not None:
-        done = _start_at_once(pool, start, key, content_key)
+        done = _start_at_once(pool, start)
         if done is not None:
             return done
         rounds -= 1  # (a round that wrote nothing; `_start_at_once` says when)
@@ -98,14 +99,7 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
 ROUNDS = 3
 
 
-@dataclass(frozen=True)
-class _Start:
-    org: str
-    user: str
-    message: DispatchPayload
-
-
-def _start_alone(hook: Webhook, plan: Intent) -> _Start | None:
+def _start_alone(hook: Webhook, plan: Intent, key: str, content_key: str) -> Start | None:
     """A start for a user's machine with nothing to cancel first: an issue created with an
     assignee, or an agent session `created`. None for any other event."""
     if plan.kind != "dispatch" or plan.cancel_issue_id is not None:
@@ -115,10 +109,10 @@ def _start_alone(hook: Webhook, plan: Intent) -> _Start | None:
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
     )
-    return _Start(hook.org_id, plan.user_id, message)
+    return Start(hook.org_id, plan.user_id, message, key, content_key)
 
 
-def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Received | None:
+def _start_at_once(pool: Pool, start: Start) -> Received | None:
     """The start as one statement, its own transaction: the delivery recorded, the agent session's
     turn taken, the machine chosen and the message queued (with Linear's first notice) in one round
     trip, where the transaction below takes four. None: it wrote nothing (a delivery seen before,
@@ -126,20 +120,10 @@ def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Rec
 
     An issue's start goes through the pool's group commit (`_issue_starts`): issues that arrive
     while another batch is being written are written together, in one statement and one commit."""
-    routed: RouteOutcome
     if start.message.agent_session_id is None:
-        item = IssueStart(start.org, start.user, start.message, key, content_key)
-        routed = _issue_starts(pool).submit(item)
+        routed = _issue_starts(pool).submit(start)
     else:
-        with statement(pool) as tx:
-            routed = route_and_enqueue(
-                tx,
-                org_id=start.org,
-                linear_user_id=start.user,
-                message=start.message,
-                delivery_key=key,
-                content_key=content_key,
-            )
+        routed = _one_statement(pool, start)
     if routed is None:
         return None
     if routed == NO_MACHINE:
@@ -152,34 +136,38 @@ def _start_at_once(pool: Pool, start: _Start, key: str, content_key: str) -> Rec
 
 
 ISSUE_BATCH = 64  # the most issue starts written in one statement
-_COMBINERS: weakref.WeakKeyDictionary[Pool, Combiner[IssueStart, RouteOutcome]] = weakref.WeakKeyDictionary()
+_COMBINERS: weakref.WeakKeyDictionary[Pool, Combiner[Start, RouteOutcome]] = weakref.WeakKeyDictionary()
 _COMBINERS_LOCK = threading.Lock()
 
 
-def _issue_starts(pool: Pool) -> Combiner[IssueStart, RouteOutcome]:
-    """The pool's group commit of issue starts (one per pool, made on first use)."""
+def _issue_starts(pool: Pool) -> Combiner[Start, RouteOutcome]:
+    """The pool's group commit of issue starts (one per pool, made on first use). Copies of one
+    delivery in one batch are refused by `route_and_enqueue_many` before it writes anything, and
+    every start of that batch is then written alone."""
     with _COMBINERS_LOCK:
         combiner = _COMBINERS.get(pool)
         if combiner is None:
 
-            def many(items: list[IssueStart]) -> list[RouteOutcome]:
-                # Keys are distinct: a delivery seen twice in one batch is not a batch item here.
+            def many(starts: list[Start]) -> list[RouteOutcome]:
                 with statement(pool) as tx:
-                    return route_and_enqueue_many(tx, items)
+                    return route_and_enqueue_many(tx, starts)
 
-            def one(item: IssueStart) -> RouteOutcome:
-                with statement(pool) as tx:
-                    return route_and_enqueue(
-                        tx,
-                        org_id=item.org_id,
-                        linear_user_id=item.linear_user_id,
-                        message=item.message,
-                        delivery_key=item.delivery_key,
-                        content_key=item.content_key,
-                    )
-
-            combiner = _COMBINERS[pool] = Combiner(many, one, ISSUE_BATCH)
+            combiner = _COMBINERS[pool] = Combiner(many, partial(_one_statement, pool), ISSUE_BATCH)
         return combiner
+
+
+def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
+    """The start in a statement of its own (`route_and_enqueue`): an agent session's, or an issue's
+    that goes alone."""
+    with statement(pool) as tx:
+        return route_and_enqueue(
+            tx,
+            org_id=start.org_id,
+            linear_user_id=start.linear_user_id,
+            message=start.message,
+            delivery_key=start.delivery_key,
+            content_key=start.content_key,
+        )
 
 
 def _does_nothing(hook: Webhook, plan: Intent) -> bool:

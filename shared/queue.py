@@ -126,6 +126,19 @@ class Routed:
 
 
 NO_MACHINE: Final = "no_machine"  # `route_and_enqueue` recorded a plain issue's delivery as ignored
+RouteOutcome = Routed | Literal["no_machine"] | None
+
+
+@dataclass(frozen=True)
+class Start:
+    """A start with nothing to cancel first, as one webhook asks for it (`route_and_enqueue`,
+    `route_and_enqueue_many`): the org, the Linear user, the message, the delivery's two keys."""
+
+    org_id: str
+    linear_user_id: str
+    message: DispatchPayload
+    delivery_key: str
+    content_key: str
 
 
 def route_and_enqueue(
@@ -138,7 +151,7 @@ def route_and_enqueue(
     content_key: str,
     session_id: UUID | None = None,
     now: datetime | None = None,
-) -> Routed | Literal["no_machine"] | None:
+) -> RouteOutcome:
     """The webhook intake of a start with nothing to cancel first (an issue created with an
     assignee, an agent session `created`) in one statement: records the delivery (its two keys),
     takes an agent session's turn, chooses the user's machine by the routing policy and queues the
@@ -171,7 +184,12 @@ def route_and_enqueue(
             "notice_queued": in_session,
         },
     )
-    if row is None:
+    return _route_outcome(row)
+
+
+def _route_outcome(row: DictRow | None) -> RouteOutcome:
+    """What a row of `route_enqueue_answer` (or of the batch's answer) says was written."""
+    if row is None or row["outcome"] is None:
         return None
     if row["outcome"] != "dispatched":
         return NO_MACHINE
@@ -184,21 +202,7 @@ def route_and_enqueue(
     return Routed(enqueued, row["orchestrator_id"])
 
 
-@dataclass(frozen=True)
-class IssueStart:
-    """One webhook of `route_and_enqueue_many`: an issue created with an assignee."""
-
-    org_id: str
-    linear_user_id: str
-    message: DispatchPayload
-    delivery_key: str
-    content_key: str
-
-
-RouteOutcome = Routed | Literal["no_machine"] | None
-
-
-def route_and_enqueue_many(tx: Tx, starts: list[IssueStart]) -> list[RouteOutcome]:
+def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
     """`route_and_enqueue` for several issues in one statement (its own transaction, given by
     `shared.db.statement()`): each element's outcome exactly as `route_and_enqueue` would answer
     it alone, in order, and all of them committed together. The keys must be distinct across the
@@ -226,21 +230,7 @@ def route_and_enqueue_many(tx: Tx, starts: list[IssueStart]) -> list[RouteOutcom
             "now": None,
         },
     )
-    out: list[RouteOutcome] = []
-    for row in rows:
-        if row["outcome"] is None:
-            out.append(None)
-        elif row["outcome"] != "dispatched":
-            out.append(NO_MACHINE)
-        else:
-            enqueued = Enqueued(
-                session_id=row["session_id"],
-                queue_id=row["queue_id"],
-                message_id=row["message_id"],
-                notice_id=None,
-            )
-            out.append(Routed(enqueued, row["orchestrator_id"]))
-    return out
+    return [_route_outcome(row) for row in rows]
 
 
 def claim(

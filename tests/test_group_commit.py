@@ -16,14 +16,14 @@ import pytest
 from shared import intake
 from shared.db import Pool, connect, statement, transaction
 from shared.models import DispatchPayload
-from shared.queue import NO_MACHINE, IssueStart, Routed, route_and_enqueue, route_and_enqueue_many
+from shared.queue import NO_MACHINE, Routed, Start, route_and_enqueue, route_and_enqueue_many
 from tests.helpers.api import Api, issue_event
 from tests.helpers.data import MakeOrch, issue, row_counts
 
 
-def start(user: str, n: int, *, delivery: str | None = None, org: str = "org-a") -> IssueStart:
+def start(user: str, n: int, *, delivery: str | None = None, org: str = "org-a") -> Start:
     key = delivery or f"d-{uuid.uuid4()}"
-    return IssueStart(org, user, DispatchPayload(issue=issue(n, org)), key, f"c-{key}")
+    return Start(org, user, DispatchPayload(issue=issue(n, org)), key, f"c-{key}")
 
 
 def deliveries(pool: Pool) -> dict[str, tuple[str, Any]]:

@@ -618,6 +618,7 @@ WITH want AS (
     RETURNING id, message_id, session_id, orchestrator_id
 )
 SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       NULL::uuid AS notice_id,
        (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
         FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
 FROM want w
