@@ -356,6 +356,31 @@ def test_enqueue_reads_no_table_in_either_plan(
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 60, text
 
 
+# What a start's one statement reads and writes: the routing read, the machine's row by its key,
+# the delivery, the session and its queue row.
+START_PLAN = [
+    ("Index Scan", "orchestrators", "orchestrators_route_idx"),
+    ("Index Scan", "orchestrators", "orchestrators_pkey"),
+    ("ModifyTable", "webhook_deliveries", None),
+    ("ModifyTable", "dispatch_sessions", None),
+    ("ModifyTable", "dispatch_queue", None),
+]
+
+
+def _a_busy_org(pool: Pool, make_orchestrator: MakeOrch) -> Orch:
+    """A machine with 20,000 queued rows, in an org with 5,000 other people's machines."""
+    o = make_orchestrator()
+    fill_queue(pool, o, 20_000)
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)"
+            " SELECT %s, 'someone-' || i, 'm', sha256(i::text::bytea) FROM generate_series(1, 5000) i",
+            (o.org_id,),
+        )
+        conn.execute("ANALYZE orchestrators")
+    return o
+
+
 @pytest.mark.parametrize(
     "statement", ["route_and_enqueue_for_delivery", "route_and_start_agent_session_for_delivery"]
 )
@@ -370,15 +395,7 @@ def test_a_start_in_one_statement_reads_no_table_in_either_plan(
     every execution, even when the insert writes nothing)."""
     from shared.sql import query
 
-    o = make_orchestrator()
-    fill_queue(pool, o, 20_000)
-    with pool.connection() as conn:  # other people's machines in the same org
-        conn.execute(
-            "INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)"
-            " SELECT %s, 'someone-' || i, 'm', sha256(i::text::bytea) FROM generate_series(1, 5000) i",
-            (o.org_id,),
-        )
-        conn.execute("ANALYZE orchestrators")
+    o = _a_busy_org(pool, make_orchestrator)
 
     in_session = statement == "route_and_start_agent_session_for_delivery"
 
@@ -400,15 +417,8 @@ def test_a_start_in_one_statement_reads_no_table_in_either_plan(
 
     top = plan["QUERY PLAN"][0]["Plan"]
     touched = _relations(top)
-    assert touched == sorted(  # the routing read, the machine's row by its key, four inserts
-        [
-            ("Index Scan", "orchestrators", "orchestrators_route_idx"),
-            ("Index Scan", "orchestrators", "orchestrators_pkey"),
-            ("ModifyTable", "webhook_deliveries", None),
-            ("ModifyTable", "dispatch_sessions", None),
-            ("ModifyTable", "dispatch_queue", None),
-            *([("ModifyTable", "linear_notices", None)] if in_session else []),
-        ]
+    assert touched == sorted(  # the routing read, the machine's row by its key, the inserts
+        [*START_PLAN, *([("ModifyTable", "linear_notices", None)] if in_session else [])]
     ), text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80, text
 
@@ -424,15 +434,7 @@ def test_issues_written_together_read_no_table_in_either_plan(
 
     from shared.sql import query
 
-    o = make_orchestrator()
-    fill_queue(pool, o, 20_000)
-    with pool.connection() as conn:
-        conn.execute(
-            "INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)"
-            " SELECT %s, 'someone-' || i, 'm', sha256(i::text::bytea) FROM generate_series(1, 5000) i",
-            (o.org_id,),
-        )
-        conn.execute("ANALYZE orchestrators")
+    o = _a_busy_org(pool, make_orchestrator)
     users = [o.linear_user_id] * 6 + ["someone-7", "nobody"]  # (someone-7 has a machine too)
 
     def params(_tx: Tx, n: int) -> dict[str, Any]:
@@ -453,15 +455,7 @@ def test_issues_written_together_read_no_table_in_either_plan(
     plan = _steady_write_plan(db_url, mode, query("route_and_enqueue_many_for_delivery"), params)
     text = json.dumps(plan)
     top = plan["QUERY PLAN"][0]["Plan"]
-    assert _relations(top) == sorted(
-        [
-            ("Index Scan", "orchestrators", "orchestrators_route_idx"),
-            ("Index Scan", "orchestrators", "orchestrators_pkey"),
-            ("ModifyTable", "webhook_deliveries", None),
-            ("ModifyTable", "dispatch_sessions", None),
-            ("ModifyTable", "dispatch_queue", None),
-        ]
-    ), text
+    assert _relations(top) == sorted(START_PLAN), text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
 
 

@@ -16,7 +16,7 @@ import pytest
 from shared import intake
 from shared.db import Pool, connect, statement, transaction
 from shared.models import DispatchPayload
-from shared.queue import NO_MACHINE, Routed, Start, route_and_enqueue, route_and_enqueue_many
+from shared.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
 from tests.helpers.api import Api, issue_event
 from tests.helpers.data import MakeOrch, issue, row_counts
 
@@ -38,15 +38,7 @@ def test_each_element_of_a_batch_is_answered_as_it_would_be_alone(
     mine = make_orchestrator(linear_user_id="has-machine")
     make_orchestrator(org_id="org-b", linear_user_id="has-machine")  # (the same user id, another org)
     seen = start("has-machine", 9, delivery="seen-before")
-    with statement(pool) as tx:
-        first = route_and_enqueue(
-            tx,
-            org_id=seen.org_id,
-            linear_user_id=seen.linear_user_id,
-            message=seen.message,
-            delivery_key=seen.delivery_key,
-            content_key=seen.content_key,
-        )
+    first = intake._one_statement(pool, seen)  # (the one statement of a start alone)
     assert isinstance(first, Routed)
     batch = [start("has-machine", 1), start("nobody", 2), seen, start("has-machine", 3)]
     with statement(pool) as tx:
