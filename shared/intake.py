@@ -142,8 +142,8 @@ _COMBINERS_LOCK = threading.Lock()
 
 def _issue_starts(pool: Pool) -> Combiner[Start, RouteOutcome]:
     """The pool's group commit of issue starts (one per pool, made on first use). Copies of one
-    delivery in one batch are refused by `route_and_enqueue_many` before it writes anything, and
-    every start of that batch is then written alone."""
+    delivery in one batch are answered None by `route_and_enqueue_many`: each goes on to the
+    intake transaction, which finds the first copy's record and answers `duplicate`."""
     with _COMBINERS_LOCK:
         combiner = _COMBINERS.get(pool)
         if combiner is None:

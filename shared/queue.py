@@ -205,32 +205,39 @@ def _route_outcome(row: DictRow | None) -> RouteOutcome:
 def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
     """`route_and_enqueue` for several issues in one statement (its own transaction, given by
     `shared.db.statement()`): each element's outcome exactly as `route_and_enqueue` would answer
-    it alone, in order, and all of them committed together. The keys must be distinct across the
-    batch (ValueError otherwise, before anything is written)."""
+    it alone, in order, and all of them committed together. A copy of an earlier element (its
+    delivery key or content key again) is not written: it is answered None, as a delivery seen
+    before, and its caller's intake transaction then finds the first one's record."""
     tx = require_tx(tx, "route_and_enqueue_many")
-    keys = [k for st in starts for k in (st.delivery_key, st.content_key)]
-    if len(set(keys)) != len(keys):
-        raise ValueError("route_and_enqueue_many() needs distinct delivery and content keys")
     for st in starts:
         if st.message.kind != "start" or st.message.agent_session_id is not None:
             raise ValueError("route_and_enqueue_many is for an issue's start")
-    session_ids = [uuid4() for _ in starts]
+    seen: set[str] = set()
+    firsts: list[int] = []  # the elements written; a key twice in one statement would match twice
+    for i, st in enumerate(starts):
+        if st.delivery_key not in seen and st.content_key not in seen:
+            firsts.append(i)
+        seen.update((st.delivery_key, st.content_key))
+    batch = [starts[i] for i in firsts]
     rows = tx.all(
         query("route_and_enqueue_many_for_delivery"),
         {
-            "n": list(range(len(starts))),
-            "org_id": [st.org_id for st in starts],
-            "route_user": [st.linear_user_id for st in starts],
-            "delivery_key": [st.delivery_key for st in starts],
-            "content_key": [st.content_key for st in starts],
-            "session_id": session_ids,
-            "issue_id": [st.message.issue.id for st in starts],
-            "issue_identifier": [st.message.issue.identifier for st in starts],
-            "payload": [Jsonb(st.message.model_dump(mode="json", by_alias=True)) for st in starts],
+            "n": list(range(len(batch))),
+            "org_id": [st.org_id for st in batch],
+            "route_user": [st.linear_user_id for st in batch],
+            "delivery_key": [st.delivery_key for st in batch],
+            "content_key": [st.content_key for st in batch],
+            "session_id": [uuid4() for _ in batch],
+            "issue_id": [st.message.issue.id for st in batch],
+            "issue_identifier": [st.message.issue.identifier for st in batch],
+            "payload": [Jsonb(st.message.model_dump(mode="json", by_alias=True)) for st in batch],
             "now": None,
         },
     )
-    return [_route_outcome(row) for row in rows]
+    out: list[RouteOutcome] = [None] * len(starts)
+    for i, row in zip(firsts, rows, strict=True):
+        out[i] = _route_outcome(row)
+    return out
 
 
 def claim(

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from shared import intake
-from shared.db import Pool, connect, statement, transaction
+from shared.db import Pool, connect, statement
 from shared.models import DispatchPayload
 from shared.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
 from tests.helpers.api import Api, issue_event
@@ -71,14 +71,18 @@ def test_each_element_of_a_batch_is_answered_as_it_would_be_alone(
     assert row_counts(pool)["sessions"] == 3 and row_counts(pool)["queue"] == 3
 
 
-def test_a_batch_needs_a_transaction_and_distinct_keys(pool: Pool, make_orchestrator: MakeOrch) -> None:
+def test_a_batch_needs_a_transaction_and_writes_a_copy_once(pool: Pool, make_orchestrator: MakeOrch) -> None:
     make_orchestrator(linear_user_id="u")
     with pool.connection() as conn, pytest.raises(TypeError, match="open transaction"):
         route_and_enqueue_many(conn, [start("u", 1)])  # type: ignore[arg-type]
-    twice = start("u", 1)
-    with transaction(pool) as tx, pytest.raises(ValueError, match="distinct"):
-        route_and_enqueue_many(tx, [twice, start("u", 2), twice])
     assert row_counts(pool)["sessions"] == 0 and deliveries(pool) == {}
+    twice, other = start("u", 1), start("u", 2)
+    same_content = Start("org-a", "u", twice.message, "d-another-id", twice.content_key)
+    with statement(pool) as tx:
+        out = route_and_enqueue_many(tx, [twice, other, twice, same_content])
+    assert isinstance(out[0], Routed) and isinstance(out[1], Routed)
+    assert out[2] is None and out[3] is None  # (copies: as a delivery seen before)
+    assert row_counts(pool)["sessions"] == 2 and len(deliveries(pool)) == 2
 
 
 def _lock_machine(db_url: str, oid: str) -> psycopg.Connection[Any]:

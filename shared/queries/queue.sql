@@ -569,8 +569,8 @@ FROM sessions;
 -- round trip and one commit. The caller answers no webhook before the commit. Every element is
 -- judged alone: its routing choice (`route`, per element), its machine's lock FOR KEY SHARE (a
 -- revoke committed meanwhile is seen, and nothing is written for that element), its delivery
--- ON CONFLICT DO NOTHING. The elements' keys are distinct (the caller's duty): a delivery key or
--- content key twice in one batch would match one inserted record twice. One row per element, in
+-- ON CONFLICT DO NOTHING. The elements' keys are distinct (`route_and_enqueue_many` leaves copies
+-- out): a delivery key or content key twice in one batch would match one inserted record twice. One row per element, in
 -- order: `outcome` NULL means nothing was written for it.
 WITH want AS (
     SELECT * FROM unnest(%(n)s::int[], %(org_id)s::text[], %(route_user)s::text[],
