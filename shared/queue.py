@@ -219,6 +219,7 @@ def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
             firsts.append(i)
         seen.update((st.delivery_key, st.content_key))
     batch = [starts[i] for i in firsts]
+    values = [_session_params(st.message, None, None) for st in batch]  # (as the one statement's)
     rows = tx.all(
         query("route_and_enqueue_many_for_delivery"),
         {
@@ -227,10 +228,10 @@ def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
             "route_user": [st.linear_user_id for st in batch],
             "delivery_key": [st.delivery_key for st in batch],
             "content_key": [st.content_key for st in batch],
-            "session_id": [uuid4() for _ in batch],
-            "issue_id": [st.message.issue.id for st in batch],
-            "issue_identifier": [st.message.issue.identifier for st in batch],
-            "payload": [Jsonb(st.message.model_dump(mode="json", by_alias=True)) for st in batch],
+            **{
+                col: [v[col] for v in values]
+                for col in ("session_id", "issue_id", "issue_identifier", "payload")
+            },
             "now": None,
         },
     )

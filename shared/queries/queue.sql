@@ -570,8 +570,8 @@ FROM sessions;
 -- judged alone: its routing choice (`route`, per element), its machine's lock FOR KEY SHARE (a
 -- revoke committed meanwhile is seen, and nothing is written for that element), its delivery
 -- ON CONFLICT DO NOTHING. The elements' keys are distinct (`route_and_enqueue_many` leaves copies
--- out): a delivery key or content key twice in one batch would match one inserted record twice. One row per element, in
--- order: `outcome` NULL means nothing was written for it.
+-- out): a delivery key or content key twice in one batch would match one inserted record twice.
+-- One row per element, in order: `outcome` NULL means nothing was written for it.
 WITH want AS (
     SELECT * FROM unnest(%(n)s::int[], %(org_id)s::text[], %(route_user)s::text[],
                          %(delivery_key)s::text[], %(content_key)s::text[], %(session_id)s::uuid[],
