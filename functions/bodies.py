@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from pydantic import (
@@ -93,8 +94,44 @@ class ActivityContent(Body):
         return self.model_dump(exclude_none=True)
 
 
+class SelectOption(Body):
+    label: StrictStr | None = Field(default=None, min_length=1, max_length=200)
+    value: StrictStr = Field(min_length=1, max_length=1000)
+
+
 class ActivityBody(Body):
+    """An activity as Linear's AgentActivityCreateInput takes it. An elicitation may carry one of
+    the agent's signals: `select` (signalMetadata `{"options": [{"label"?, "value"}]}`: the person
+    picks one, and the choice comes back as a follow-up with the `select` signal) or `auth`
+    (signalMetadata `{"url", "providerName"?}`: a link to connect an account)."""
+
     agent_session_id: StrictStr = Field(alias="agentSessionId", min_length=1, max_length=200)
     content: ActivityContent
     id: UUID4 | None = None
     ephemeral: StrictBool = False
+    signal: Literal["select", "auth"] | None = None
+    signal_metadata: dict[str, Any] | None = Field(default=None, alias="signalMetadata")
+
+    @model_validator(mode="after")
+    def _signal_fits(self) -> ActivityBody:
+        if self.signal is None:
+            if self.signal_metadata is not None:
+                raise ValueError("'signalMetadata' needs a 'signal'")
+            return self
+        if self.content.type != "elicitation":
+            raise ValueError(f"the {self.signal} signal is for an elicitation")
+        meta = self.signal_metadata or {}
+        if self.signal == "select":
+            options = meta.get("options")
+            if not isinstance(options, list) or not 1 <= len(options) <= 50:
+                raise ValueError("a select needs signalMetadata.options: 1 to 50 options")
+            parsed = [SelectOption.model_validate(o) for o in options]
+            self.signal_metadata = {"options": [o.model_dump(exclude_none=True) for o in parsed]}
+        else:
+            url, provider = meta.get("url"), meta.get("providerName")
+            if not isinstance(url, str) or len(url) > 2000 or urlsplit(url).scheme not in ("https", "http"):
+                raise ValueError("an auth signal needs signalMetadata.url, an http(s) URL")
+            if provider is not None and (not isinstance(provider, str) or len(provider) > 200):
+                raise ValueError("signalMetadata.providerName must be a short string")
+            self.signal_metadata = {"url": url, **({"providerName": provider} if provider else {})}
+        return self

@@ -19,7 +19,20 @@ def store(call: Call) -> flask.Response:
     body = call.body(CredentialsBody)
     linear_auth.store_static(call.rt.pool, call.rt.settings, body.org_id, body.access_token)
     note(orgId=body.org_id)
-    return reply({"orgId": body.org_id, "stored": True})
+    answer: dict[str, object] = {"orgId": body.org_id, "stored": True}
+    if linear_auth.is_personal_key(body.access_token):
+        answer["credential"] = "personal_api_key"
+        answer["warning"] = PERSONAL_KEY_WARNING
+    else:
+        answer["credential"] = "access_token"
+    return reply(answer)
+
+
+PERSONAL_KEY_WARNING = (
+    "A personal API key acts as the person who made it, not as the app: Linear refuses agent "
+    "activities posted with it, so agent sessions hear nothing. Connect the workspace with "
+    "/oauth/install for the agent to speak as itself."
+)
 
 
 def list_credentials(call: Call) -> flask.Response:

@@ -72,7 +72,14 @@ ROUTES: tuple[Route, ...] = (
         ),
     ),
     one("realtime_token", "/realtime-token", ("POST",), "orchestrator"),
-    one("activities", "/activities", ("POST",), "agent"),
+    Route(
+        "activities",
+        "/activities",
+        (
+            Endpoint("", ("POST",), "agent", "activities"),
+            Endpoint("", ("GET",), "agent", "list_activities"),
+        ),
+    ),
     Route(
         "oauth",
         "/oauth",

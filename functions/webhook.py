@@ -17,11 +17,11 @@ from shared.dispatch import Refused
 
 
 def webhook(call: Call) -> flask.Response:
-    secret = call.rt.settings.linear_webhook_secret
-    if not secret:
+    secrets = call.rt.settings.webhook_secrets
+    if not secrets:
         raise ApiError(503, "not_configured", "LINEAR_WEBHOOK_SECRET is not set on this server")
     body = raw_body(call.request)
-    if not linear.signature_ok(secret, body, call.request.headers.get("Linear-Signature")):
+    if not linear.signed_by_any(secrets, body, call.request.headers.get("Linear-Signature")):
         raise ApiError(401, "bad_signature", "Linear-Signature does not match the body")
     try:
         hook = linear.parse(body)

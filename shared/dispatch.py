@@ -24,7 +24,7 @@ from shared.sql import query
 from shared.wakeups import Wakeups
 
 if TYPE_CHECKING:  # (the webhook's modules load with the webhook route, not with every route)
-    from shared import linear_auth, notices
+    from shared import linear_auth, notices, routing
     from shared.linear import Webhook
 
 log = logging.getLogger("devpilot.dispatch")
@@ -68,13 +68,30 @@ class Dispatch:
 
         return self._sender.submit(run)
 
+    def _route_after_commit(self, route_ids: list[UUID]) -> Future[routing.Result] | None:
+        """Route what a committed webhook left to route once Linear is asked (`shared.routing`),
+        now, off the request path, so Linear hears within its 10 s; the sweep retries the rest."""
+        if not route_ids:
+            return None
+
+        from shared import routing
+
+        def run() -> routing.Result:
+            try:
+                return routing.run(self.pool, self.settings, ids=route_ids)
+            except Exception:
+                log.exception("routing after commit failed; the sweep retries")
+                return routing.Result()
+
+        return self._sender.submit(run)
+
     def receive_webhook(self, hook: Webhook, delivery: str | None) -> dict[str, object]:
         """One verified, fresh Linear webhook (`delivery`: its Linear-Delivery header): its one
         intake transaction, then its notices."""
         from shared import intake
 
         try:
-            received = intake.receive(self.pool, hook, delivery)
+            received = intake.receive(self.pool, hook, delivery, self.settings.linear_client_id)
         except queue.MachineRevoked:
             # Every round chose a machine whose revoke committed while it waited: nothing is
             # written, and Linear's retry of the delivery is decided afresh.
@@ -82,6 +99,7 @@ class Dispatch:
                 "try_again", "the machines of this user changed while the webhook was decided; retry"
             ) from None
         self._after_commit(received.notice_ids)
+        self._route_after_commit(received.route_ids)
         return received.answer
 
     def claim(self, orchestrator_id: UUID, *, max: int, wait_seconds: float = 0) -> list[TaskDispatchMessage]:
@@ -153,9 +171,12 @@ class Dispatch:
         """Re-queue expired leases and dead-letter at the limit, then send every Linear notice still
         unsent (Linear was down, or an instance died between a commit and its send), and forget
         webhook deliveries past their retention."""
-        from shared import intake, notices
+        from shared import intake, notices, routing
 
         result = queue.sweep(self.pool, self.settings)
+        routed = routing.run(self.pool, self.settings)
+        if routed.routed or routed.retried:
+            log.info('{"event":"routing","routed":%d,"retried":%d}', routed.routed, routed.retried)
         sent = notices.send_pending(self.pool, self.settings)
         if sent.sent or sent.failed:
             log.info('{"event":"notices","sent":%d,"failed":%d}', sent.sent, sent.failed)
@@ -172,6 +193,8 @@ class Dispatch:
         *,
         activity_id: UUID | None,
         ephemeral: bool,
+        signal: str | None = None,
+        signal_metadata: dict[str, Any] | None = None,
     ) -> UUID:
         """The agent's reply to Linear, into the outbox in one transaction; posted after commit with
         the activity id as Linear's `input.id`. Only the machine an agent session's message was
@@ -185,6 +208,8 @@ class Dispatch:
             "body": str(content.get("body") or content.get("action") or ""),
             "content": Jsonb(content),
             "ephemeral": ephemeral,
+            "signal": signal,
+            "signal_metadata": Jsonb(signal_metadata) if signal_metadata is not None else None,
         }
         with transaction(self.pool) as tx:
             rights = tx.one(query("activity_rights"), params)
@@ -199,6 +224,16 @@ class Dispatch:
                     raise Refused("not_found", "no agent session of yours by that id")
         self._after_commit([aid])
         return aid
+
+    def activities_of(self, orch: Orchestrator, agent_session_id: str) -> list[dict[str, Any]]:
+        """An agent session's activities, in order (the machine's transcript of the conversation):
+        only for the machine that holds it, as posting is."""
+        params = {"org_id": orch.org_id, "agent_session_id": agent_session_id, "orchestrator_id": orch.id}
+        with transaction(self.pool) as tx:
+            rights = tx.one(query("activity_rights"), params)
+            if rights is None or not rights["holds"]:
+                raise Refused("not_found", "no agent session of yours by that id")
+            return [dict(r) for r in tx.all(query("activity_list"), params)]
 
     def revoke(self, orchestrator_id: UUID) -> orchestrators.Revoked | None:
         revoked = orchestrators.revoke(self.pool, orchestrator_id)

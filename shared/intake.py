@@ -12,10 +12,12 @@ What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
   cancelling the issue's undelivered assignment dispatch. Unassigned or removed: that cancel only.
   Never touches an agent session's messages. No machine for the user: ignored, Linear not told.
-- Agent session `created`: a `start` to the machine of the user who started it (an automation: the
-  issue's assignee), with what they asked and Linear's context; a first `thought` for Linear.
+- Agent session `created`: a `start` to the machine of the user who started it, with Linear's
+  context; a first `thought` for Linear. Started by an automation (no creator): the issue's
+  assignee, whom only Linear's API can name, so the webhook's transaction writes a routing request
+  and the read and the routing happen after commit (`shared.routing`).
 - `prompted`: a `prompt` to the machine that holds the agent session (never re-routed); with no
-  holder yet, routed as a `start`.
+  holder yet, routed as a `start`; behind a start still waiting to be routed, routed after it.
 - `prompted` with the stop signal: every undelivered message of the agent session cancelled, and a
   `stop` queued for the machine that had one delivered; if none had, Linear gets a final response.
 - An agent session that nothing can take: an `error` activity, so Linear does not wait on it.
@@ -32,7 +34,7 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
-from shared import linear_auth, notices
+from shared import linear_auth, notices, routing
 from shared.batching import Combiner
 from shared.db import Pool, Tx, statement, transaction
 from shared.linear import Intent, Webhook, intent
@@ -60,10 +62,12 @@ class Received:
     answer: dict[str, Any]  # the contract's answer body
     notice_ids: list[UUID] = field(default_factory=list)  # Linear notices written, to send after commit
     recorded: bool = False  # the delivery's outcome is written already (by the enqueue)
+    route_ids: list[UUID] = field(default_factory=list)  # routing requests written, to run after commit
 
 
-def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
-    """Apply one verified, fresh webhook in one transaction. `delivery` is Linear-Delivery.
+def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str | None = None) -> Received:
+    """Apply one verified, fresh webhook in one transaction. `delivery` is Linear-Delivery;
+    `own_client_id`, this service's Linear OAuth client (LINEAR_CLIENT_ID).
 
     The machine it chose can be revoked while the transaction runs: the enqueue then writes nothing
     (MachineRevoked), the transaction rolls back whole, and the webhook is decided again, now seeing
@@ -74,7 +78,7 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None) -> Received:
     A start with nothing to cancel first (an issue created with an assignee, an agent session
     `created`) is first tried as one statement that is its own transaction (`_start_at_once`): its
     first round. Only when that writes nothing is it decided in the transaction."""
-    plan = intent(hook)
+    plan = intent(hook, own_client_id)
     key, content_key = hook.delivery_keys(delivery)
     if _does_nothing(hook, plan):
         ignored = _ignore_at_once(pool, plan, key, content_key)
@@ -260,6 +264,15 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -
         if holder is not None:
             orch, issue = holder
             return _dispatch(tx, org, plan, orch, plan.issue or issue, "prompt", [], key)
+    if (
+        plan.kind in ("dispatch", "prompt")
+        and plan.agent_session_id is not None
+        and plan.issue is not None
+        and (plan.user_id is None or routing.waiting(tx, org, plan.agent_session_id))
+    ):
+        # Linear must be asked whose machine takes it (no creator), or an earlier message of the
+        # conversation is still waiting for that answer: routed after the commit, in order.
+        return _route_later(tx, org, plan, key)
 
     cancelled: list[UUID] = []
     if plan.cancel_issue_id:
@@ -314,9 +327,24 @@ def _dispatch(
     return Received(answer, _notices(enq), recorded=delivery_key is not None)
 
 
+def _route_later(tx: Tx, org: str, plan: Intent, key: str) -> Received:
+    """A start (or a follow-up behind one) routed after the commit, once Linear has been asked."""
+    assert plan.issue is not None
+    message = DispatchPayload(
+        issue=plan.issue,
+        agent_session_id=plan.agent_session_id,
+        kind="start" if plan.kind == "dispatch" else "prompt",
+        prompt=plan.prompt,
+    )
+    rid = routing.request(tx, org_id=org, message=message, delivery_key=key)
+    return Received({"status": "routing", "routeId": str(rid)}, route_ids=[rid])
+
+
 def _stop(tx: Tx, org: str, plan: Intent) -> Received:
-    """Linear's stop signal: cancel what no machine has yet, and tell the machine that has it."""
+    """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
+    waiting to be routed), and tell the machine that has it."""
     assert plan.agent_session_id is not None
+    routing.cancel(tx, org, plan.agent_session_id)
     rows = tx.all(
         query("cancel_agent_session"),
         {"org_id": org, "agent_session_id": plan.agent_session_id, "reason": "stopped in Linear"},

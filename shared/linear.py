@@ -30,6 +30,13 @@ def signature_ok(secret: str, body: bytes, signature: str | None) -> bool:
     return hmac.compare_digest(expected, signature.strip().encode("utf-8", "surrogateescape"))
 
 
+def signed_by_any(secrets: list[str], body: bytes, signature: str | None) -> bool:
+    """Whether any of the secrets signed the body. Every secret is compared, whichever matches
+    first, so the time taken says nothing about which one did (or that one nearly did)."""
+    matches = [signature_ok(secret, body, signature) for secret in secrets]
+    return any(matches)
+
+
 def sign(secret: str, body: bytes) -> str:
     """What Linear would send in Linear-Signature (tests, demo)."""
     return hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
@@ -97,7 +104,9 @@ def is_fresh(hook: Webhook, now_ms: int, tolerance_seconds: int) -> bool:
 @dataclass(frozen=True)
 class Intent:
     """What the event asks: dispatch a start to a user, a follow-up or a stop in an agent session,
-    cancel the issue's open assignment dispatch, or nothing."""
+    cancel the issue's open assignment dispatch, or nothing. A start of an agent session whose user
+    the webhook does not name (started by an automation) is a `dispatch` with no `user_id`: Linear
+    must be asked for the issue's assignee first (after the webhook's transaction)."""
 
     kind: Literal["dispatch", "cancel", "prompt", "stop", "disconnect", "ignore"]
     reason: str = ""
@@ -132,7 +141,14 @@ def _dict(d: dict[str, Any], key: str) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def intent(hook: Webhook) -> Intent:
+def _objects(d: dict[str, Any], key: str) -> list[dict[str, Any]] | None:
+    v = d.get(key)
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else None
+
+
+def intent(hook: Webhook, own_client_id: str | None = None) -> Intent:
+    """`own_client_id`: this service's Linear OAuth client (LINEAR_CLIENT_ID), whose uninstall
+    alone disconnects an org."""
     if not hook.org_id:
         return Intent("ignore", "no_organization")
     if hook.type == "Issue":
@@ -140,8 +156,25 @@ def intent(hook: Webhook) -> Intent:
     if hook.type == "AgentSessionEvent":
         return _agent_intent(hook)
     if hook.type == "OAuthApp" and hook.action == "revoked":
+        # Every app's uninstall reaches a workspace webhook; only our own disconnects the org.
+        if own_client_id is None or _str(hook.raw, "oauthClientId") != own_client_id:
+            return Intent("ignore", "another_app_revoked")
         return Intent("disconnect", "linear_disconnected")
     return Intent("ignore", f"unhandled_type:{hook.type}")
+
+
+def _source_comment(hook: Webhook) -> str | None:
+    """The comment the agent session was started from, when Linear names it (`sourceCommentId`)
+    and sent it: the thread's root (`agentSession.comment`) or one of `previousComments`. Never the
+    root comment by default: for a delegation it is Linear's placeholder, for a mention in a reply
+    someone else's words."""
+    source = _str(hook.entity, "sourceCommentId")
+    if source is None:
+        return None
+    for comment in [_dict(hook.entity, "comment"), *(_objects(hook.raw, "previousComments") or [])]:
+        if comment.get("id") == source:
+            return _str(comment, "body")
+    return None
 
 
 def _agent_intent(hook: Webhook) -> Intent:
@@ -149,16 +182,21 @@ def _agent_intent(hook: Webhook) -> Intent:
     agent_session_id = _str(session, "id")
     if agent_session_id is None:
         return Intent("ignore", "agent_session_without_id")
-    raw_issue = _dict(session, "issue")
-    issue = _issue(raw_issue)
-    # Started by a person: route by them; by an automation (no creator): by the issue's assignee.
-    user = _str(session, "creatorId") or _str(raw_issue, "assigneeId")
+    issue = _issue(_dict(session, "issue"))
+    # Started by a person: routed to them. By an automation (no creator): to the issue's assignee,
+    # which Linear's webhook issue object does not carry: asked of Linear after the transaction.
+    user = _str(session, "creatorId")
     if hook.action == "created":
-        prompt = Prompt(body=_str(_dict(session, "comment"), "body"), context=_str(hook.raw, "promptContext"))
-        if issue is None or user is None:
+        prompt = Prompt(
+            body=_source_comment(hook),
+            context=_str(hook.raw, "promptContext"),
+            guidance=_objects(hook.raw, "guidance"),
+            previous_comments=_objects(hook.raw, "previousComments"),
+        )
+        if issue is None:
             return Intent(
                 "ignore",
-                "agent_session_without_issue_or_user",
+                "agent_session_without_issue",
                 agent_session_id=agent_session_id,
                 unroutable_notice=True,
             )
@@ -172,15 +210,21 @@ def _agent_intent(hook: Webhook) -> Intent:
         )
     if hook.action == "prompted":
         activity = _dict(hook.raw, "agentActivity")
-        if activity.get("signal") == "stop":
+        signal = _str(activity, "signal")
+        if signal == "stop":
             return Intent("stop", issue=issue, user_id=user, agent_session_id=agent_session_id)
-        body = _str(_dict(activity, "content"), "body")
+        metadata = activity.get("signalMetadata")
+        prompt = Prompt(
+            body=_str(_dict(activity, "content"), "body"),
+            signal=signal,
+            signal_metadata=metadata if isinstance(metadata, dict) else None,
+        )
         return Intent(
             "prompt",
             issue=issue,
             user_id=user,
             agent_session_id=agent_session_id,
-            prompt=Prompt(body=body),
+            prompt=prompt,
             unroutable_notice=True,
         )
     return Intent("ignore", f"agent_session_{hook.action}")

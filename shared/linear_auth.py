@@ -43,6 +43,19 @@ STATE_PREFIX = b"devpilot-oauth-state:"
 ORGANIZATION = "query DevpilotOrganization { organization { id name urlKey } }"
 
 
+PERSONAL_KEY_PREFIX = "lin_api_"  # Linear's personal API keys; its OAuth tokens are `lin_oauth_…`
+
+
+def authorization(token: str) -> str:
+    """The Authorization header Linear takes for this token: an OAuth access token as `Bearer`, a
+    personal API key raw (Linear refuses a personal key sent as a Bearer token)."""
+    return token if token.startswith(PERSONAL_KEY_PREFIX) else f"Bearer {token}"
+
+
+def is_personal_key(token: str) -> bool:
+    return token.startswith(PERSONAL_KEY_PREFIX)
+
+
 class BadState(ValueError):
     """The `state` was not minted by this service, or is older than 10 minutes."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
@@ -26,10 +26,18 @@ MessageKind = Literal["start", "prompt", "stop"]
 
 
 class Prompt(Wire):
-    """What the user asked (`body`), and Linear's formatted context for agents (`start` only)."""
+    """What the message asks. On a start of an agent session: `context`, Linear's `promptContext`
+    (the request as Linear formats it: issue, thread, guidance), and `body`, the comment the session
+    was started from when Linear names it (never the thread's root comment). On a follow-up: `body`,
+    the person's message, with its `signal` (`continue`, `select`, `auth`) and `signalMetadata`.
+    `guidance` and `previousComments` are Linear's, passed on as they came (a start's)."""
 
     body: str | None = None
     context: str | None = None
+    signal: str | None = None
+    signal_metadata: dict[str, Any] | None = None
+    guidance: list[dict[str, Any]] | None = None
+    previous_comments: list[dict[str, Any]] | None = None
 
 
 class DispatchPayload(Wire):

@@ -94,6 +94,9 @@ def request(row: dict[str, Any]) -> dict[str, Any] | None:
         }
         if row.get("ephemeral"):
             activity["ephemeral"] = True
+        if row.get("signal"):  # an elicitation's select options or auth link
+            activity["signal"] = row["signal"]
+            activity["signalMetadata"] = row.get("signal_metadata") or {}
         return {"query": AGENT_ACTIVITY, "variables": {"input": activity}}
     if row["issue_id"] and row["kind"] == "failed":
         comment = {"id": str(row["id"]), "issueId": row["issue_id"], "body": row["body"]}
@@ -145,7 +148,7 @@ def _post(http: httpx.Client, settings: Settings, post: dict[str, Any], token: s
     return http.post(
         settings.linear_api_url,
         json=post,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        headers={"Authorization": linear_auth.authorization(token), "Content-Type": "application/json"},
     )
 
 

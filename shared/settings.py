@@ -127,6 +127,12 @@ class Settings(BaseModel):
         return value
 
     @property
+    def webhook_secrets(self) -> list[str]:
+        """LINEAR_WEBHOOK_SECRET's secrets: a workspace webhook and the OAuth app's webhook are
+        signed with different ones, and a rotation has two at once (comma-separated)."""
+        return [s.strip() for s in (self.linear_webhook_secret or "").split(",") if s.strip()]
+
+    @property
     def oauth_enabled(self) -> bool:
         return bool(self.linear_client_id and self.linear_client_secret and self.public_url)
 

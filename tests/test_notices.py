@@ -31,7 +31,7 @@ def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
 
 def store_token(api: Api, org: str = "org-a") -> None:
     r = api.http.post("/linear-credentials", json={"orgId": org, "accessToken": TOKEN}, headers=api.admin())
-    assert r.status_code == 200 and r.json() == {"orgId": org, "stored": True}
+    assert r.status_code == 200 and r.json() == {"orgId": org, "stored": True, "credential": "access_token"}
 
 
 def notices(api: Api) -> list[dict[str, Any]]:

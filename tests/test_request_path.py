@@ -370,7 +370,7 @@ def test_an_event_that_does_nothing_is_recorded_in_one_round_trip(db_url: str) -
         nothing_can_take = agent_session_event(session_id="as-no-issue", creator="user-1")
         del nothing_can_take["agentSession"]["issue"]
         answer, trips = _round_trips(pool, lambda: _receive(pool, nothing_can_take, "d-4"))
-        assert answer == {"status": "ignored", "reason": "agent_session_without_issue_or_user"}
+        assert answer == {"status": "ignored", "reason": "agent_session_without_issue"}
         assert trips > 1  # the intake transaction, which also writes Linear's notice
         assert _told(pool, "as-no-issue") == [{"kind": "failed", "body": intake.UNROUTABLE}]
     finally:
@@ -421,7 +421,8 @@ def test_an_agent_sessions_start_is_taken_in_one_round_trip(db_url: str) -> None
         assert received.notice_ids == [notices[0]["id"]]  # posted after the commit
         [message] = claim(pool, machine.id, max=10, lease_seconds=60)
         assert message.agent_session_id == "as-once" and message.kind == "start"
-        assert message.prompt is not None and message.prompt.body == event["agentSession"]["comment"]["body"]
+        assert message.prompt is not None and message.prompt.context == event["promptContext"]
+        assert message.prompt.body is None  # a delegation: the root comment is Linear's placeholder
 
         nobody = agent_session_event(session_id="as-nobody", creator="user-without-machine")
         _, trips = _round_trips(pool, lambda: _receive(pool, nobody, "d-2"))

@@ -33,7 +33,7 @@ WITH due AS (
 UPDATE linear_notices n SET lease_expires_at = now() + interval '30 seconds', attempts = n.attempts + 1
 FROM due WHERE n.id = due.id
 RETURNING n.id, n.org_id, n.kind, n.agent_session_id, n.issue_id, n.body, n.content, n.ephemeral,
-          n.attempts;
+          n.signal, n.signal_metadata, n.attempts;
 
 -- name: notice_sent
 -- Compare-and-set: marks it sent once, with Linear's id; a second success changes nothing.
@@ -68,9 +68,10 @@ SELECT EXISTS (
 -- name: activity_insert
 -- The agent's activity into the outbox, idempotent by the caller's id (also Linear's input.id):
 -- the same id again inserts nothing. Posted after commit, in acceptance order (seq).
-INSERT INTO linear_notices (id, org_id, kind, agent_session_id, body, content, ephemeral, orchestrator_id)
+INSERT INTO linear_notices (id, org_id, kind, agent_session_id, body, content, ephemeral, orchestrator_id,
+                            signal, signal_metadata)
 VALUES (%(id)s, %(org_id)s, 'activity', %(agent_session_id)s, %(body)s, %(content)s, %(ephemeral)s,
-        %(orchestrator_id)s)
+        %(orchestrator_id)s, %(signal)s, %(signal_metadata)s)
 ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
@@ -82,3 +83,16 @@ SELECT EXISTS (
     WHERE id = %(id)s AND org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s
       AND orchestrator_id = %(orchestrator_id)s
 ) AS same;
+
+-- name: activity_list
+-- An agent session's activities in the order they were accepted (seq): the service's own notices
+-- and the agent's, sent or waiting, for the machine that holds the agent session (checked by the
+-- caller with `activity_rights`, in the same transaction). At most 1,000, the newest.
+SELECT * FROM (
+    SELECT n.id, n.kind, n.body, n.content, n.signal, n.signal_metadata, n.created_at, n.sent_at,
+           n.orchestrator_id IS NOT NULL AS by_agent, n.seq
+    FROM linear_notices n
+    WHERE n.org_id = %(org_id)s AND n.agent_session_id = %(agent_session_id)s
+    ORDER BY n.seq DESC
+    LIMIT 1000
+) newest ORDER BY seq;

@@ -109,6 +109,9 @@ def issue_event(
     return event
 
 
+ROOT_PLACEHOLDER = "This thread is for an agent session with devpilot."  # Linear's, for a delegation
+
+
 def agent_session_event(
     *,
     org: str = "org-a",
@@ -117,13 +120,21 @@ def agent_session_event(
     action: str = "created",
     body: str | None = None,
     signal: str | None = None,
-    assignee: str | None = None,
+    signal_metadata: dict[str, Any] | None = None,
     issue_id: str = "issue-as",
+    in_reply_to: str | None = None,
 ) -> dict[str, Any]:
-    """An AgentSessionEvent shaped as Linear's AgentSessionEventWebhookPayload: `created` (the user's
-    comment and Linear's promptContext), or `prompted` (a follow-up `body`, or a `signal` such as stop)."""
+    """An AgentSessionEvent shaped as Linear's AgentSessionEventWebhookPayload (checked against the
+    schema in tests/unit/test_linear_schema.py).
+
+    `created`: with `body`, a mention of the agent in a comment that says it (the session's source
+    comment; with `in_reply_to`, a reply in the thread whose root comment is someone else's words
+    `in_reply_to`); without, a delegation, whose root comment is Linear's placeholder. Linear's
+    `promptContext` holds the issue and the request. The issue carries no assignee: Linear's
+    webhook issue object has none. `prompted`: a follow-up `body`, or a `signal` (stop, select, ...)."""
     session: dict[str, Any] = {
         "id": session_id,
+        "appUserId": "app-user",
         "creatorId": creator,
         "organizationId": org,
         "status": "pending",
@@ -131,23 +142,33 @@ def agent_session_event(
         "createdAt": "2026-12-02T10:00:00.000Z",
         "updatedAt": _updated_at(),
         "url": f"https://linear.app/acme/agent-session/{session_id}",
+        "issueId": issue_id,
         "issue": {
             "id": issue_id,
             "identifier": "ENG-7",
             "title": "Agent task",
             "url": "https://linear.app/acme/issue/ENG-7",
             "description": "Do it",
-            **({"assigneeId": assignee} if assignee else {}),
-        },
-        "comment": {
-            "id": f"c-{session_id}",
-            "body": body if action == "created" and body else "@agent please do it",
+            "teamId": "team-eng",
+            "team": {"id": "team-eng", "key": "ENG", "name": "Engineering"},
         },
     }
+    previous: list[dict[str, Any]] = []
+    if action == "created" and body and in_reply_to is not None:
+        session["comment"] = {"id": f"root-{session_id}", "body": in_reply_to, "issueId": issue_id}
+        previous = [{"id": f"c-{session_id}", "body": body, "issueId": issue_id, "userId": creator}]
+        session["sourceCommentId"] = f"c-{session_id}"
+    elif action == "created" and body:
+        session["comment"] = {"id": f"c-{session_id}", "body": body, "issueId": issue_id, "userId": creator}
+        session["sourceCommentId"] = f"c-{session_id}"
+    else:
+        session["comment"] = {"id": f"root-{session_id}", "body": ROOT_PLACEHOLDER, "issueId": issue_id}
+    session["commentId"] = session["comment"]["id"]
     event: dict[str, Any] = {
         "type": "AgentSessionEvent",
         "action": action,
         "organizationId": org,
+        "webhookId": "webhook-app",
         "webhookTimestamp": now_ms(),
         "createdAt": "2026-12-02T10:00:00.000Z",
         "appUserId": "app-user",
@@ -155,18 +176,34 @@ def agent_session_event(
         "agentSession": session,
     }
     if action == "created":
-        event["promptContext"] = '<issue identifier="ENG-7">Agent task</issue>'
+        request = f"\n<comment>{body}</comment>" if body else ""
+        event["promptContext"] = f'<issue identifier="ENG-7"><title>Agent task</title></issue>{request}'
+        event["guidance"] = [
+            {
+                "body": "Run the tests before you answer.",
+                "origin": {"type": "Team", "team": {"id": "team-eng", "name": "Engineering"}},
+            }
+        ]
+        event["previousComments"] = previous
     else:
         activity: dict[str, Any] = {
             "id": f"act-{time.time_ns()}-{next(_changes)}",
             "agentSessionId": session_id,
             "content": {"type": "prompt", "body": body or ""},
             "userId": creator or "someone",
+            "user": {
+                "id": creator or "someone",
+                "name": "Someone",
+                "email": "someone@example.com",
+                "url": "https://linear.app/acme/profiles/someone",
+            },
             "createdAt": "2026-12-02T10:00:01.000Z",
             "updatedAt": "2026-12-02T10:00:01.000Z",
         }
         if signal:
             activity["signal"] = signal
+        if signal_metadata is not None:
+            activity["signalMetadata"] = signal_metadata
         event["agentActivity"] = activity
     return event
 

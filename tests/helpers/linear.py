@@ -11,9 +11,18 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from graphql import GraphQLSchema, build_schema, parse, validate
+from graphql import (
+    GraphQLInputObjectType,
+    GraphQLList,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    GraphQLSchema,
+    build_schema,
+    parse,
+    validate,
+)
 from graphql.execution.values import get_variable_values
-from graphql.language import OperationDefinitionNode
+from graphql.language import FieldNode, OperationDefinitionNode
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
@@ -36,17 +45,65 @@ def schema_errors(body: dict[str, Any]) -> list[str]:
     return [e.message for e in coerced] if isinstance(coerced, list) else []
 
 
+def payload_errors(type_name: str, value: Any, path: str = "") -> list[str]:
+    """The fields of a webhook payload (or any value) that Linear's schema type does not have: the
+    tests' own webhooks are checked against what Linear really sends, as Linear's payload types
+    describe it (an agent session's issue has no `assigneeId`, for one)."""
+    gql_type: Any = schema().get_type(type_name)
+    return _shape_errors(gql_type, value, path or type_name)
+
+
+def _shape_errors(gql_type: Any, value: Any, path: str) -> list[str]:
+    while isinstance(gql_type, GraphQLNonNull):
+        gql_type = gql_type.of_type
+    if value is None:
+        return []
+    if isinstance(gql_type, GraphQLList):
+        return [e for i, v in enumerate(value) for e in _shape_errors(gql_type.of_type, v, f"{path}[{i}]")]
+    if isinstance(gql_type, GraphQLObjectType | GraphQLInputObjectType):
+        if not isinstance(value, dict):
+            return [f"{path}: an object expected"]
+        errors = [f"{path}.{k}: no such field in {gql_type.name}" for k in value if k not in gql_type.fields]
+        for k, v in value.items():
+            if k in gql_type.fields:
+                errors += _shape_errors(gql_type.fields[k].type, v, f"{path}.{k}")
+        return errors
+    return []
+
+
+def root_field(body: dict[str, Any]) -> str:
+    """The first field the operation asks for (`agentActivityCreate`, `issue`, ...)."""
+    [op] = [d for d in parse(body["query"]).definitions if isinstance(d, OperationDefinitionNode)]
+    first = op.selection_set.selections[0]
+    assert isinstance(first, FieldNode)
+    return first.name.value
+
+
 class Linear:
-    """Records every valid GraphQL call; fails the first `fail` calls with HTTP 500."""
+    """Records every valid GraphQL call; fails the first `fail` calls with HTTP 500. Answers the
+    mutations the service sends, and `issue(id)` from `issues` (what a test says each issue's
+    assignee is; an issue not in it has none)."""
 
     def __init__(self, server: HTTPServer, fail: int = 0) -> None:
         self.calls: list[dict[str, Any]] = []
         self.invalid: list[tuple[dict[str, Any], list[str]]] = []
         self.auth: list[str] = []
         self.fail = fail
+        self.issues: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         schema()  # built before the first request, not inside its time budget
         server.expect_request("/graphql", method="POST").respond_with_handler(self.handle)
+
+    def answer(self, field: str, variables: dict[str, Any], n: int) -> dict[str, Any]:
+        """The `data` for a valid call, the n-th one recorded."""
+        if field == "agentActivityCreate":
+            return {field: {"success": True, "agentActivity": {"id": f"act-{n}"}}}
+        if field == "commentCreate":
+            return {field: {"success": True, "comment": {"id": f"com-{n}"}}}
+        if field == "issue":
+            issue_id = variables["id"]
+            return {field: {"id": issue_id, **self.issues.get(issue_id, {"assignee": None})}}
+        raise AssertionError(f"the stand-in Linear does not answer {field}")
 
     def handle(self, request: Request) -> Response:
         body = json.loads(request.get_data())
@@ -61,10 +118,7 @@ class Linear:
                 return Response("upstream trouble", status=500)
             self.calls.append(body)
             n = len(self.calls)
-        if "agentActivityCreate" in body["query"]:
-            data = {"agentActivityCreate": {"success": True, "agentActivity": {"id": f"act-{n}"}}}
-        else:
-            data = {"commentCreate": {"success": True, "comment": {"id": f"com-{n}"}}}
+        data = self.answer(root_field(body), body.get("variables") or {}, n)
         return Response(json.dumps({"data": data}), content_type="application/json")
 
     def wait(self, n: int, timeout: float = 10.0) -> None:
@@ -75,7 +129,11 @@ class Linear:
         assert len(self.calls) >= n, self.calls
 
     def activities(self) -> list[dict[str, Any]]:
-        return [c["variables"]["input"] for c in self.calls if "agentActivityCreate" in c["query"]]
+        return [c["variables"]["input"] for c in self.calls if root_field(c) == "agentActivityCreate"]
+
+    def reads(self, field: str) -> list[dict[str, Any]]:
+        """The variables of each call that asked for `field` (a read such as `issue`)."""
+        return [c.get("variables") or {} for c in self.calls if root_field(c) == field]
 
 
 class LinearOAuth(Linear):

@@ -8,7 +8,8 @@ from uuid import uuid4
 import pytest
 
 from shared.notices import ACTIVITY_TYPE, request
-from tests.helpers.linear import schema_errors
+from tests.helpers.api import agent_session_event, issue_event
+from tests.helpers.linear import payload_errors, schema_errors
 
 
 def row(**fields: Any) -> dict[str, Any]:
@@ -48,3 +49,59 @@ def test_failure_comment_is_valid_and_the_checker_catches_mistakes() -> None:
     assert schema_errors({**post, "variables": {"input": {"issueId": 1, "body": "x", "nope": True}}})
     assert schema_errors({"query": "mutation { commentCreate(input: {body: 1}) { ok } }"})
     assert request(row(kind="delivered")) is None  # plain assignments: nothing but failures is posted
+
+
+@pytest.mark.parametrize(
+    ("signal", "metadata"),
+    [
+        ("select", {"options": [{"label": "Postgres", "value": "Postgres"}, {"value": "SQLite"}]}),
+        ("auth", {"url": "https://github.com/login/oauth/authorize?x=1", "providerName": "GitHub"}),
+    ],
+)
+def test_an_elicitation_with_a_signal_is_valid(signal: str, metadata: dict[str, Any]) -> None:
+    content = {"type": "elicitation", "body": "Which database?"}
+    post = request(
+        row(
+            kind="activity", agent_session_id="as-1", content=content, signal=signal, signal_metadata=metadata
+        )
+    )
+    assert post is not None and schema_errors(post) == []
+    sent = post["variables"]["input"]
+    assert (sent["signal"], sent["signalMetadata"]) == (signal, metadata)
+    assert schema_errors({**post, "variables": {"input": {**sent, "signal": "pick"}}})  # not Linear's
+
+
+def test_the_assignee_read_is_valid() -> None:
+    from shared.routing import ASSIGNEE
+
+    assert schema_errors({"query": ASSIGNEE, "variables": {"id": "issue-1"}}) == []
+    assert schema_errors({"query": ASSIGNEE, "variables": {}})  # the id is required
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        agent_session_event(),
+        agent_session_event(body="@agent fix it"),
+        agent_session_event(body="@agent you too", in_reply_to="Someone else's words"),
+        agent_session_event(creator=None),
+        agent_session_event(action="prompted", body="also the docs"),
+        agent_session_event(action="prompted", signal="select", signal_metadata={"value": "Postgres"}),
+        agent_session_event(action="prompted", signal="stop"),
+    ],
+)
+def test_the_tests_agent_session_webhooks_are_shaped_as_linears(event: dict[str, Any]) -> None:
+    """The tests' webhooks carry only what Linear's payload types have: no assignee on an agent
+    session's issue, the request in promptContext."""
+    assert payload_errors("AgentSessionEventWebhookPayload", event) == []
+    broken = agent_session_event()
+    broken["agentSession"]["issue"]["assigneeId"] = "user-1"
+    assert payload_errors("AgentSessionEventWebhookPayload", broken) == [
+        "AgentSessionEventWebhookPayload.agentSession.issue.assigneeId: no such field in "
+        "IssueWithDescriptionChildWebhookPayload"
+    ]
+
+
+def test_the_tests_issue_webhooks_are_shaped_as_linears() -> None:
+    event = issue_event("update", updated_from={"assigneeId": "user-0"})
+    assert payload_errors("IssueWebhookPayload", event["data"]) == []

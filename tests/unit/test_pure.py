@@ -35,8 +35,8 @@ def test_shipped_queries_load_and_the_dead_letter_chain_is_written_once() -> Non
     assert text.count("SET status = 'failed'") == 1  # release and sweep both include end_claims
     assert "SET status = 'failed'" in queries["release"] and "SET status = 'failed'" in queries["sweep"]
     assert (
-        text.count("secs => devpilot_backoff(") == 2 and "attempts * attempts" not in text
-    )  # queue, notices
+        text.count("secs => devpilot_backoff(") == 3 and "attempts * attempts" not in text
+    )  # queue, notices, routing
 
 
 def test_every_statement_is_short_enough_for_psycopgs_conversion_cache() -> None:

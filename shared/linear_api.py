@@ -1,0 +1,60 @@
+"""Reading from Linear's GraphQL API with an org's token (refreshed when Linear answers 401).
+
+Only ever called after a commit (never inside a webhook's transaction or its 5 s), by the steps
+that must ask Linear something before they can act: routing an automation's agent session to the
+issue's assignee, and the steps that later issues add beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared import crypto, linear_auth
+from shared.db import Pool
+from shared.settings import Settings
+
+
+class NotConnected(Exception):
+    """The org has no working Linear connection (none stored, or disconnected)."""
+
+
+class Unavailable(Exception):
+    """Linear could not be asked, or did not answer the question: try again later."""
+
+
+def graphql(pool: Pool, settings: Settings, org_id: str, document: str, variables: dict[str, Any]) -> Any:
+    """The `data` of one GraphQL request, sent with the org's token. Raises NotConnected or
+    Unavailable; never anything else for Linear's answers."""
+    import httpx  # (here, not at the top: see shared.linear_auth)
+
+    try:
+        tokens = linear_auth.Tokens(pool, settings)
+        token = tokens.get(org_id)
+        if token is None:
+            raise NotConnected(org_id)
+        body = {"query": document, "variables": variables}
+        with httpx.Client(timeout=settings.linear_timeout_seconds) as http:
+            r = _post(http, settings, body, token)
+            if r.status_code == 401:  # expired or revoked: refresh once, then ask again
+                token = tokens.refused(org_id)
+                if token is None:
+                    raise NotConnected(org_id)
+                r = _post(http, settings, body, token)
+            if r.status_code != 200:
+                raise Unavailable(f"Linear answered HTTP {r.status_code}")
+            answer = r.json()
+    except (httpx.HTTPError, ValueError, crypto.InvalidToken, linear_auth.RefreshFailed) as exc:
+        raise Unavailable(f"{type(exc).__name__}: {exc}"[:300]) from None
+    if not isinstance(answer, dict) or answer.get("errors") or not isinstance(answer.get("data"), dict):
+        raise Unavailable(
+            f"Linear refused: {str(answer.get('errors') if isinstance(answer, dict) else answer)[:300]}"
+        )
+    return answer["data"]
+
+
+def _post(http: Any, settings: Settings, body: dict[str, Any], token: str) -> Any:
+    return http.post(
+        settings.linear_api_url,
+        json=body,
+        headers={"Authorization": linear_auth.authorization(token), "Content-Type": "application/json"},
+    )

@@ -1,0 +1,100 @@
+-- Routing that asks Linear first (shared/routing.py): a start whose machine cannot be chosen in
+-- the webhook's transaction, because something must be read from Linear (the assignee of an issue
+-- whose agent session an automation started). The request is a row written in the webhook's
+-- transaction; the Linear read and the routing happen after commit, retried like the outbox.
+--
+-- States of a request: OPEN (done_at IS NULL; due once available_at <= now, and not while another
+-- routing holds its lease) -> DONE (done_at set, with its outcome), exactly once, in the
+-- transaction that queues its message or tells Linear why nothing can take it (`routing_done`);
+-- or by a stop of its agent session (`routing_cancel_agent_session`); or given up past the attempt
+-- limit (`routing_failed`).
+
+-- name: routing_request_insert
+-- In the webhook's transaction: the request commits with the delivery's record or not at all, so
+-- a session Linear was answered 200 for is never lost.
+INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key)
+VALUES (%(org_id)s, %(agent_session_id)s, %(issue_id)s, %(need)s, %(message)s, %(delivery_key)s)
+RETURNING id;
+
+-- name: routing_open_for_agent_session
+-- In the intake transaction, after the agent session's turn: is a request of this agent session
+-- still open? A follow-up then waits behind it (a request of its own, routed after it), instead of
+-- being routed on its own. The turn orders this read against the request's completion.
+SELECT EXISTS (
+    SELECT 1 FROM routing_requests
+    WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
+) AS open;
+
+-- name: routing_take
+-- Takes due open requests (those named by id or by agent session, or any when none are named):
+-- SKIP LOCKED and a short
+-- lease, so two routers never work on one request at once. In order per agent session: not while
+-- an earlier request of the same agent session is open (its follow-up must find the start routed).
+WITH due AS (
+    SELECT id FROM routing_requests r0
+    WHERE done_at IS NULL AND available_at <= now()
+      AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND ((%(ids)s::uuid[] IS NULL AND %(agent_sessions)s::text[] IS NULL)
+           OR id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
+      AND (r0.agent_session_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM routing_requests earlier
+            WHERE earlier.org_id = r0.org_id AND earlier.agent_session_id = r0.agent_session_id
+              AND earlier.done_at IS NULL AND earlier.seq < r0.seq))
+    ORDER BY seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE routing_requests r SET lease_expires_at = now() + interval '30 seconds', attempts = r.attempts + 1
+FROM due WHERE r.id = due.id
+RETURNING r.id, r.org_id, r.agent_session_id, r.issue_id, r.need, r.message, r.delivery_key,
+          r.attempts, r.seq;
+
+-- name: routing_lock_open
+-- In the routing transaction, after the agent session's turn: the request, locked, if it is still
+-- open (a stop may have cancelled it meanwhile; then nothing is written for it).
+SELECT id FROM routing_requests WHERE id = %(id)s AND done_at IS NULL FOR UPDATE;
+
+-- name: routing_done
+-- OPEN -> DONE, compare-and-set, in the transaction that queued its message (`session_id`) or
+-- wrote Linear's reason: a second completion changes nothing. The delivery that asked is recorded
+-- with what it became.
+WITH done AS (
+    UPDATE routing_requests
+    SET done_at = now(), outcome = %(outcome)s, session_id = %(session_id)s, lease_expires_at = NULL,
+        last_error = NULL
+    WHERE id = %(id)s AND done_at IS NULL
+    RETURNING delivery_key
+)
+UPDATE webhook_deliveries d SET session_id = %(session_id)s, outcome = %(outcome)s
+FROM done WHERE d.delivery_key = done.delivery_key;
+
+-- name: routing_failed
+-- Linear could not be asked: due again after devpilot_backoff(attempts), the error kept; past the
+-- attempt limit it is given up here (`gave_up`), and the caller tells Linear in this transaction.
+UPDATE routing_requests
+SET lease_expires_at = NULL, last_error = %(error)s,
+    available_at = now() + make_interval(secs => devpilot_backoff(attempts, %(base)s, %(cap)s)),
+    done_at = CASE WHEN attempts >= %(max_attempts)s THEN now() END,
+    outcome = CASE WHEN attempts >= %(max_attempts)s THEN 'gave_up' END
+WHERE id = %(id)s AND done_at IS NULL
+RETURNING done_at IS NOT NULL AS gave_up;
+
+-- name: routing_cancel_agent_session
+-- In a stop's intake transaction (after the agent session's turn): the agent session's open
+-- requests are done, cancelled; a routing that comes later finds them done and writes nothing.
+UPDATE routing_requests SET done_at = now(), outcome = 'cancelled', lease_expires_at = NULL
+WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
+RETURNING id;
+
+-- name: agent_session_turn_alone
+-- `agent_session_turn` as a statement of the routing transaction: it serialises the routing of an
+-- agent session with that session's webhooks (a stop, a follow-up) until commit.
+-- include: agent_session_turn
+;
+
+-- name: routed_machine
+-- The routing policy (`route`) for one (org, Linear user), as a statement: the machine a start
+-- goes to, or no row.
+SELECT r.id FROM (SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user) want, LATERAL (
+-- include: route
+) r;
