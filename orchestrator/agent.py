@@ -1,19 +1,22 @@
-"""The orchestrator loop: claim until empty on every wake-up, journal, ack, then start COMMAND.
+"""The orchestrator loop: claim until empty on every wake-up; journal each message, hand it to its
+conversation, ack it; start COMMAND for a conversation's next message when none of its runs.
 
 Transports only decide when to look: `poll` every interval (fully correct on its own), `listen`
 long-polls /claim, `realtime` claims on each Supabase event and polls when the socket is away.
 Every wake-up of any kind claims until the queue is empty: that is the reconnect sweep.
+
+A conversation (an agent session) is one thread on this machine: at most one COMMAND of it runs at
+a time; a follow-up that arrives meanwhile lands in that COMMAND's inbox; every COMMAND of it gets
+the whole transcript and runs in the same directory (`orchestrator.conversations`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,13 +25,37 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+from orchestrator import commands, environment, worktrees
 from orchestrator.client import Api, Rejected, Unreachable
+from orchestrator.commands import Launch, launch
+from orchestrator.conversations import Conversation, Conversations, conversation_key, message_entry
 from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
+from orchestrator.worktrees import WorktreeError
 from shared import agent_tokens
 
 Transport = Literal["poll", "listen", "realtime"]
 TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"  # the variable's name, not its value  # nosec B105
+
+
+def _name(m: dict[str, Any]) -> str:
+    return str((m.get("issue") or {}).get("identifier") or m["messageId"])
+
+
+def request_text(m: dict[str, Any]) -> str:
+    """What COMMAND is asked (`DEVPILOT_PROMPT`): on a follow-up, the person's message; on an agent
+    session's start, Linear's promptContext (the issue, the thread, the guidance); on a plain
+    assignment, the issue itself."""
+    prompt = m.get("prompt") or {}
+    if m.get("kind") != "start":
+        return str(prompt.get("body") or "")
+    if prompt.get("context"):
+        return str(prompt["context"])
+    issue = m.get("issue") or {}
+    head = ": ".join(str(x) for x in (issue.get("identifier"), issue.get("title")) if x)
+    return "\n\n".join(
+        x for x in (head, str(issue.get("description") or ""), str(prompt.get("body") or "")) if x
+    )
 
 
 def is_uuid(value: object) -> bool:
@@ -42,29 +69,8 @@ def is_uuid(value: object) -> bool:
 
 LONG_POLL_SECONDS = 20
 REALTIME_BACKSTOP_SECONDS = 30.0
-
-
-# Runs in the child before COMMAND: puts the message file on stdin and COMMAND's stderr in a file
-# (its tail goes to Linear if COMMAND fails), records durably that the start happened (the marker,
-# holding the pid: a later stop finds the process by it), then becomes COMMAND. Independent of the
-# orchestrator once forked.
-LAUNCHER = """
-import os, sys
-marker, message, errors = sys.argv[1], sys.argv[2], sys.argv[3]
-fd = os.open(message, os.O_RDONLY)
-os.dup2(fd, 0)
-os.close(fd)
-fd = os.open(errors, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
-os.dup2(fd, 2)
-os.close(fd)
-fd = os.open(marker, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-os.write(fd, str(os.getpid()).encode())
-os.fsync(fd)
-os.close(fd)
-os.execvp(sys.argv[4], sys.argv[4:])
-"""
 ACTIVITY_IDS = uuid.UUID("5b0f7c52-2f7c-4d61-9a55-8c1c2a4e9d10")  # namespace of our own activity ids
-TAIL_LINES = 20
+FINAL = ("response", "error")  # a conversation's last word: Linear completes the session on it
 
 
 class Shutdown(Exception):
@@ -83,11 +89,24 @@ class Config:
     json_logs: bool = False
     stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL when Linear says stop
     endpoints: dict[str, str] | None = None  # each route's own URL (a cloud deploy)
+    pass_env: list[str] = field(default_factory=list)  # variables COMMAND gets from this environment
+    worktree: bool = False  # each conversation in its own git worktree of the checkout run in
+    workdir: Path = field(default_factory=Path.cwd)  # where COMMAND runs (the checkout, with --worktree)
 
 
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "devpilot-orchestrator"
+
+
+@dataclass
+class Running:
+    """A COMMAND this process started: its message and the conversation it speaks in."""
+
+    proc: subprocess.Popen[bytes]
+    message: dict[str, Any]
+    conv: Conversation
+    name: str
 
 
 class Orchestrator:
@@ -96,7 +115,8 @@ class Orchestrator:
         self.log = Log(cfg.json_logs)
         self.api = Api(cfg.url, cfg.token, endpoints=cfg.endpoints)
         self.journal = Journal(private_dir(cfg.state_dir) / "journal.sqlite3")
-        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.conversations = Conversations(cfg.state_dir)
+        self.running: dict[str, Running] = {}  # by message id
         self.stopping = False
         self._critical = 0  # > 0 while an ack is in flight: SIGTERM waits for it
         self._wake = threading.Event()
@@ -105,9 +125,9 @@ class Orchestrator:
         self._realtime: Any = None
         self._realtime_said = False
         self._closing = False
-        self.names: dict[str, str] = {}
-        self.messages: dict[str, dict[str, Any]] = {}
         self.stopped: set[str] = set()  # message ids whose process a stop ended: no exit report
+        # Conversations that may have messages waiting in their inbox (all of them at start-up).
+        self._waiting: dict[Path, Conversation] = {c.folder: c for c in self.conversations.all()}
 
     # --- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -152,14 +172,14 @@ class Orchestrator:
         return 0
 
     def _cycle(self) -> None:
-        self._reap()
+        self._tend()
         self.drain()
         if self.stopping:
             return
         if self.cfg.transport == "listen":
-            capacity = self._capacity()
-            if capacity > 0:
-                for m in self.api.claim(capacity, wait_seconds=LONG_POLL_SECONDS):
+            room = self._room()
+            if room > 0:
+                for m in self.api.claim(min(room, 100), wait_seconds=LONG_POLL_SECONDS):
                     self._process(m)
                 return
             self._sleep(0.5)
@@ -173,23 +193,49 @@ class Orchestrator:
             self._wait_wake(self.cfg.poll_interval * random.uniform(0.8, 1.2))
 
     def drain(self) -> None:
-        """Claim until empty (or until --max-parallel commands are running)."""
+        """Claim until empty (or until the machine has as much waiting here as it can start)."""
         while not self.stopping:
-            self._reap()
-            capacity = self._capacity()
-            if capacity <= 0:
+            self._tend()
+            room = self._room()
+            if room <= 0:
                 return
-            batch = self.api.claim(min(capacity, 100))
+            batch = self.api.claim(min(room, 100))
             if not batch:
                 return
             for m in batch:
                 if self.stopping:
                     return
                 self._process(m)
+            self._tend()
+
+    def _tend(self) -> None:
+        """Reap the COMMANDs that ended, then start the next message of each conversation that has
+        one waiting and no COMMAND running, while --max-parallel allows."""
+        self._reap()
+        if self.stopping:
+            return
+        for folder, conv in list(self._waiting.items()):
+            if len(self.running) >= self.cfg.max_parallel:
+                return
+            if self._busy(conv):
+                continue
+            waiting = self.conversations.pending(conv)
+            if waiting:
+                self._start_next(conv, waiting[0])
+            else:
+                del self._waiting[folder]
+
+    def _room(self) -> int:
+        """How many messages to claim now. Messages of a conversation whose COMMAND runs go to its
+        inbox whatever the load; the rest wait here for a slot, at most --max-parallel of them
+        beyond the slots themselves (more stays on the service, which may give it to the user's
+        other machine)."""
+        waiting = sum(len(self.conversations.pending(c)) for c in self._waiting.values() if not self._busy(c))
+        return 2 * self.cfg.max_parallel - len(self.running) - waiting
 
     # --- one message -------------------------------------------------------------------------
     def _process(self, m: dict[str, Any]) -> None:
-        """Journal, ack, start: SIGTERM never interrupts this, it waits for the end of it."""
+        """Journal, hand over, ack: SIGTERM never interrupts this, it waits for the end of it."""
         self._critical += 1
         try:
             self._process_inner(m)
@@ -204,7 +250,7 @@ class Orchestrator:
                 "refused", f"refused a message whose messageId is not a UUID: {m.get('messageId')!r:.80}"
             )
             return
-        name = (m.get("issue") or {}).get("identifier") or m["messageId"]
+        name = _name(m)
         seen = self.journal.get(m["messageId"])
         self.log(
             "claimed",
@@ -213,30 +259,57 @@ class Orchestrator:
             queueId=m["queueId"],
             attempt=m["attempt"],
         )
-        if seen is not None and (
-            seen.state == "started" or (seen.state == "starting" and self._marker(m["messageId"]).exists())
-        ):
-            self._ack(m, name)  # the earlier ack was lost; never start twice
+        if seen is not None and seen.state in ("inboxed", "delivered", "started", "starting"):
+            # Handed over before (the ack was lost, or a newer claim of it came): ack this claim,
+            # never hand it over twice. (An `inboxed` one gets its `delivered` here.)
+            if self._ack(m, name) == "acked" and seen.state == "inboxed":
+                self.journal.mark(m["messageId"], "delivered")
             self.log(
-                "duplicate",
-                f"{name} already started here; acked again, not restarted",
-                messageId=m["messageId"],
+                "duplicate", f"{name} was already handed over here; acked again", messageId=m["messageId"]
             )
             return
         self.journal.record(m)
+        self._hand_over(m, name)
+
+    def _hand_over(self, m: dict[str, Any], name: str) -> None:
+        """A journaled message: a stop is acked, then acted on; any other goes into its
+        conversation's inbox, then is acked (SIGKILLed between the two, the next run finds it
+        written and acks it: `_resume`)."""
+        mid = m["messageId"]
+        if m.get("kind") == "stop":
+            if self._settle(m, name, self._ack(m, name)) and not self.stopping:
+                self._stop(m, name)
+            return
+        conv = self.conversations.of(conversation_key(m))
+        self.conversations.put(conv, m)
+        self._waiting[conv.folder] = conv
+        self.journal.mark(mid, "inboxed")
         result = self._ack(m, name)
+        if result == "not_found":
+            self.conversations.retract(conv, mid)  # cancelled before anyone read it
+        if self._settle(m, name, result):
+            self.journal.mark(mid, "delivered")
+            self.conversations.append(conv, message_entry(m))
+            if self._busy(conv):
+                self.log("inbox", f"{name}: in the inbox of the running agent", messageId=mid)
+
+    def _settle(self, m: dict[str, Any], name: str, result: str) -> bool:
+        """What an ack's answer means for the journal; True when it was acked."""
         if result == "acked":
-            self.journal.mark(m["messageId"], "acked")
-            if not self.stopping:
-                self._start(m, name)
-        elif result == "abandoned":
+            return True
+        if result == "abandoned":
             self.log("abandoned", f"{name}: stopping while the service is away; acks on next run")
         elif result == "claim_superseded":
+            # A newer claim of it will come; if it is in the inbox already, that claim finds it
+            # written (the inbox's link) and only acks.
             self.journal.forget(m["messageId"])
-            self.log("superseded", f"{name}: a newer claim owns it; dropped", messageId=m["messageId"])
+            self.log(
+                "superseded", f"{name}: a newer claim owns it; dropped this copy", messageId=m["messageId"]
+            )
         else:
             self.journal.forget(m["messageId"])
             self.log("gone", f"{name}: cancelled or expired on the server; dropped", messageId=m["messageId"])
+        return False
 
     def _ack(self, m: dict[str, Any], name: str) -> str:
         """Ack, retrying through network loss (a late ack of the latest claim still counts)."""
@@ -256,20 +329,53 @@ class Orchestrator:
     def _marker(self, message_id: str) -> Path:
         return self.cfg.state_dir / "started" / message_id
 
-    def _start(self, m: dict[str, Any], name: str) -> None:
+    # --- starting COMMAND ----------------------------------------------------------------------
+    def _start_next(self, conv: Conversation, path: Path) -> None:
+        """Start COMMAND with the conversation's oldest waiting message (the launcher takes it out
+        of the inbox): at most one COMMAND per conversation runs."""
+        try:
+            m = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # (read and removed by an agent meanwhile)
         mid = m["messageId"]
-        if self._marker(mid).exists():  # the launcher ran before a crash: never start twice
-            self.journal.mark(mid, "started")
-            self.log("duplicate", f"{name} was already started before the last stop", messageId=mid)
+        name = _name(m)
+        self.journal.mark(mid, "starting")
+        try:
+            workdir = self._workdir(conv, m)
+        except WorktreeError as exc:
+            self.journal.mark(mid, "delivered")
+            self.log("error", f"could not make the worktree for {name}: {exc}", messageId=mid)
+            self._post_activity(
+                m, {"type": "error", "body": f"devpilot could not make a worktree: {exc}"}, f"{mid}:worktree"
+            )
+            path.unlink(missing_ok=True)
             return
-        if m.get("kind") == "stop":
-            self._stop(m, name)
+        self._write_transcript(conv, m)
+        env = self._environment(m, conv, workdir)
+        spec = Launch(
+            marker=self._marker(mid),
+            message=path,
+            errors=private_dir(self.cfg.state_dir / "logs") / f"{mid}.stderr",
+            taken_from_inbox=True,
+        )
+        try:
+            proc = launch(spec, self.cfg.command, env, workdir)
+        except OSError as exc:
+            self.journal.mark(mid, "delivered")
+            self.log("error", f"could not start {name}: {exc}", messageId=mid)
             return
+        self.journal.mark(mid, "started")
+        self.running[mid] = Running(proc, m, conv, name)
+        self.log("started", f"started {name} (pid {proc.pid})", messageId=mid, pid=proc.pid)
+
+    def _environment(self, m: dict[str, Any], conv: Conversation, workdir: Path) -> dict[str, str]:
+        """COMMAND's environment: its message's and conversation's `DEVPILOT_*`, the basics and the
+        --pass-env names, never the machine's token or anything else of this process's."""
+        mid = m["messageId"]
         issue = m.get("issue") or {}
-        agent = m.get("agentSessionId")
-        env = {
-            # Everything this process has, except the machine's own token: COMMAND never holds it.
-            **{k: v for k, v in os.environ.items() if k != TOKEN_ENV and v != self.cfg.token},
+        prompt = m.get("prompt") or {}
+        repository = m.get("repository") or {}
+        own = {
             "DEVPILOT_MESSAGE_ID": mid,
             "DEVPILOT_SESSION_ID": m["sessionId"],
             "DEVPILOT_QUEUE_ID": m["queueId"],
@@ -277,113 +383,163 @@ class Orchestrator:
             "DEVPILOT_ISSUE_IDENTIFIER": str(issue.get("identifier") or ""),
             "DEVPILOT_ISSUE_URL": str(issue.get("url") or ""),
             "DEVPILOT_KIND": str(m.get("kind") or "start"),
-            "DEVPILOT_PROMPT": str((m.get("prompt") or {}).get("body") or ""),
+            "DEVPILOT_PROMPT": request_text(m),
+            "DEVPILOT_SIGNAL": str(prompt.get("signal") or ""),
+            "DEVPILOT_TRANSCRIPT": str(conv.transcript),
+            "DEVPILOT_INBOX": str(conv.inbox),
+            "DEVPILOT_WORKDIR": str(workdir),
+            "DEVPILOT_RESPONDED_FILE": str(private_dir(self.cfg.state_dir / "responded") / mid),
         }
+        if repository.get("fullName"):
+            own["DEVPILOT_REPOSITORY"] = str(repository["fullName"])
+        agent = m.get("agentSessionId")
         if agent:
             # What `devpilot-orchestrator activity` needs to speak in this agent session, and only it.
-            env.update(
+            own.update(
                 {
                     "DEVPILOT_AGENT_SESSION_ID": agent,
                     "DEVPILOT_ACTIVITIES_URL": self.api.endpoints.get("activities", ""),
                     "DEVPILOT_AGENT_TOKEN": agent_tokens.mint(self.cfg.token, m["orchestratorId"], agent),
-                    "DEVPILOT_RESPONDED_FILE": str(private_dir(self.cfg.state_dir / "responded") / mid),
                 }
             )
-        # The message goes to a file the launcher puts on COMMAND's stdin, so COMMAND gets it whole
-        # even if this process dies right after the fork.
-        msg_file = private_dir(self.cfg.state_dir / "messages") / f"{mid}.json"
-        private_dir(self._marker(mid).parent)
-        with open(
-            os.open(msg_file, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w", encoding="utf-8"
-        ) as f:
-            f.write(json.dumps(m))
-            f.flush()
-            os.fsync(f.fileno())
-        self.journal.mark(mid, "starting")
-        try:
-            errors = private_dir(self.cfg.state_dir / "logs") / f"{mid}.stderr"
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    LAUNCHER,
-                    str(self._marker(mid)),
-                    str(msg_file),
-                    str(errors),
-                    *self.cfg.command,
-                ],
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            self.log("error", f"could not start {name}: {exc}", messageId=mid)
-            return
-        self.journal.mark(mid, "started")
-        self.running[mid] = proc
-        self.names[mid] = name
-        self.messages[mid] = m
-        self.log("started", f"started {name} (pid {proc.pid})", messageId=mid, pid=proc.pid)
+        env = environment.for_command(os.environ, self.cfg.pass_env, own)
+        for k in [k for k, v in env.items() if k == TOKEN_ENV or v == self.cfg.token]:
+            del env[k]  # the machine's token never reaches COMMAND, even when passed on purpose
+        return env
+
+    def _workdir(self, conv: Conversation, m: dict[str, Any]) -> Path:
+        """Where the conversation's COMMANDs run: the checkout the orchestrator was started in, or,
+        with --worktree, the conversation's own worktree of it."""
+        if not self.cfg.worktree:
+            return self.cfg.workdir
+        return worktrees.ensure(self.cfg.workdir, self._worktree_path(conv), f"devpilot/{conv.folder.name}")
+
+    def _worktree_path(self, conv: Conversation) -> Path:
+        return self.cfg.state_dir / "worktrees" / conv.folder.name
+
+    def _write_transcript(self, conv: Conversation, m: dict[str, Any]) -> None:
+        """The conversation so far, before its COMMAND starts: every message this machine had,
+        and every activity of the agent session as the service has them (kept from the last
+        transcript when the service cannot be asked now)."""
+        key = conversation_key(m)
+        messages = [e.message for e in self.journal.in_conversation(key)]
+        activities: list[dict[str, Any]] | None = []
+        if m.get("agentSessionId"):
+            try:
+                activities = self.api.activities(m["agentSessionId"])
+            except (Unreachable, Rejected) as exc:
+                self.log("transcript", f"activities not read ({exc}); the transcript keeps the last ones")
+                activities = None
+        self.conversations.write_transcript(conv, messages, activities)
 
     def _resume(self) -> None:
-        """After a crash: finish what the journal shows was interrupted. A `journaled` entry is
-        acked again with its own token (a repeated ack answers `acked`), then started; an `acked`
-        one is started."""
+        """After a crash: finish what the journal shows was interrupted (see orchestrator/journal.py)."""
         self._critical += 1
         try:
             for entry in self.journal.unfinished():
-                m = entry.message
-                name = (m.get("issue") or {}).get("identifier") or entry.message_id
-                if entry.state == "journaled":
-                    result = self._ack(m, name)
-                    if result == "abandoned":
-                        continue
-                    if result != "acked":
-                        self.journal.forget(entry.message_id)
-                        continue
-                    self.journal.mark(entry.message_id, "acked")
                 if self.stopping:
                     return
-                self.log("resume", f"resuming {name}: acked before the last stop, not yet started")
-                self._start(m, name)
+                m = entry.message
+                name = _name(m)
+                mid = entry.message_id
+                if entry.state == "journaled":
+                    self.log("resume", f"resuming {name}: taken before the last stop, maybe not acked")
+                    self._hand_over(m, name)
+                elif entry.state == "inboxed":
+                    self._settle(m, name, result := self._ack(m, name))
+                    if result == "acked":
+                        self.journal.mark(mid, "delivered")
+                    elif result == "not_found":
+                        self.conversations.retract(self.conversations.of(conversation_key(m)), mid)
+                elif entry.state == "acked":  # (a journal from before the inbox)
+                    conv = self.conversations.of(conversation_key(m))
+                    self.conversations.put(conv, m)
+                    self._waiting[conv.folder] = conv
+                    self.journal.mark(mid, "delivered")
+                elif entry.state == "starting":
+                    if self._marker(mid).exists():  # the launcher ran before the crash
+                        self.journal.mark(mid, "started")
+                        self.log(
+                            "duplicate", f"{name} was already started before the last stop", messageId=mid
+                        )
+                    else:  # still in the inbox (or read by its agent): the loop starts it if due
+                        self.journal.mark(mid, "delivered")
         finally:
             self._critical -= 1
 
     def _reap(self) -> None:
-        for mid, proc in list(self.running.items()):
-            code = proc.poll()
-            if code is not None:
-                del self.running[mid]
-                name = self.names.pop(mid, mid)
-                m = self.messages.pop(mid, {})
-                self.log("finished", f"{name} finished with exit code {code}", messageId=mid, exitCode=code)
-                if m.get("agentSessionId") and mid not in self.stopped:
-                    self._report_exit(m, code)
+        for mid, run in list(self.running.items()):
+            code = run.proc.poll()
+            if code is None:
+                continue
+            del self.running[mid]
+            self.log("finished", f"{run.name} finished with exit code {code}", messageId=mid, exitCode=code)
+            if mid in self.stopped:
                 self.stopped.discard(mid)
+                continue
+            self._after_exit(run, code)
 
-    # --- agent sessions ----------------------------------------------------------------------
-    def _report_exit(self, m: dict[str, Any], code: int) -> None:
-        """COMMAND ended without its own final word: Linear completes a session on a `response`,
-        and shows an `error`; say it for COMMAND (with a stable id: said once, even if repeated)."""
-        mid = m["messageId"]
-        if (self.cfg.state_dir / "responded" / mid).exists():
-            return
-        if code == 0:
-            content = {"type": "response", "body": "Finished."}
-        else:
-            content = {"type": "error", "body": f"The agent exited with code {code}.{self._tail(mid)}"}
-        self._post_activity(m["agentSessionId"], content, f"{mid}:exit")
+    # --- conversations -----------------------------------------------------------------------
+    def _after_exit(self, run: Running, code: int) -> None:
+        """COMMAND ended. Linear completes a session on a `response` and shows an `error`: when
+        COMMAND did not say its own last word, the orchestrator says it (with a stable id: said
+        once, even if repeated), unless COMMAND asked the person something (an elicitation: the
+        answer comes as a follow-up) or follow-ups it never read are waiting (the next COMMAND
+        takes them). A conversation whose last word is said is over: its worktree goes."""
+        m, mid = run.message, run.message["messageId"]
+        last = self._said(mid)
+        waiting = bool(self.conversations.pending(run.conv))
+        if m.get("agentSessionId") and last not in FINAL:
+            if code != 0:
+                tail = commands.tail(self.cfg.state_dir / "logs" / f"{mid}.stderr")
+                self._post_activity(
+                    m, {"type": "error", "body": f"The agent exited with code {code}.{tail}"}, f"{mid}:exit"
+                )
+                last = "error"
+            elif last != "elicitation" and not waiting:
+                self._post_activity(m, {"type": "response", "body": "Finished."}, f"{mid}:exit")
+                last = "response"
+        if (last in FINAL or not m.get("agentSessionId")) and not waiting:
+            self._end(run.conv)
 
-    def _tail(self, mid: str) -> str:
-        path = self.cfg.state_dir / "logs" / f"{mid}.stderr"
+    def _said(self, mid: str) -> str | None:
+        """The type of the last activity COMMAND posted with `devpilot-orchestrator activity`."""
         try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-TAIL_LINES:]
+            return (self.cfg.state_dir / "responded" / mid).read_text().strip() or "response"
         except OSError:
-            return ""
-        text = "\n".join(lines)[-2000:]
-        return f"\n\n```\n{text}\n```" if text.strip() else ""
+            return None
 
-    def _post_activity(self, agent_session_id: str, content: dict[str, Any], key: str) -> None:
+    def _end(self, conv: Conversation) -> None:
+        """The conversation is over: its worktree (if any) is removed unless work is uncommitted."""
+        if not self.cfg.worktree:
+            return
+        kept = worktrees.remove(self.cfg.workdir, self._worktree_path(conv))
+        if kept is None:
+            self.log("worktree", f"removed the worktree of {conv.key}")
+        else:
+            self.log("worktree", f"kept the worktree of {conv.key} at {self._worktree_path(conv)}: {kept}")
+
+    def _busy(self, conv: Conversation) -> bool:
+        """Whether a COMMAND of this conversation runs: one this process started, or one an
+        earlier run started (found by its marker's pid, checked to still be that message's)."""
+        if any(r.conv.folder == conv.folder and r.proc.poll() is None for r in self.running.values()):
+            return True
+        return bool(self._earlier_processes(conv.key))
+
+    def _earlier_processes(self, key: str) -> list[int]:
+        pids = []
+        for entry in self.journal.started_in(key):
+            if entry.message_id in self.running:
+                continue
+            pid = commands.marker_pid(self._marker(entry.message_id))
+            if pid > 0 and commands.runs_message(pid, entry.message_id):
+                pids.append(pid)
+        return pids
+
+    def _post_activity(self, m: dict[str, Any], content: dict[str, Any], key: str) -> None:
+        agent_session_id = m.get("agentSessionId")
+        if not agent_session_id:
+            return
         # Stable for this message and purpose (said once, even when posted again after a restart),
         # and shaped as the UUID v4 the service takes.
         activity_id = str(uuid.UUID(bytes=uuid.uuid5(ACTIVITY_IDS, key).bytes, version=4))
@@ -398,68 +554,39 @@ class Orchestrator:
         self.log("activity", f"could not post a {content['type']} for agent session {agent_session_id}")
 
     def _stop(self, m: dict[str, Any], name: str) -> None:
-        """Linear's stop: end every process this machine runs for the agent session (SIGTERM to its
-        process group, then SIGKILL after the grace period) and post the final response."""
-        mid, agent = m["messageId"], m.get("agentSessionId") or ""
+        """Linear's stop: end every process this machine runs for the conversation (SIGTERM to its
+        process group, then SIGKILL after the grace period), drop the follow-ups nobody read, post
+        the final response, and end the conversation (its worktree goes)."""
+        mid = m["messageId"]
+        conv = self.conversations.of(conversation_key(m))
         self.journal.mark(mid, "starting")
-        groups = self._agent_processes(agent)
-        for pid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.stop_grace
-        while groups and time.monotonic() < deadline and any(self._alive(pid) for pid in groups):
-            time.sleep(0.05)
-        for pid in groups:
-            if self._alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
-        self._post_activity(
-            agent, {"type": "response", "body": "Stopped, as asked in Linear."}, f"{mid}:stop"
-        )
+        groups = [
+            r.proc.pid
+            for r in self.running.values()
+            if r.conv.folder == conv.folder and r.proc.poll() is None
+        ]
+        self.stopped.update(k for k, r in self.running.items() if r.conv.folder == conv.folder)
+        groups += self._earlier_processes(conv.key)
+        commands.end_groups(groups, self.cfg.stop_grace, self._alive)
+        dropped = self.conversations.clear(conv)
+        self._post_activity(m, {"type": "response", "body": "Stopped, as asked in Linear."}, f"{mid}:stop")
         fd = os.open(self._marker(mid), os.O_CREAT | os.O_WRONLY, 0o600)
         os.close(fd)
         self.journal.mark(mid, "started")
+        self._reap()
+        self._end(conv)
         self.log(
             "stopped",
-            f"{name}: stopped agent session {agent} ({len(groups)} process group(s))",
+            f"{name}: stopped agent session {conv.key} ({len(groups)} process group(s), "
+            f"{dropped} unread follow-up(s) dropped)",
             messageId=mid,
         )
 
-    def _agent_processes(self, agent: str) -> list[int]:
-        """Process groups (= pids: COMMAND leads its own session) running for the agent session: ones
-        this process started, and ones an earlier run started, found by the marker's pid and checked
-        to still carry that message's id (a pid can be reused)."""
-        pids: list[int] = []
-        for mid, proc in self.running.items():
-            if self.messages.get(mid, {}).get("agentSessionId") == agent and proc.poll() is None:
-                pids.append(proc.pid)
-                self.stopped.add(mid)
-        for mid in self.journal.started_in(agent):
-            if mid in self.running:
-                continue
-            try:
-                pid = int(self._marker(mid).read_text() or "0")
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except (OSError, ValueError):
-                continue
-            if pid > 0 and f"DEVPILOT_MESSAGE_ID={mid}".encode() in environ.split(b"\0"):
-                pids.append(pid)
-        return pids
-
     def _alive(self, pid: int) -> bool:
-        for proc in self.running.values():
-            if proc.pid == pid:
-                return proc.poll() is None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    def _capacity(self) -> int:
-        return self.cfg.max_parallel - len(self.running)
+        for r in self.running.values():
+            if r.proc.pid == pid:
+                return r.proc.poll() is None
+        return commands.alive(pid)
 
     # --- waiting and connectivity -----------------------------------------------------------
     def _wait_wake(self, seconds: float) -> None:

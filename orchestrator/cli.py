@@ -1,5 +1,6 @@
-"""`devpilot-orchestrator --url URL [--token TOKEN] [--transport poll|listen|realtime] -- COMMAND...`
-and `devpilot-orchestrator activity [--type T] BODY` (run by COMMAND).
+"""`devpilot-orchestrator --url URL [--token TOKEN] [--transport poll|listen|realtime] [--pass-env NAME]...
+[--worktree] -- COMMAND...` and `devpilot-orchestrator activity [--type T] [--select OPTION]... [--auth-url URL]
+BODY` (run by COMMAND).
 
 The token comes from DEVPILOT_ORCHESTRATOR_TOKEN (preferred: the process list shows --token).
 """
@@ -12,10 +13,14 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from orchestrator import worktrees
 from orchestrator.agent import TOKEN_ENV, Config, Orchestrator, default_state_dir
 from orchestrator.client import Api, Rejected, Unreachable
+from orchestrator.conversations import append_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL on Linear's stop"
     )
+    p.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a variable of this environment COMMAND gets too (repeatable; e.g. the agent's API key). "
+        "COMMAND gets only its own DEVPILOT_* variables, PATH, HOME, the locale, the terminal and the "
+        "proxy settings otherwise",
+    )
+    p.add_argument(
+        "--worktree",
+        action="store_true",
+        help="run each conversation in its own git worktree of the checkout this runs in, removed when "
+        "the conversation ends",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... (gets the message JSON on stdin)")
     return p
 
@@ -61,8 +81,22 @@ def activity(argv: Sequence[str]) -> int:
     p.add_argument("--action", help="with --type action: what is being done (BODY is its parameter)")
     p.add_argument("--result", help="with --type action: its result")
     p.add_argument("--id", help="a UUID of your own: posting it again never shows twice")
+    p.add_argument(
+        "--select",
+        action="append",
+        metavar="OPTION",
+        help="an elicitation the person answers by picking one of these (repeatable; Linear's select signal)",
+    )
+    p.add_argument(
+        "--auth-url", help="an elicitation with a link to connect an account (Linear's auth signal)"
+    )
+    p.add_argument("--provider", help="with --auth-url: the service's name, as Linear shows it")
     p.add_argument("body", help="the text (for an action, its parameter)")
     args = p.parse_args(argv)
+    if (args.select or args.auth_url) and args.type not in ("thought", "elicitation"):
+        p.error("--select and --auth-url make an elicitation")
+    if args.select and args.auth_url:
+        p.error("give --select or --auth-url, not both")
     need = ("DEVPILOT_ACTIVITIES_URL", "DEVPILOT_AGENT_TOKEN", "DEVPILOT_AGENT_SESSION_ID")
     missing = [k for k in need if not os.environ.get(k)]
     if missing:
@@ -74,14 +108,29 @@ def activity(argv: Sequence[str]) -> int:
         if args.result is not None:
             content["result"] = args.result
     else:
-        content = {"type": args.type, "body": args.body}
+        content = {"type": "elicitation" if args.select or args.auth_url else args.type, "body": args.body}
+    signal: dict[str, Any] = {}
+    if args.select:
+        signal = {
+            "signal": "select",
+            "signalMetadata": {"options": [{"label": o, "value": o} for o in args.select]},
+        }
+    elif args.auth_url:
+        meta = {"url": args.auth_url, **({"providerName": args.provider} if args.provider else {})}
+        signal = {"signal": "auth", "signalMetadata": meta}
     api = Api(
         None,
         os.environ["DEVPILOT_AGENT_TOKEN"],
         endpoints={"activities": os.environ["DEVPILOT_ACTIVITIES_URL"]},
     )
     try:
-        status = api.activity(os.environ["DEVPILOT_AGENT_SESSION_ID"], content, args.id or str(uuid.uuid4()))
+        status = api.activity(
+            os.environ["DEVPILOT_AGENT_SESSION_ID"],
+            content,
+            args.id or str(uuid.uuid4()),
+            signal=signal.get("signal"),
+            signal_metadata=signal.get("signalMetadata"),
+        )
     except (Unreachable, Rejected) as exc:
         print(f"devpilot-orchestrator activity: {exc}", file=sys.stderr)
         return 1
@@ -90,9 +139,15 @@ def activity(argv: Sequence[str]) -> int:
     if status != "queued":
         print(f"devpilot-orchestrator activity: refused: {status}", file=sys.stderr)
         return 1
-    responded = os.environ.get("DEVPILOT_RESPONDED_FILE")
-    if responded and args.type in ("response", "error"):
-        Path(responded).touch(mode=0o600)  # the orchestrator then adds no final word of its own
+    said = os.environ.get("DEVPILOT_RESPONDED_FILE")
+    if said:  # the last thing COMMAND said: after a response or an elicitation, no "Finished." of ours
+        fd = os.open(said, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        os.write(fd, content["type"].encode())
+        os.close(fd)
+    transcript = os.environ.get("DEVPILOT_TRANSCRIPT")
+    if transcript:
+        at = datetime.now(UTC).isoformat()
+        append_line(Path(transcript), {"at": at, "from": "agent", "kind": "activity", **content, **signal})
     return 0
 
 
@@ -109,6 +164,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--token (or DEVPILOT_ORCHESTRATOR_TOKEN) is required")
     if args.poll_interval <= 0 or args.max_parallel < 1:
         parser.error("--poll-interval must be > 0 and --max-parallel >= 1")
+    if TOKEN_ENV in args.pass_env:
+        parser.error(f"--pass-env {TOKEN_ENV}: COMMAND never gets the machine's token")
+    workdir = Path.cwd()
+    if args.worktree:
+        top = worktrees.toplevel(workdir)
+        if top is None:
+            parser.error("--worktree: run the orchestrator inside the git checkout COMMAND works on")
+        workdir = top
     endpoints: dict[str, str] | None = None
     if args.endpoints:
         try:
@@ -137,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_parallel=args.max_parallel,
         json_logs=args.json_logs,
         stop_grace=args.stop_grace,
+        pass_env=args.pass_env,
+        worktree=args.worktree,
+        workdir=workdir,
     )
     return Orchestrator(cfg).run()
 

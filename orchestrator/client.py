@@ -83,15 +83,39 @@ class Api:
         body: dict[str, Any] = r.json()
         return body
 
-    def activity(self, agent_session_id: str, content: dict[str, Any], activity_id: str) -> str:
+    def activity(
+        self,
+        agent_session_id: str,
+        content: dict[str, Any],
+        activity_id: str,
+        signal: str | None = None,
+        signal_metadata: dict[str, Any] | None = None,
+    ) -> str:
         """Post an activity to the agent session (202 queued); returns the status or the error code.
-        The id makes a retried post (after a timeout, or a restart) one activity in Linear."""
-        r = self._post(
-            "activities", {"agentSessionId": agent_session_id, "content": content, "id": activity_id}
-        )
+        The id makes a retried post (after a timeout, or a restart) one activity in Linear. An
+        elicitation may carry Linear's `select` or `auth` signal with its metadata."""
+        body: dict[str, Any] = {"agentSessionId": agent_session_id, "content": content, "id": activity_id}
+        if signal is not None:
+            body.update(signal=signal, signalMetadata=signal_metadata or {})
+        r = self._post("activities", body)
         if r.status_code == 202:
             return "queued"
         return str(r.json().get("error", r.status_code))
+
+    def activities(self, agent_session_id: str) -> list[dict[str, Any]]:
+        """The agent session's activities in order, the service's and the agent's (for the transcript)."""
+        if "activities" not in self.endpoints:
+            raise Rejected("no URL for the activities route in the endpoints map")
+        try:
+            r = self._http.get(self.endpoints["activities"], params={"agentSessionId": agent_session_id})
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        if r.status_code >= 500:
+            raise Unreachable(f"HTTP {r.status_code} from {self.endpoints['activities']}")
+        if r.status_code != 200:
+            raise Rejected(f"HTTP {r.status_code}: {r.json().get('error', '')}")
+        activities: list[dict[str, Any]] = r.json()["activities"]
+        return activities
 
     def close(self) -> None:
         self._http.close()

@@ -35,8 +35,11 @@ class Orch:
         extra: list[str] | None = None,
         token_in_env: bool = False,
         command: list[str] | None = None,
+        cwd: Path = ROOT,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.token_env = {"DEVPILOT_ORCHESTRATOR_TOKEN": token} if token_in_env else {}
+        self.cwd, self.env = cwd, env or {}
         self.started_file = tmp / "started.jsonl"
         self.state = tmp / "state"
         self.log_file = tmp / "orchestrator.log"
@@ -64,10 +67,10 @@ class Orch:
         log = open(self.log_file, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
             self.args,
-            cwd=ROOT,
+            cwd=self.cwd,
             stderr=log,
             stdout=log,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **self.token_env},
+            env={**os.environ, "PYTHONPATH": str(ROOT), **self.token_env, **self.env},
         )
 
     def signal(self, sig: int) -> None:
@@ -365,6 +368,7 @@ def test_realtime_joins_with_the_token_and_claims_on_an_event(db_url: str, tmp_p
 def test_resume_of_an_interrupted_start_uses_the_marker(api: Api, orch_factory: Any, marker: bool) -> None:
     """A crash between 'starting' and the fork: on the next run the start happens exactly when the
     launcher's marker says it did not happen yet."""
+    from orchestrator.conversations import Conversations, conversation_key
     from orchestrator.journal import Journal
 
     o = orch_factory("poll", interval=30)
@@ -375,10 +379,10 @@ def test_resume_of_an_interrupted_start_uses_the_marker(api: Api, orch_factory: 
     )
     j = Journal(o.state / "journal.sqlite3")
     j.record(m)
+    conversations = Conversations(o.state)
+    conversations.put(conversations.of(conversation_key(m)), m)  # (what the interrupted run did)
     j.mark(m["messageId"], "starting")
     j.close()
-    (o.state / "messages").mkdir(parents=True, exist_ok=True)
-    (o.state / "messages" / f"{m['messageId']}.json").write_text(json.dumps(m))
     if marker:
         (o.state / "started").mkdir(parents=True, exist_ok=True)
         (o.state / "started" / m["messageId"]).touch()
@@ -412,7 +416,7 @@ def test_token_from_the_environment_never_reaches_command_and_state_is_private(
     assert "DEVPILOT_ORCHESTRATOR_TOKEN" not in start["env"] and token not in json.dumps(start)
     assert (o.state.stat().st_mode & 0o777) == 0o700
     files = [p for p in o.state.rglob("*")]
-    assert any(p.name == "journal.sqlite3" for p in files) and any(p.suffix == ".json" for p in files)
+    assert any(p.name == "journal.sqlite3" for p in files) and any(p.suffix == ".jsonl" for p in files)
     for p in files:
         assert (p.stat().st_mode & 0o777) == (0o700 if p.is_dir() else 0o600), p
 
@@ -468,7 +472,7 @@ def test_a_message_id_that_is_not_a_uuid_is_never_written_nor_started(
     assert o.log().count("refused a message whose messageId is not a UUID") == 3
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "escaped.json").exists()
     assert not (tmp_path / "absolute").exists() and not (tmp_path / "absolute.json").exists()
-    assert {p.name for p in (o.state / "messages").iterdir()} == {f"{good}.json"}
+    assert {p.name for p in (o.state / "inboxed").iterdir()} == {good}
     assert o.stop() == 0
     o.start()  # nothing bad was journaled: a restart neither crashes nor starts anything again
     time.sleep(1.0)
@@ -517,7 +521,7 @@ def test_sigterm_finishes_the_ack_in_flight_and_the_next_run_starts_it(
     assert o.starts() == []  # SIGTERM: nothing new started
     o.start()
     wait_for(lambda: len(o.starts()) == 1, what="the acked message started by the next run")
-    assert "resuming" in o.log()
+    assert o.log().count("started ENG-42") == 1  # by the next run, from the inbox it was acked into
     time.sleep(1.0)
     assert o.stop() == 0
     assert [s["messageId"] for s in o.starts()] == [sent["messageId"]]

@@ -66,23 +66,24 @@ def alive(pid: int) -> bool:
 def test_start_then_prompt_with_the_agents_own_activity(api: Api, linear: Linear, machine: Any) -> None:
     o, token = machine()
     o.start()
-    api.webhook(agent_session_event(session_id="as-c1", body="please talk"))
+    event = agent_session_event(session_id="as-c1", body="please [talk]")
+    api.webhook(event)
     assert wait_said(linear, "as-c1", "response") == "Finished."
     thoughts = [b for t, b in said(linear, "as-c1") if t == "thought"]
-    assert "working on: please talk" in thoughts  # COMMAND's own, through its scoped token
+    assert f"working on: {event['promptContext']}" in thoughts  # COMMAND's own, through its scoped token
     [first] = o.starts()
     assert first["kind"] == "start" and first["env"]["DEVPILOT_KIND"] == "start"
     assert (
         first["env"]["DEVPILOT_AGENT_SESSION_ID"] == "as-c1"
-        and first["env"]["DEVPILOT_PROMPT"] == "please talk"
+        and first["env"]["DEVPILOT_PROMPT"] == event["promptContext"]  # Linear's request
     )
     assert first["env"]["DEVPILOT_AGENT_TOKEN"].startswith("dpa.")
     assert token not in str(first["allEnv"]) and "DEVPILOT_ORCHESTRATOR_TOKEN" not in first["allEnv"]
 
-    api.webhook(agent_session_event(session_id="as-c1", action="prompted", body="talk again"))
+    api.webhook(agent_session_event(session_id="as-c1", action="prompted", body="[talk] again"))
     wait_for(lambda: len(o.starts()) == 2, what="the follow-up started")
     second = o.starts()[1]
-    assert second["kind"] == "prompt" and second["env"]["DEVPILOT_PROMPT"] == "talk again"
+    assert second["kind"] == "prompt" and second["env"]["DEVPILOT_PROMPT"] == "[talk] again"
     wait_for(lambda: [t for t, _ in said(linear, "as-c1")].count("response") == 2, what="second response")
     assert o.stop() == 0
 
@@ -90,7 +91,7 @@ def test_start_then_prompt_with_the_agents_own_activity(api: Api, linear: Linear
 def test_a_failing_command_reports_an_error_with_its_output(api: Api, linear: Linear, machine: Any) -> None:
     o, _ = machine()
     o.start()
-    api.webhook(agent_session_event(session_id="as-c2", body="please fail"))
+    api.webhook(agent_session_event(session_id="as-c2", body="please [fail]"))
     error = wait_said(linear, "as-c2", "error")
     assert "exited with code 3" in error and "boom: the build is broken" in error
     assert "response" not in [t for t, _ in said(linear, "as-c2")]
@@ -102,7 +103,7 @@ def test_stop_ends_the_running_agent_and_posts_the_final_response(
 ) -> None:
     o, _ = machine()
     o.start()
-    api.webhook(agent_session_event(session_id="as-c3", body="please sleep"))
+    api.webhook(agent_session_event(session_id="as-c3", body="please [sleep]"))
     wait_for(lambda: len(o.starts()) == 1, what="the agent running")
     pid = o.starts()[0]["pid"]
     assert alive(pid)
@@ -122,7 +123,7 @@ def test_stop_finds_an_agent_started_before_the_orchestrator_was_sigkilled(
 ) -> None:
     o, _ = machine()
     o.start()
-    api.webhook(agent_session_event(session_id="as-c4", body="please sleep"))
+    api.webhook(agent_session_event(session_id="as-c4", body="please [sleep]"))
     wait_for(lambda: len(o.starts()) == 1, what="the agent running")
     pid = o.starts()[0]["pid"]
     o.signal(signal.SIGKILL)

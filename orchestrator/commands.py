@@ -1,0 +1,118 @@
+"""Starting COMMAND for one message of a conversation, and ending a conversation's processes.
+
+COMMAND is started through a tiny launcher, a child in its own session: it puts the message on
+COMMAND's stdin, sends COMMAND's stderr to a file (its tail goes to Linear if COMMAND fails),
+records durably that the start happened (the `started/<messageId>` marker, holding the pid: a
+later stop finds the process by it), takes the message out of the inbox, then becomes COMMAND.
+It is independent of the orchestrator once forked, so a crash anywhere around the fork neither
+loses the start nor doubles it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+LAUNCHER = """
+import os, sys
+marker, message, errors, taken = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+fd = os.open(message, os.O_RDONLY)
+os.dup2(fd, 0)
+os.close(fd)
+fd = os.open(errors, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+os.dup2(fd, 2)
+os.close(fd)
+fd = os.open(marker, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+os.write(fd, str(os.getpid()).encode())
+os.fsync(fd)
+os.close(fd)
+if taken == "1":
+    try:
+        os.unlink(message)
+    except FileNotFoundError:
+        pass
+os.execvp(sys.argv[5], sys.argv[5:])
+"""
+
+
+@dataclass(frozen=True)
+class Launch:
+    marker: Path  # `started/<messageId>`: written by the launcher before COMMAND runs
+    message: Path  # the message, on COMMAND's stdin
+    errors: Path  # COMMAND's stderr
+    taken_from_inbox: bool  # the message file is in the inbox: the launcher removes it
+
+
+def launch(spec: Launch, command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            LAUNCHER,
+            str(spec.marker),
+            str(spec.message),
+            str(spec.errors),
+            "1" if spec.taken_from_inbox else "0",
+            *command,
+        ],
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
+def runs_message(pid: int, message_id: str) -> bool:
+    """Whether `pid` is still COMMAND for this message (a pid can be reused: the process's own
+    environment must name the message)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return alive(pid) and f"DEVPILOT_MESSAGE_ID={message_id}".encode() in environ.split(b"\0")
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and has not ended (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def marker_pid(marker: Path) -> int:
+    try:
+        return int(marker.read_text() or "0")
+    except (OSError, ValueError):
+        return 0
+
+
+def end_groups(pids: list[int], grace: float, alive: Callable[[int], bool]) -> None:
+    """SIGTERM to each process group (COMMAND leads its own session), SIGKILL after `grace`."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last lines of COMMAND's stderr, fenced, for the `error` Linear gets."""
+    try:
+        text = "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])[-2000:]
+    except OSError:
+        return ""
+    return f"\n\n```\n{text}\n```" if text.strip() else ""
