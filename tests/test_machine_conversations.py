@@ -79,10 +79,11 @@ def test_a_follow_up_reaches_the_running_agents_inbox_and_no_second_command_star
     o = machine(api, tmp_path)
     o.start()
     try:
-        api.webhook(agent_session_event(session_id="as-live", body="please [listen]"))
+        api.webhook(agent_session_event(session_id="as-live", body="please [listen:2]"))
         wait_for(lambda: len(starts(o)) == 1, what="the agent running")
         api.webhook(agent_session_event(session_id="as-live", action="prompted", body="use Postgres"))
         api.webhook(agent_session_event(session_id="as-live", action="prompted", body="that's all [done]"))
+        # (the agent reads nothing before both are in its inbox: meanwhile, no second COMMAND)
         wait_for(lambda: ("response", "read 2 follow-up(s)") in said(linear, "as-live"), what="its answer")
         [first] = starts(o)  # one COMMAND for the whole conversation
         assert [(r["pid"], r["body"]) for r in reads(o)] == [
@@ -180,6 +181,42 @@ def test_sigkill_between_the_inbox_and_the_ack_delivers_the_follow_up_exactly_on
         ("prompt", "delivered")
     ] * 2
     assert o.stop() == 0
+
+
+def test_a_follow_up_written_before_a_crash_is_never_written_again(api: Api, tmp_path: Path) -> None:
+    """SIGKILLed after writing a follow-up into the inbox and before its journal said so: the agent
+    had already read it (and removed it). The next run finds the write made (the inbox's link),
+    acks it, and neither writes it again nor starts a COMMAND with it."""
+    from orchestrator.conversations import Conversations, conversation_key
+    from orchestrator.journal import Journal
+
+    o = machine(api, tmp_path)
+    token = o.args[o.args.index("--token") + 1]
+    api.webhook(agent_session_event(session_id="as-crash"))
+    [start] = api.post_as(token, "/claim").json()["messages"]
+    api.post_as(token, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]})
+    api.webhook(agent_session_event(session_id="as-crash", action="prompted", body="read before the crash"))
+    [m] = api.post_as(token, "/claim").json()["messages"]
+    journal = Journal(o.state / "journal.sqlite3")
+    journal.record(m)  # journaled, not yet marked inboxed
+    journal.close()
+    conversations = Conversations(o.state)
+    conv = conversations.of(conversation_key(m))
+    conversations.put(conv, m)
+    for path in conv.inbox.iterdir():
+        path.unlink()  # the running agent read it
+    o.start()
+    try:
+        wait_for(lambda: "acked ENG-7" in o.log(), what="the follow-up acked by the next run")
+        time.sleep(1.0)
+        assert list(conv.inbox.iterdir()) == [] and starts(o) == []
+        with api.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT status FROM dispatch_sessions WHERE message_id = %s", (m["messageId"],)
+            ).fetchone()
+        assert row is not None and row["status"] == "delivered"
+    finally:
+        assert o.stop() == 0
 
 
 def test_an_agent_that_asks_is_not_answered_finished_and_gets_the_choice_with_its_signal(

@@ -3,8 +3,9 @@ message, environment, working directory, and the transcript and inbox it found),
 it was asked (DEVPILOT_PROMPT):
 - "[talk]": posts a thought through `devpilot-orchestrator activity` and exits 0;
 - "[ask]": asks with Linear's select signal (`activity --select`) and exits 0;
-- "[listen]": reads its inbox (DEVPILOT_INBOX) for up to 30 s, recording each follow-up it takes
-  (one JSON line each, then the file removed), until one says "[done]"; then answers and exits 0;
+- "[listen]" (or "[listen:N]"): once N files (1) are in its inbox (DEVPILOT_INBOX), reads it for up
+  to 30 s, recording each follow-up it takes (one JSON line each, then the file removed), until one
+  says "[done]"; then answers and exits 0;
 - "[fail]": writes to stderr and exits 3; "[sleep]": runs until it is stopped; anything else exits 0."""
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ if "[talk]" in prompt:
     activity("--type", "thought", f"working on: {prompt}")
 elif "[ask]" in prompt:
     activity("--select", "Postgres", "--select", "SQLite", "Which database?")
-elif "[listen]" in prompt:
+elif "[listen" in prompt:
+    first = int(prompt.split("[listen:", 1)[1].split("]", 1)[0]) if "[listen:" in prompt else 1
     deadline, done, seen = time.monotonic() + 30, False, 0
+    while len(list(Path(inbox).glob("*.json"))) < first and time.monotonic() < deadline:
+        time.sleep(0.05)  # (the follow-ups wait for the test to have sent them all)
     while not done and time.monotonic() < deadline:
         for path in sorted(Path(inbox).glob("*.json")):
             follow_up = json.loads(path.read_text())
