@@ -3,8 +3,9 @@
 Starts a local stand-in for Linear's GraphQL API and `devpilot serve` (embedded Postgres in a
 temporary folder), registers an orchestrator, runs `devpilot-orchestrator` with a sample agent
 command, sends signed sample Linear webhooks (an assignment, then a whole agent conversation:
-created, a follow-up, a long task and Linear's stop), prints the timeline from webhook to agent
-start and what Linear would show in the agent session, and cleans up.
+created, a long task, a follow-up that reaches the agent while it works, and Linear's stop),
+prints the timeline from webhook to agent start and what Linear would show in the agent session,
+and cleans up.
 """
 
 from __future__ import annotations
@@ -30,20 +31,26 @@ from shared.linear import sign
 
 SAMPLE_AGENT = """
 import json, os, subprocess, sys, time
+from pathlib import Path
 m = json.load(sys.stdin)
 with open(sys.argv[1], "a") as f:
     f.write(json.dumps({"messageId": m["messageId"], "startedAt": time.time()}) + "\\n")
-what = m['issue']['title'] if m['kind'] == 'start' else os.environ['DEVPILOT_PROMPT']
-print(f"  [agent] working on {os.environ['DEVPILOT_ISSUE_IDENTIFIER']}: {what}", flush=True)
+issue, kind = os.environ["DEVPILOT_ISSUE_IDENTIFIER"], os.environ["DEVPILOT_KIND"]
+asked = m["prompt"]["body"] if m.get("prompt") and m["prompt"].get("body") else m["issue"]["title"]
+print(f"  [agent {os.getpid()}] working on {issue} ({kind}): {asked}", flush=True)
 if os.environ.get("DEVPILOT_AGENT_SESSION_ID"):
-    prompt = os.environ.get("DEVPILOT_PROMPT", "")
-    def say(kind, text):
-        cmd = [sys.executable, "-m", "orchestrator.cli", "activity", "--type", kind, text]
-        subprocess.run(cmd, check=True)
-    say("thought", f"Reading {os.environ['DEVPILOT_ISSUE_IDENTIFIER']} ({os.environ['DEVPILOT_KIND']}): {prompt}")
-    if "long" in prompt:
-        time.sleep(120)
-    say("response", f"Done: {prompt}")
+    def say(what, text):
+        subprocess.run(["devpilot-orchestrator", "activity", "--type", what, text], check=True)
+    say("thought", f"Reading {issue} ({kind}): {asked}")
+    if "long" in asked:  # a long task: the conversation goes on while it works
+        for _ in range(1200):
+            for note in sorted(Path(os.environ["DEVPILOT_INBOX"]).glob("*.json")):
+                heard = json.loads(note.read_text())["prompt"]["body"]
+                note.unlink()  # taken in
+                print(f"  [agent {os.getpid()}] heard while working: {heard}", flush=True)
+                say("thought", f"Noted while working: {heard}")
+            time.sleep(0.1)
+    say("response", f"Done: {asked}")
 """
 
 
@@ -224,8 +231,10 @@ def run_demo() -> int:
                             "url": "https://linear.app/demo/issue/DEMO-2",
                         },
                         "comment": {"id": "demo-comment", "body": "@agent write the release notes"},
+                        "sourceCommentId": "demo-comment",
                     },
-                    "promptContext": '<issue identifier="DEMO-2">Write the release notes</issue>',
+                    "promptContext": '<issue identifier="DEMO-2"><title>Write the release notes</title></issue>'
+                    "\n<comment>@agent write the release notes</comment>",
                 },
             ),
         ]
@@ -319,14 +328,17 @@ def _conversation(http: httpx.Client, secret: str, linear: StandInLinear) -> Non
     def responses() -> int:
         return [kind for kind, _ in linear.said(AGENT_SESSION)].count("response")
 
+    def said(text: str) -> bool:
+        return any(text in body for _, body in linear.said(AGENT_SESSION))
+
     print("\ndemo: the agent session goes on")
     _wait(lambda: responses() >= 1, 20, "the agent's first response")
-    send("follow-up", _prompted("Also mention the new login page"))
-    _wait(lambda: responses() >= 2, 20, "the agent's answer to the follow-up")
     send("long task", _prompted("Now do the long database migration"))
-    _wait(lambda: any("long database" in text for _, text in linear.said(AGENT_SESSION)), 20, "the long task")
+    _wait(lambda: said("(prompt): Now do the long database migration"), 20, "the long task")
+    send("follow-up", _prompted("Also mention the new login page"))  # while the agent works
+    _wait(lambda: said("Noted while working: Also mention the new login page"), 20, "the running agent")
     send("stop", _prompted("", signal="stop"))
-    _wait(lambda: responses() >= 3, 30, "the stop's final response")
+    _wait(lambda: responses() >= 2, 30, "the stop's final response")
     print("\nwhat Linear shows in the agent session on DEMO-2:")
     for kind, text in linear.said(AGENT_SESSION):
         print(f"  [{kind}] {text}")

@@ -26,17 +26,22 @@ def test_demo_shows_the_timeline(tmp_path: Path) -> None:
     assert "webhook 'agent session' -> 200 dispatched" in out
     timeline = [line for line in out.splitlines() if "agent started after" in line]
     assert len(timeline) == 2
-    assert "[agent] working on DEMO-1" in out and "[agent] working on DEMO-2" in out
+    assert "working on DEMO-1 (start): Fix the login redirect" in out
+    assert "working on DEMO-2 (start): @agent write the release notes" in out
     assert "started DEMO-1" in r.stderr and "acked DEMO-2" in r.stderr
     # the conversation, as Linear would show it: the agent's own words, the follow-up, the stop
     assert "webhook 'follow-up' -> 200 dispatched prompt" in out and "webhook 'stop' -> 200 stopped" in out
     shown = out.split("what Linear shows in the agent session on DEMO-2:")[1].splitlines()
     assert "  [thought] Queued for demo-laptop" in shown
     assert "  [response] Done: @agent write the release notes" in shown
-    assert "  [response] Done: Also mention the new login page" in shown
     assert shown.index("  [response] Stopped, as asked in Linear.") > shown.index(
-        "  [thought] Reading DEMO-2 (prompt): Now do the long database migration"
+        "  [thought] Noted while working: Also mention the new login page"
     )
+    # the follow-up reached the agent already working on the long task: the same process heard it
+    [long_task] = [x for x in out.splitlines() if "working on DEMO-2 (prompt): Now do the long" in x]
+    pid = long_task.split("[agent ")[1].split("]")[0]
+    assert f"[agent {pid}] heard while working: Also mention the new login page" in out
+    assert "working on DEMO-2 (prompt): Also mention" not in out  # no second agent for it
     assert "Done: Now do the long database migration" not in out  # stopped before it finished
     home = out.split("embedded Postgres in ")[1].split()[0]
     assert not Path(home).exists()
