@@ -134,8 +134,9 @@ def test_linear_down_the_session_is_routed_once_linear_answers(api: Api, linear:
     linear.fail = 1  # the read right after the commit gets a 500
     created = agent_session_event(session_id="as-down", creator=None, issue_id="iss-down")
     assert api.webhook(created, delivery="d-created").json()["status"] == "routing"
+    # (a follow-up that names a person: still the conversation's, queued behind its start)
     follow_up = agent_session_event(
-        session_id="as-down", action="prompted", creator=None, body="and the docs"
+        session_id="as-down", action="prompted", creator="user-9", body="and the docs"
     )
     assert api.webhook(follow_up, delivery="d-follow").json()["status"] == "routing"
     assert api.webhook(created, delivery="d-created").json()["status"] == "duplicate"
