@@ -40,6 +40,13 @@ class Prompt(Wire):
     previous_comments: list[dict[str, Any]] | None = None
 
 
+class Repository(Wire):
+    """A repository a message is about: the host and `owner/name`."""
+
+    hostname: str
+    full_name: str
+
+
 class DispatchPayload(Wire):
     """What enqueue stores with the row: everything in a message that is not per-claim."""
 
@@ -47,6 +54,7 @@ class DispatchPayload(Wire):
     agent_session_id: str | None = None
     kind: MessageKind = "start"
     prompt: Prompt | None = None
+    repository: Repository | None = None
 
 
 class TaskDispatchMessage(Wire):
@@ -63,6 +71,7 @@ class TaskDispatchMessage(Wire):
     agent_session_id: str | None = None
     kind: MessageKind = "start"
     prompt: Prompt | None = None
+    repository: Repository | None = None
 
     def wire(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=False)

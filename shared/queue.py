@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 from shared import orchestrators
 from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
-from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, TaskDispatchMessage
+from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, Repository, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query
@@ -316,6 +316,9 @@ def _messages(rows: list[DictRow]) -> list[TaskDispatchMessage]:
             agent_session_id=r["payload"].get("agentSessionId"),
             kind=r["payload"].get("kind", "start"),
             prompt=Prompt.model_validate(r["payload"]["prompt"]) if r["payload"].get("prompt") else None,
+            repository=Repository.model_validate(r["payload"]["repository"])
+            if r["payload"].get("repository")
+            else None,
         )
         for r in rows
     ]
