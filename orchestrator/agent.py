@@ -28,7 +28,13 @@ from typing import Any, Literal
 from orchestrator import commands, environment, worktrees
 from orchestrator.client import Api, Rejected, Unreachable
 from orchestrator.commands import Launch, launch
-from orchestrator.conversations import Conversation, Conversations, conversation_key, message_entry
+from orchestrator.conversations import (
+    Conversation,
+    Conversations,
+    conversation_key,
+    message_entry,
+    message_id,
+)
 from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
 from orchestrator.worktrees import WorktreeError
@@ -220,10 +226,12 @@ class Orchestrator:
             if self._busy(conv):
                 continue
             waiting = self.conversations.pending(conv)
-            if waiting:
-                self._start_next(conv, waiting[0])
-            else:
+            if not waiting:
                 del self._waiting[folder]
+                continue
+            entry = self.journal.get(message_id(waiting[0]))
+            if entry is None or entry.state != "inboxed":  # (inboxed: not acked yet, never started)
+                self._start_next(conv, waiting[0])
 
     def _room(self) -> int:
         """How many messages to claim now. Messages of a conversation whose COMMAND runs go to its
@@ -300,11 +308,14 @@ class Orchestrator:
         if result == "abandoned":
             self.log("abandoned", f"{name}: stopping while the service is away; acks on next run")
         elif result == "claim_superseded":
-            # A newer claim of it will come; if it is in the inbox already, that claim finds it
-            # written (the inbox's link) and only acks.
-            self.journal.forget(m["messageId"])
+            # A newer claim of it will come. One already in the inbox stays there, unstarted, and
+            # stays `inboxed` in the journal: that claim finds it so and only acks.
+            if m.get("kind") == "stop":
+                self.journal.forget(m["messageId"])
             self.log(
-                "superseded", f"{name}: a newer claim owns it; dropped this copy", messageId=m["messageId"]
+                "superseded",
+                f"{name}: a newer claim owns it; its delivery is acked instead",
+                messageId=m["messageId"],
             )
         else:
             self.journal.forget(m["messageId"])

@@ -231,8 +231,9 @@ def test_claim_racing_revoke(api: Api) -> None:
     def claimer() -> None:
         with httpx.Client(base_url=api.url, timeout=10) as c:
             while not stop.is_set():
+                sent = time.monotonic()
                 r = c.post("/claim", json={"max": 1}, headers={"Authorization": f"Bearer {token}"})
-                codes.append((time.monotonic(), r.status_code))
+                codes.append((sent, r.status_code))
 
     ts = [threading.Thread(target=claimer) for _ in range(4)]
     for t in ts:
@@ -247,8 +248,9 @@ def test_claim_racing_revoke(api: Api) -> None:
     for t in ts:
         t.join()
     assert {c for _, c in codes} <= {200, 401}
-    # a request sent after the revocation committed never succeeds (small slack for requests in flight)
-    assert all(c == 401 for at, c in codes if at > revoked_at + 0.05)
+    # a request sent after the revocation committed never succeeds (one sent before may still be
+    # answered after it, on a busy host: the time kept is when each was sent)
+    assert all(c == 401 for sent, c in codes if sent > revoked_at)
     assert any(c == 200 for _, c in codes)
 
 
