@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import select
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, LiteralString
 
@@ -154,6 +154,29 @@ def _open(conn: Conn, settings: Settings | None, *, single: bool = False) -> Ite
             yield tx
         finally:
             tx._active = False
+
+
+def take_in_rounds(
+    pool: Pool,
+    statement_name: str,
+    params: dict[str, Any],
+    handle: Callable[[list[DictRow]], list[str]],
+    rounds: int = 20,
+) -> None:
+    """Take rows with a statement that leases due work (the outbox's `notice_take`, the router's
+    `routing_take`) and `handle` them, round after round. Such work is in order per agent session:
+    a row waits while an earlier one of its agent session is open. So after a round the statement
+    is run again for just the agent sessions `handle` returns (whose next row may now be due) instead
+    of leaving it to the sweep; it stops when a round takes nothing or names no agent session."""
+    follow: list[str] | None = None
+    for _ in range(rounds):
+        with lend(pool) as conn:
+            rows = conn.execute(query(statement_name), {**params, "agent_sessions": follow}).fetchall()
+        if not rows:
+            return
+        follow = handle(rows)
+        if not follow:
+            return
 
 
 def check_on_checkout(conn: Conn) -> None:

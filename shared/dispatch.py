@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
@@ -24,7 +25,7 @@ from shared.sql import query
 from shared.wakeups import Wakeups
 
 if TYPE_CHECKING:  # (the webhook's modules load with the webhook route, not with every route)
-    from shared import linear_auth, notices, routing
+    from shared import linear_auth
     from shared.linear import Webhook
 
 log = logging.getLogger("devpilot.dispatch")
@@ -51,7 +52,7 @@ class Dispatch:
         self.wakeups = wakeups
         self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="devpilot-notices")
 
-    def _after_commit(self, notice_ids: list[UUID] | None) -> Future[notices.SendResult] | None:
+    def _after_commit(self, notice_ids: list[UUID] | None) -> Future[object] | None:
         """Post the notices a committed transaction wrote (None: every one due), now, off the
         request path."""
         if notice_ids is not None and not notice_ids:
@@ -59,29 +60,28 @@ class Dispatch:
 
         from shared import notices  # (loaded when a notice is due, not by every target's cold start)
 
-        def run() -> notices.SendResult:
-            try:
-                return notices.send_pending(self.pool, self.settings, ids=notice_ids)
-            except Exception:
-                log.exception("sending notices failed; the sweep retries")
-                return notices.SendResult(0, len(notice_ids or []))
+        return self._in_background(lambda: notices.send_pending(self.pool, self.settings, ids=notice_ids))
 
-        return self._sender.submit(run)
-
-    def _route_after_commit(self, route_ids: list[UUID]) -> Future[routing.Result] | None:
+    def _route_after_commit(self, route_ids: list[UUID]) -> Future[object] | None:
         """Route what a committed webhook left to route once Linear is asked (`shared.routing`),
-        now, off the request path, so Linear hears within its 10 s; the sweep retries the rest."""
+        now, off the request path, so Linear hears within its 10 s."""
         if not route_ids:
             return None
 
         from shared import routing
 
-        def run() -> routing.Result:
+        return self._in_background(lambda: routing.run(self.pool, self.settings, ids=route_ids))
+
+    def _in_background(self, work: Callable[[], object]) -> Future[object]:
+        """After-commit work on the sender's threads. What fails there is still in its table, and
+        the sweep does it: a failure is logged, never raised to anyone."""
+
+        def run() -> object:
             try:
-                return routing.run(self.pool, self.settings, ids=route_ids)
+                return work()
             except Exception:
-                log.exception("routing after commit failed; the sweep retries")
-                return routing.Result()
+                log.exception("after-commit work failed; the sweep retries")
+                return None
 
         return self._sender.submit(run)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from shared import crypto, linear_auth
-from shared.db import Pool, Tx, lend, require_tx
+from shared.db import Pool, Tx, lend, require_tx, take_in_rounds
 from shared.settings import Settings
 from shared.sql import query
 
@@ -126,22 +126,15 @@ def send_pending(
     if ids is not None and not ids:
         return SendResult(0, 0)
     total = SendResult(0, 0)
-    follow: list[str] | None = None
-    for _ in range(MAX_ROUNDS):
-        with lend(pool) as conn:
-            rows = conn.execute(
-                query("notice_take"), {"ids": ids, "agent_sessions": follow, "limit": limit}
-            ).fetchall()
-        if not rows:
-            break
-        result, follow = _send(pool, settings, rows)
+
+    def handle(rows: list[Any]) -> list[str]:
+        nonlocal total
+        result, went_out = _send(pool, settings, rows)
         total = SendResult(total.sent + result.sent, total.failed + result.failed)
-        if not follow:
-            break
+        return went_out
+
+    take_in_rounds(pool, "notice_take", {"ids": ids, "limit": limit}, handle)
     return total
-
-
-MAX_ROUNDS = 20
 
 
 def _post(http: httpx.Client, settings: Settings, post: dict[str, Any], token: str) -> httpx.Response:

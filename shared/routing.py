@@ -27,7 +27,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from shared import linear_api, notices
-from shared.db import Pool, Tx, lend, require_tx, transaction
+from shared.db import Pool, Tx, lend, require_tx, take_in_rounds, transaction
 from shared.models import DispatchPayload
 from shared.queue import MachineRevoked, enqueue_dispatch
 from shared.settings import Settings
@@ -100,25 +100,16 @@ def run(pool: Pool, settings: Settings, ids: list[UUID] | None = None, limit: in
     earlier one of its agent session (the order rule) is looked for again at once, once that one
     is done, instead of waiting for the sweep."""
     result = Result()
-    follow: list[str] | None = None
-    for _ in range(MAX_ROUNDS):
-        with lend(pool) as conn:
-            rows = conn.execute(
-                query("routing_take"), {"ids": ids, "agent_sessions": follow, "limit": limit}
-            ).fetchall()
-        if not rows:
-            break
+
+    def handle(rows: list[Any]) -> list[str]:
         for row in rows:
             _route_one(pool, settings, dict(row), result)
-        follow = [r["agent_session_id"] for r in rows if r["agent_session_id"]]
-        if not follow:
-            break
+        return [r["agent_session_id"] for r in rows if r["agent_session_id"]]
+
+    take_in_rounds(pool, "routing_take", {"ids": ids, "limit": limit}, handle)
     if result.notice_ids:
         notices.send_pending(pool, settings, ids=result.notice_ids)
     return result
-
-
-MAX_ROUNDS = 5
 
 
 def _route_one(pool: Pool, settings: Settings, row: dict[str, Any], result: Result) -> None:

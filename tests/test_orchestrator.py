@@ -62,8 +62,10 @@ class Orch:
             str(self.started_file),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
 
     def start(self) -> None:
+        self.runs += 1
         log = open(self.log_file, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
             self.args,
@@ -78,7 +80,13 @@ class Orch:
         self.proc.send_signal(sig)
 
     def stop(self) -> int:
+        """SIGTERM, once the process says it is up (its handler installed: a SIGTERM before that
+        ends it by the default action, -15, on a busy host)."""
         assert self.proc is not None
+        deadline = time.monotonic() + 30
+        while self.proc.poll() is None and self.log().count("orchestrator up") < self.runs:
+            assert time.monotonic() < deadline, "the orchestrator never said it was up"
+            time.sleep(0.05)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=30)
