@@ -103,7 +103,7 @@ class Machine:
     name: str
     created_at: datetime
     last_seen_at: datetime | None
-    listening: bool  # a long-poll of it is waiting now; else it polls (or has not been seen)
+    listening: bool  # a long-poll of it is waiting now; else it polls (or was never seen)
     queued: int
     issues: list[str] = field(default_factory=list)  # what is queued, first ten, in queue order
 
@@ -111,7 +111,7 @@ class Machine:
     def transport(self) -> str:
         if self.listening:
             return "listening"
-        return "polling" if self.last_seen_at else "not seen yet"
+        return "polling" if self.last_seen_at else "never"
 
 
 def machines(pool: Pool, person: Person) -> list[Machine]:
