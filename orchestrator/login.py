@@ -30,6 +30,7 @@ import time
 import webbrowser
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from html import escape
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -332,11 +333,17 @@ def machines(args: argparse.Namespace) -> int:
     http, base, _ = _machine(args)
     with http:
         me = _me(http, base)
-    print(f"{'':2}{'machine':<24} {'last seen':<26} {'how':<13} queued")
+    print(f"{'':2}{'machine':<24} {'last seen':<24} {'how':<10} queued")
     for m in me["orchestrators"]:
         queued = f"{m['queued']}" + (f" ({', '.join(m['queuedIssues'])})" if m.get("queuedIssues") else "")
-        mark = "* " if m.get("this") else "  "
-        print(f"{mark}{m['name']:<24} {m.get('lastSeenAt') or 'never':<26} {m['transport']:<13} {queued}")
+        mark = "* " if m.get("this") else "  "  # (this machine)
+        seen = m.get("lastSeenAt")
+        when = (
+            datetime.fromisoformat(seen).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            if seen
+            else "never"
+        )
+        print(f"{mark}{m['name']:<24} {when:<24} {m['transport']:<10} {queued}")
     return 0
 
 
