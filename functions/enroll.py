@@ -22,15 +22,18 @@ from functions.bodies import EnrollBody, EnrollTokenBody, loose_uuid
 from functions.pages import (
     ME_COOKIE,
     SIGNIN_COOKIE,
+    drop,
     guarded,
+    keep,
     origin,
     page,
     private,
     redirect,
     text_page,
+    to_linear,
 )
 from functions.web import ApiError, Call, note, raw_body, reply
-from shared import enroll
+from shared import enroll, people
 from shared.signin import SignInFailed
 
 
@@ -52,22 +55,6 @@ def _client(call: Call) -> str:
 
 def _limited(exc: enroll.Limited) -> ApiError:
     return ApiError(429, "too_many_attempts", str(exc), {"Retry-After": str(exc.retry_after)})
-
-
-def _to_linear(started: enroll.Started, status: int = 302) -> flask.Response:
-    """Off to Linear, with the cookie that ties the way back to this browser (`__Host-`: Secure,
-    path /, no domain; Lax, so it comes back on Linear's top-level redirect to the callback)."""
-    resp = redirect(started.location, status)
-    resp.set_cookie(
-        SIGNIN_COOKIE,
-        started.browser_secret,
-        max_age=enroll.ENROLL_SECONDS,
-        secure=True,
-        httponly=True,
-        samesite="Lax",
-        path="/",
-    )
-    return resp
 
 
 @guarded
@@ -106,7 +93,7 @@ def start(call: Call) -> flask.Response:
         )
     except enroll.Gone as exc:
         return text_page("Sign-in link expired", f"{exc}. Run `devpilot-orchestrator login` again.", 400)
-    return _to_linear(started)
+    return to_linear(started.location, started.browser_secret, enroll.ENROLL_SECONDS)
 
 
 def _code_form(call: Call, message: str = "", status: int = 200) -> flask.Response:
@@ -142,7 +129,7 @@ def enter_code(call: Call) -> flask.Response:
         return resp
     except enroll.WrongCode as exc:
         return _code_form(call, f"{str(exc).capitalize()}.", 400)
-    return _to_linear(started, 303)
+    return to_linear(started.location, started.browser_secret, enroll.ENROLL_SECONDS, 303)
 
 
 @guarded
@@ -178,23 +165,13 @@ def callback(call: Call) -> flask.Response:
         return text_page("Not signed in", f"{str(exc).capitalize()}.", 400, link=again)
     note(orgId=signed.viewer.org_id)
     if signed.session is not None:  # a /me sign-in
-        resp = redirect("/me", 303)
-        resp.set_cookie(
-            ME_COOKIE,
-            signed.session,
-            max_age=12 * 3600,
-            secure=True,
-            httponly=True,
-            samesite="Lax",
-            path="/",
-        )
+        resp = keep(redirect("/me", 303), ME_COOKIE, signed.session, people.SESSION_SECONDS)
     elif signed.loopback is not None:
         resp = redirect(signed.loopback, 302)
     else:
         assert signed.confirm is not None
         return _confirm_page(signed)  # (keeps the sign-in cookie: the confirm form needs it)
-    resp.delete_cookie(SIGNIN_COOKIE, path="/", secure=True, httponly=True, samesite="Lax")
-    return resp
+    return drop(resp, SIGNIN_COOKIE)
 
 
 def _confirm_page(signed: enroll.SignedIn) -> flask.Response:
@@ -238,8 +215,7 @@ def confirm(call: Call) -> flask.Response:
         resp = text_page("Machine registered", f"{name} is registered; its terminal finishes on its own.")
     else:
         resp = text_page("Request denied", f"{name} was not registered.")
-    resp.delete_cookie(SIGNIN_COOKIE, path="/", secure=True, httponly=True, samesite="Lax")
-    return resp
+    return drop(resp, SIGNIN_COOKIE)
 
 
 @guarded
@@ -250,7 +226,6 @@ def token(call: Call) -> flask.Response:
     except enroll.TokenError as exc:
         raise ApiError(400, exc.code, exc.detail) from None
     note(orchestratorId=redeemed.orchestrator_id)
-    from shared import people  # (the names Linear gave at the sign-in)
     from shared.orchestrators import Orchestrator
 
     who = people.owner(

@@ -19,7 +19,7 @@ from uuid import UUID
 
 import flask
 
-from functions.pages import ME_COOKIE, SIGNIN_COOKIE, guarded, page, redirect
+from functions.pages import ME_COOKIE, drop, guarded, page, redirect, to_linear
 from functions.web import ApiError, Call, bearer, note, raw_body, reply, require_orchestrator
 from shared import enroll, people
 from shared.orchestrators import Orchestrator
@@ -105,17 +105,7 @@ def signin(call: Call) -> flask.Response:
     if not call.rt.settings.signin_enabled:
         raise ApiError(404, "signin_disabled", "signing in with Linear is not configured on this server")
     started = enroll.start_me(call.rt.pool, call.rt.settings)
-    resp = redirect(started.location)
-    resp.set_cookie(
-        SIGNIN_COOKIE,
-        started.browser_secret,
-        max_age=enroll.FLOW_SECONDS,
-        secure=True,
-        httponly=True,
-        samesite="Lax",
-        path="/",
-    )
-    return resp
+    return to_linear(started.location, started.browser_secret, enroll.FLOW_SECONDS)
 
 
 def _form(call: Call) -> dict[str, str]:
@@ -154,6 +144,4 @@ def logout(call: Call) -> flask.Response:
     session = call.request.cookies.get(ME_COOKIE, "")
     if session and people.csrf_ok(session, _form(call).get("csrf", "")):
         people.end_session(call.rt.pool, session)
-    resp = redirect("/me", 303)
-    resp.delete_cookie(ME_COOKIE, path="/", secure=True, httponly=True, samesite="Lax")
-    return resp
+    return drop(redirect("/me", 303), ME_COOKIE)

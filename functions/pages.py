@@ -79,3 +79,20 @@ def redirect(location: str, status: int = 302) -> flask.Response:
     resp = flask.Response(status=status)
     resp.headers["Location"] = location
     return private(resp)
+
+
+def keep(resp: flask.Response, cookie: str, value: str, seconds: int) -> flask.Response:
+    """A cookie of these routes: `__Host-` (Secure, path /, no domain), HttpOnly, and Lax, so that it
+    comes back on Linear's top-level redirect to the callback (Strict would not)."""
+    resp.set_cookie(cookie, value, max_age=seconds, secure=True, httponly=True, samesite="Lax", path="/")
+    return resp
+
+
+def drop(resp: flask.Response, cookie: str) -> flask.Response:
+    resp.delete_cookie(cookie, path="/", secure=True, httponly=True, samesite="Lax")
+    return resp
+
+
+def to_linear(location: str, browser_secret: str, seconds: int, status: int = 302) -> flask.Response:
+    """Off to Linear's authorize page, with the cookie that ties the way back to this browser."""
+    return keep(redirect(location, status), SIGNIN_COOKIE, browser_secret, seconds)

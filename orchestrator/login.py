@@ -114,11 +114,15 @@ def _reason(r: httpx.Response) -> str:
         return f"HTTP {r.status_code}"
 
 
-def _post(http: httpx.Client, url: str, body: dict[str, Any]) -> httpx.Response:
+def _send(http: httpx.Client, method: str, url: str, body: dict[str, Any] | None = None) -> httpx.Response:
     try:
-        return http.post(url, json=body)
+        return http.request(method, url, json=body)
     except httpx.HTTPError as exc:
         raise Failed(f"the service at {url} could not be reached: {type(exc).__name__}") from None
+
+
+def _post(http: httpx.Client, url: str, body: dict[str, Any]) -> httpx.Response:
+    return _send(http, "POST", url, body)
 
 
 def _registered(base: str, answer: dict[str, Any], state_dir: Path) -> str:
@@ -309,20 +313,21 @@ def _machine(args: argparse.Namespace) -> tuple[httpx.Client, str, dict[str, Any
 
 
 def _me(http: httpx.Client, base: str) -> dict[str, Any]:
-    try:
-        r = http.get(f"{base}/me")
-    except httpx.HTTPError as exc:
-        raise Failed(f"the service at {base} could not be reached: {type(exc).__name__}") from None
+    r = _send(http, "GET", f"{base}/me")
     if r.status_code != 200:
         raise Failed(f"the service refused this machine's token: {_reason(r)}")
     answer: dict[str, Any] = r.json()
     return answer
 
 
-def whoami(args: argparse.Namespace) -> int:
+def _asked(args: argparse.Namespace) -> dict[str, Any]:
     http, base, _ = _machine(args)
     with http:
-        me = _me(http, base)
+        return _me(http, base)
+
+
+def whoami(args: argparse.Namespace) -> int:
+    me = _asked(args)
     print(f"workspace: {me.get('workspaceName') or me['orgId']} ({me['orgId']})")
     print(f"person: {me.get('personName') or me['linearUserId']} ({me['linearUserId']})")
     print(f"machine: {me['name']} ({me['orchestratorId']})")
@@ -330,9 +335,7 @@ def whoami(args: argparse.Namespace) -> int:
 
 
 def machines(args: argparse.Namespace) -> int:
-    http, base, _ = _machine(args)
-    with http:
-        me = _me(http, base)
+    me = _asked(args)
     print(f"{'':2}{'machine':<24} {'last seen':<24} {'how':<10} queued")
     for m in me["orchestrators"]:
         queued = f"{m['queued']}" + (f" ({', '.join(m['queuedIssues'])})" if m.get("queuedIssues") else "")
@@ -351,10 +354,7 @@ def logout(args: argparse.Namespace) -> int:
     http, base, saved = _machine(args)
     with http:
         me = _me(http, base)
-        try:
-            r = http.post(f"{base}/me/orchestrators/{me['orchestratorId']}/revoke")
-        except httpx.HTTPError as exc:
-            raise Failed(f"the service at {base} could not be reached: {type(exc).__name__}") from None
+        r = _send(http, "POST", f"{base}/me/orchestrators/{me['orchestratorId']}/revoke")
     if r.status_code != 200:
         raise Failed(f"the service did not revoke this machine: {_reason(r)}")
     if saved is not None:
