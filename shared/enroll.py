@@ -44,8 +44,8 @@ POLL_SECONDS = 2  # how often a code-mode machine asks whether it was confirmed
 FORGET_AFTER_SECONDS = 3600  # the sweep forgets enrollments this long past their expiry
 ENROLL_LIMIT, ENROLL_WINDOW = 30, 600  # enrollments one client may ask for in the window
 CODE_LIMIT, CODE_WINDOW = 5, 900  # wrong codes one client may type in the window, then 429
-# RFC 8628's alphabet for codes people type: 20 consonants, no vowels (no words), none of 0/O, 1/I/L
-# to misread; case does not matter. 8 of them: about 34 bits.
+# RFC 8628's alphabet for codes people type: 20 consonants, no vowels (no words), no digits (no 0/O
+# or 1/I to misread); case does not matter. 8 of them: about 34 bits.
 CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
 CODE_LENGTH = 8
 

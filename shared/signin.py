@@ -187,13 +187,8 @@ def is_member(pool: Pool, settings: Settings, org_id: str, linear_user_id: str) 
         body = {"query": MEMBER, "variables": {"id": linear_user_id}}
         with httpx.Client(timeout=settings.linear_timeout_seconds) as http:
             r = http.post(settings.linear_api_url, json=body, headers={"Authorization": authorization(token)})
-            if r.status_code == 401:  # expired or revoked: refreshed once (linear_auth), then asked again
-                token = tokens.refused(org_id)
-                if token is None:
-                    return None
-                r = http.post(
-                    settings.linear_api_url, json=body, headers={"Authorization": authorization(token)}
-                )
+            # Any other answer (a 401 included: the posts' own retry refreshes the token, not a
+            # typo guard) means Linear could not be asked.
             if r.status_code != 200:
                 return None
             nodes = (((r.json() or {}).get("data") or {}).get("users") or {}).get("nodes")
