@@ -226,12 +226,7 @@ def token(call: Call) -> flask.Response:
     except enroll.TokenError as exc:
         raise ApiError(400, exc.code, exc.detail) from None
     note(orchestratorId=redeemed.orchestrator_id)
-    from shared.orchestrators import Orchestrator
-
-    who = people.owner(
-        call.rt.pool,
-        Orchestrator(redeemed.orchestrator_id, redeemed.org_id, redeemed.linear_user_id, redeemed.name),
-    )
+    who = people.person(call.rt.pool, redeemed.org_id, redeemed.linear_user_id)
     answer: dict[str, object] = {
         "orchestratorId": str(redeemed.orchestrator_id),
         "token": redeemed.token,

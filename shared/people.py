@@ -83,18 +83,20 @@ def csrf_ok(session: str, given: str) -> bool:
     )
 
 
-def owner(pool: Pool, machine: Orchestrator) -> Person:
-    """The person a machine belongs to, with the names Linear gave (if they ever signed in here)."""
+def person(pool: Pool, org_id: str, linear_user_id: str) -> Person:
+    """A person, with the names Linear gave at their last sign-in here (None if they never signed in)."""
     with lend(pool) as conn:
         row = conn.execute(
-            query("person_names"), {"org_id": machine.org_id, "linear_user_id": machine.linear_user_id}
+            query("person_names"), {"org_id": org_id, "linear_user_id": linear_user_id}
         ).fetchone()
     return Person(
-        machine.org_id,
-        machine.linear_user_id,
-        row["name"] if row else None,
-        row["workspace_name"] if row else None,
+        org_id, linear_user_id, row["name"] if row else None, row["workspace_name"] if row else None
     )
+
+
+def owner(pool: Pool, machine: Orchestrator) -> Person:
+    """The person a machine belongs to."""
+    return person(pool, machine.org_id, machine.linear_user_id)
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,13 @@ def test_login_with_a_browser_end_to_end(
         [line] = first_lines(proc, 1)
         assert line.startswith("Open this link to sign in: "), line
         link = line.removeprefix("Open this link to sign in: ")
+        assert proc.stderr is not None
+        loopback = proc.stderr.readline().split()[-2]  # "Waiting for the browser to come back to URL ..."
+        assert loopback.startswith("http://127.0.0.1:") and loopback.endswith("/callback")
+        # a redirect to the loopback that is not this sign-in's (another state) is turned away, and
+        # the CLI waits on for the real one
+        forged = httpx.get(loopback, params={"code": "stolen", "state": "not-this-one"})
+        assert forged.status_code == 400 and proc.poll() is None
         page = browser.go(link)  # the service, Linear, the callback, the CLI's loopback page
         assert page.status_code == 200, [(r.status_code, str(r.url), r.text[:300]) for r in browser.history]
         out, err = proc.communicate(timeout=30)

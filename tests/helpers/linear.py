@@ -100,12 +100,15 @@ class Linear:
         body = json.loads(request.get_data())
         header = request.headers.get("Authorization", "")
         with self._lock:
-            self.auth.append(header)
             refused = self.checked(body)
             if refused is not None:
+                self.auth.append(header)
                 return refused
-            if "users(" in body["query"]:  # (a read: never one of the `fail` posts)
+            if (
+                "users(" in body["query"]
+            ):  # (a read, kept apart: never in `auth`, nor one of the `fail` posts)
                 return self._members(header.removeprefix("Bearer "), body)
+            self.auth.append(header)
             if self.fail > 0:
                 self.fail -= 1
                 return Response("upstream trouble", status=500)
