@@ -110,12 +110,13 @@ class StandInLinear:
                             "code_challenge"
                         ):
                             return self._send(400, {"error": "invalid_grant"})
-                        return self._send(200, {"access_token": "demo-person-token", "token_type": "Bearer"})
+                        person_token = {"access_token": "demo-person-token", "token_type": "Bearer"}  # nosec B105
+                        return self._send(200, person_token)
                     return self._send(
                         200,
                         {
-                            "access_token": "demo-app-token",
-                            "refresh_token": "demo-refresh",
+                            "access_token": "demo-app-token",  # (the stand-in's)  # nosec B105
+                            "refresh_token": "demo-refresh",  # nosec B105
                             "expires_in": 86_400,
                         },
                     )
@@ -244,7 +245,7 @@ def run_demo() -> int:
             "LINEAR_WEBHOOK_SECRET": secret,
             "DEVPILOT_PUBLIC_URL": url,
             "LINEAR_CLIENT_ID": "demo-client",
-            "LINEAR_CLIENT_SECRET": "demo-client-secret",  # (the stand-in's; not a secret)
+            "LINEAR_CLIENT_SECRET": "demo-client-secret",  # (the stand-in's; not a secret)  # nosec B105
             "LINEAR_API_URL": linear.url,
             "LINEAR_OAUTH_AUTHORIZE_URL": f"{linear.base}/oauth/authorize",
             "LINEAR_OAUTH_TOKEN_URL": f"{linear.base}/oauth/token",
