@@ -274,6 +274,36 @@ def test_deny_on_the_confirm_page_refuses_the_machine(
     assert api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"] == []
 
 
+def test_login_ends_with_the_reason_when_the_person_denies(
+    api: Api, linear: LinearOAuth, browser: Browser
+) -> None:
+    proc = cli(
+        "login",
+        "--url",
+        api.url,
+        "--name",
+        "not-mine",
+        "--no-browser",
+        "--state-dir",
+        str(Path("/nonexistent")),
+    )
+    try:
+        _, code_line = first_lines(proc, 2)
+        confirm = browser.go(f"{api.url}/enroll", method="POST", data={"code": code_line.split()[-1]})
+        browser.go(
+            f"{api.url}/enroll/confirm", method="POST", data={**form_fields(confirm.text), "decision": "deny"}
+        )
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "Registered" not in out
+    assert (
+        err.strip().splitlines()[-1]
+        == "devpilot-orchestrator login: the request was denied on the confirm page"
+    )
+
+
 # --- logging in again, logging out ------------------------------------------------------------------
 def test_logging_in_again_replaces_the_token_and_keeps_the_queued_work(api: Api, linear: LinearOAuth) -> None:
     first = login(api, linear, "u-alice", "laptop")
