@@ -1,17 +1,23 @@
-"""`devpilot demo`: the whole loop on an embedded database in a few seconds.
+"""`devpilot demo`: the whole loop on an embedded database in a few seconds, headless.
 
-Starts a local stand-in for Linear's GraphQL API and `devpilot serve` (embedded Postgres in a
-temporary folder), registers an orchestrator, runs `devpilot-orchestrator` with a sample agent
-command, sends signed sample Linear webhooks (an assignment, then a whole agent conversation:
-created, a long task, a follow-up that reaches the agent while it works, and Linear's stop),
-prints the timeline from webhook to agent start and what Linear would show in the agent session,
-and cleans up.
+Starts a local stand-in for Linear (its GraphQL API, OAuth authorize, token and revoke endpoints)
+and `devpilot serve` (embedded Postgres in a temporary folder); installs the app in the workspace
+(OAuth, actor=app); connects a machine the way an engineer does, with `devpilot-orchestrator login
+--no-browser` (the demo types the code on the service's page, signs in to the stand-in Linear and
+presses Register, as a person would in a browser); runs `devpilot-orchestrator` with the token the
+login stored and a sample agent command; sends signed sample Linear webhooks (an assignment, then a
+whole agent conversation: created, a long task, a follow-up that reaches the agent while it
+works, and Linear's stop); prints the timeline
+from webhook to agent start and what Linear would show in the agent session; and cleans up.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -24,6 +30,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import httpx
 
@@ -54,32 +61,89 @@ if os.environ.get("DEVPILOT_AGENT_SESSION_ID"):
 """
 
 
+ORG = {"id": "demo-org", "name": "Demo Workspace", "urlKey": "demo"}
+PERSON = {
+    "id": "demo-user",
+    "name": "Dana Demo",
+    "active": True,
+    "guest": False,
+    "app": False,
+    "organization": ORG,
+}
+
+
 class StandInLinear:
-    """Linear's GraphQL endpoint, as far as the demo needs it: records each agent activity."""
+    """Linear, as far as the demo needs it: the OAuth authorize page (a browser already signed in as
+    Dana Demo, who presses Authorize), the token endpoint (with PKCE for a person's sign-in), token
+    revocation, and GraphQL: the workspace, `viewer`, and each agent activity (recorded)."""
 
     def __init__(self) -> None:
         self.activities: list[dict[str, Any]] = []
         calls = self.activities
+        grants: dict[str, dict[str, str]] = {}
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                entity = "agentActivity" if "agentActivityCreate" in body["query"] else "comment"
-                calls.append(body["variables"]["input"])
-                key = f"{entity}Create" if entity == "comment" else "agentActivityCreate"
-                answer = {"data": {key: {"success": True, entity: {"id": f"demo-{len(calls)}"}}}}
-                data = json.dumps(answer).encode()
-                self.send_response(200)
+            def _send(self, status: int, body: dict[str, Any] | None = None, location: str = "") -> None:
+                data = json.dumps(body or {}).encode()
+                self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_GET(self) -> None:  # /oauth/authorize
+                q = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+                code = f"code-{len(grants) + 1}"
+                grants[code] = q
+                self._send(
+                    302, location=f"{q['redirect_uri']}?{urlencode({'code': code, 'state': q['state']})}"
+                )
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                path = urlsplit(self.path).path
+                if path == "/oauth/revoke":
+                    return self._send(200)
+                if path == "/oauth/token":
+                    form = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+                    grant = grants.pop(form.get("code", ""), None)
+                    if grant is None:
+                        return self._send(400, {"error": "invalid_grant"})
+                    if grant.get("actor") == "user":  # a person: PKCE S256, as Linear checks it
+                        digest = hashlib.sha256(form.get("code_verifier", "").encode()).digest()
+                        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != grant.get(
+                            "code_challenge"
+                        ):
+                            return self._send(400, {"error": "invalid_grant"})
+                        person_token = {"access_token": "demo-person-token", "token_type": "Bearer"}  # nosec B105
+                        return self._send(200, person_token)
+                    return self._send(
+                        200,
+                        {
+                            "access_token": "demo-app-token",  # (the stand-in's)  # nosec B105
+                            "refresh_token": "demo-refresh",  # nosec B105
+                            "expires_in": 86_400,
+                        },
+                    )
+                body = json.loads(raw)
+                query = body["query"]
+                if "viewer" in query:
+                    return self._send(200, {"data": {"viewer": PERSON}})
+                if "organization" in query and "Create" not in query:
+                    return self._send(200, {"data": {"organization": ORG}})
+                entity = "agentActivity" if "agentActivityCreate" in query else "comment"
+                calls.append(body["variables"]["input"])
+                key = f"{entity}Create" if entity == "comment" else "agentActivityCreate"
+                self._send(200, {"data": {key: {"success": True, entity: {"id": f"demo-{len(calls)}"}}}})
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/graphql"
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{self.base}/graphql"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def said(self, agent_session_id: str) -> list[tuple[str, str]]:
@@ -99,14 +163,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ok(r: httpx.Response, what: str) -> dict[str, Any]:
-    """The answer of a set-up step, which must have worked for the rest to mean anything."""
-    if not r.is_success:
-        raise RuntimeError(f"demo: {what} failed: {r.status_code} {r.text[:300]}")
-    answer: dict[str, Any] = r.json()
-    return answer
-
-
 def _wait(cond: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -119,22 +175,91 @@ def _wait(cond: Any, timeout: float, what: str) -> None:
     raise RuntimeError(f"demo: timed out waiting for {what}")
 
 
+class Browser:
+    """A person's browser, in a few lines: follows redirects and keeps cookies (a browser keeps a
+    Secure cookie for http://127.0.0.1, which httpx would drop)."""
+
+    def __init__(self) -> None:
+        self.http = httpx.Client(timeout=10)
+        self.cookies: dict[str, str] = {}
+
+    def go(self, url: str, method: str = "GET", data: dict[str, str] | None = None) -> httpx.Response:
+        while True:
+            cookie = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+            r = self.http.request(method, url, data=data, headers={"Cookie": cookie} if cookie else {})
+            for header in r.headers.get_list("set-cookie"):
+                name, _, rest = header.partition("=")
+                value = rest.split(";", 1)[0]
+                if "max-age=0" in header.lower() or not value:
+                    self.cookies.pop(name, None)
+                else:
+                    self.cookies[name] = value
+            if not r.is_redirect:
+                return r
+            url, method, data = urljoin(str(r.url), r.headers["Location"]), "GET", None
+
+
+def _install(url: str) -> None:
+    """The workspace's admin installs the agent (OAuth, actor=app) in their browser."""
+    page = Browser().go(f"{url}/oauth/install")
+    if page.status_code != 200:
+        raise RuntimeError(f"demo: installing the app failed: {page.status_code} {page.text[:300]}")
+    print(
+        f"demo: installed the agent in Linear's {ORG['name']} (GET /oauth/install, as the workspace's admin)"
+    )
+
+
+def _login(url: str, home: Path, env: dict[str, str]) -> None:
+    """An engineer connects their machine, headless: `login --no-browser`, then the code typed on
+    the service's page, a sign-in to Linear and Register, in a browser elsewhere."""
+    command = ["devpilot-orchestrator", "login", "--url", url, "--name", "demo-laptop", "--no-browser"]
+    print(f"\ndemo: $ {' '.join(command)}")
+    login = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *command[1:], "--state-dir", str(home / "state")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert login.stdout is not None
+    page_line, code_line = login.stdout.readline().rstrip(), login.stdout.readline().rstrip()
+    print(f"  {page_line}\n  {code_line}")
+    code = code_line.rsplit(" ", 1)[-1]
+    browser = Browser()
+    confirm = browser.go(page_line.rsplit(" ", 1)[-1], "POST", {"code": code})
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', confirm.text))
+    done = browser.go(f"{url}/enroll/confirm", "POST", {**fields, "decision": "register"})
+    if done.status_code != 200:
+        raise RuntimeError(f"demo: confirming the machine failed: {done.status_code} {done.text[:300]}")
+    print(f"demo: (in a browser) typed {code} at {page_line.rsplit(' ', 1)[-1]}, signed in to Linear as")
+    print(f"      {PERSON['name']}, and pressed Register on the page naming demo-laptop and {ORG['name']}")
+    out, _ = login.communicate(timeout=30)
+    if login.returncode != 0:
+        raise RuntimeError("demo: login failed")
+    print(f"  {out.strip()}")
+
+
 def run_demo() -> int:
     t_begin = time.monotonic()
     home = Path(tempfile.mkdtemp(prefix="devpilot-demo-"))
-    admin, secret = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    secret = secrets.token_urlsafe(16)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DATABASE_LISTEN_URL")}
+    linear = StandInLinear()
     env.update(
         {
             "DEVPILOT_HOME": str(home / ".devpilot"),
-            "DEVPILOT_ADMIN_TOKEN": admin,
             "LINEAR_WEBHOOK_SECRET": secret,
+            "DEVPILOT_PUBLIC_URL": url,
+            "LINEAR_CLIENT_ID": "demo-client",
+            "LINEAR_CLIENT_SECRET": "demo-client-secret",  # (the stand-in's; not a secret)  # nosec B105
+            "LINEAR_API_URL": linear.url,
+            "LINEAR_OAUTH_AUTHORIZE_URL": f"{linear.base}/oauth/authorize",
+            "LINEAR_OAUTH_TOKEN_URL": f"{linear.base}/oauth/token",
+            "LINEAR_OAUTH_REVOKE_URL": f"{linear.base}/oauth/revoke",
         }
     )
-    linear = StandInLinear()
-    env["LINEAR_API_URL"] = linear.url
+    env.pop("DEVPILOT_ORCHESTRATOR_TOKEN", None)
     procs: list[subprocess.Popen[bytes]] = []
     print(f"demo: starting devpilot serve on {url} with an embedded Postgres in {home}")
     try:
@@ -151,34 +276,18 @@ def run_demo() -> int:
         _wait(lambda: http.get("/healthz").status_code == 200, 60, "the service")
         print(f"demo: service up after {time.monotonic() - t_begin:.1f}s")
 
-        reg = _ok(
-            http.post(
-                "/orchestrators",
-                headers={"Authorization": f"Bearer {admin}"},
-                json={"orgId": "demo-org", "linearUserId": "demo-user", "name": "demo-laptop"},
-            ),
-            "registering the orchestrator",
-        )
-        print(f"demo: registered orchestrator {reg['orchestratorId']} for demo-user")
-        _ok(  # what an OAuth install stores: the token the service posts to Linear with
-            http.post(
-                "/linear-credentials",
-                headers={"Authorization": f"Bearer {admin}"},
-                json={"orgId": "demo-org", "accessToken": "demo-linear-token"},
-            ),
-            "storing the Linear token",
-        )
+        _install(url)
+        _login(url, home, env)
         started_file = home / "started.jsonl"
         started_file.touch()
+        print(
+            "\ndemo: $ devpilot-orchestrator --transport listen -- <sample agent>  (URL and token from the login)"
+        )
         orch = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "orchestrator.cli",
-                "--url",
-                url,
-                "--token",
-                reg["token"],
                 "--transport",
                 "listen",
                 "--state-dir",
@@ -262,9 +371,15 @@ def run_demo() -> int:
             print(
                 f"  {label:<15} 200 after {(t1 - t0) * 1000:6.1f} ms, agent started after {(t2 - t0) * 1000:6.1f} ms"
             )
-        with httpx.Client(base_url=url) as c:
-            listed = c.get("/orchestrators", headers={"Authorization": f"Bearer {admin}"}).json()
-        print(f"\ndemo: orchestrator last seen {listed['orchestrators'][0]['lastSeenAt']}")
+        print("\ndemo: $ devpilot-orchestrator machines")
+        machines = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "machines", "--state-dir", str(home / "state")],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        print("\n".join(f"  {line}" for line in machines.stdout.splitlines()))
         _conversation(http, secret, linear)
         return 0
     except Exception:

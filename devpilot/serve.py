@@ -27,7 +27,7 @@ from functions import runtime
 from functions.app import wsgi
 from functions.logs import setup_logging
 from functions.sweep import run_sweep
-from shared import crypto
+from shared import crypto, local_secrets
 from shared.db import open_pool
 from shared.embedded import resolve
 from shared.migrate import migrate
@@ -37,16 +37,23 @@ from shared.wakeups import Wakeups
 log = logging.getLogger("devpilot.serve")
 
 
-def configuration_report(settings: Settings) -> list[str]:
-    """What a new operator needs to know at start: which routes will refuse for want of a setting."""
+def configuration_report(settings: Settings, kept: list[local_secrets.Kept] | None = None) -> list[str]:
+    """What a new operator needs to know at start: which routes will refuse for want of a setting,
+    and where the secrets generated for a developer's machine are (never their values)."""
+    files = {k.variable: k for k in kept or []}
 
-    def state(value: object, unset: str) -> str:
+    def state(variable: str, value: object, unset: str) -> str:
+        if variable in files:
+            k = files[variable]
+            how = "generated on this first start" if k.created else "from an earlier start"
+            return f"{how}, kept in {k.path} (mode 0600; read it with: cat {k.path})"
         return "set" if value else unset
 
     lines = [
-        f"admin token (DEVPILOT_ADMIN_TOKEN): {state(settings.admin_token, 'NOT SET: admin routes and /sweep answer 401')}",
+        "admin token (DEVPILOT_ADMIN_TOKEN): "
+        + state("DEVPILOT_ADMIN_TOKEN", settings.admin_token, "NOT SET: admin routes and /sweep answer 401"),
         "webhook secret (LINEAR_WEBHOOK_SECRET): "
-        + state(settings.linear_webhook_secret, "NOT SET: /webhook answers 503"),
+        + state("LINEAR_WEBHOOK_SECRET", settings.linear_webhook_secret, "NOT SET: /webhook answers 503"),
     ]
     try:
         crypto.keys(settings)
@@ -55,6 +62,14 @@ def configuration_report(settings: Settings) -> list[str]:
         keys = "NOT SET: storing a Linear token answers 503 encryption_not_configured"
     lines.append(f"encryption keys (DEVPILOT_ENCRYPTION_KEYS): {keys}")
     lines.append("Linear OAuth install: " + ("on (/oauth/install)" if settings.oauth_enabled else "off"))
+    lines.append(
+        "people connect machines (devpilot-orchestrator login): "
+        + (
+            "on (/enroll, /me)"
+            if settings.signin_enabled
+            else "off (needs DEVPILOT_PUBLIC_URL and a Linear OAuth client)"
+        )
+    )
     return lines
 
 
@@ -139,6 +154,9 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     setup_logging()
     settings = get_settings()
     database = resolve(settings.database_url)
+    kept: list[local_secrets.Kept] = []
+    if database.embedded:  # a developer's machine: what is unset is generated once under ./.devpilot/
+        settings, kept = local_secrets.fill(settings)
     applied = migrate(database.url)
     if port == 0:  # Granian binds by number: take a free one now (port 0 = "any")
         with socket.create_server((host, 0)) as probe:
@@ -186,7 +204,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
         )
         if applied:
             print(f"migrations applied: {', '.join(applied)}", flush=True)
-        for line in configuration_report(settings):
+        for line in configuration_report(settings, kept):
             print(line, flush=True)
         if workers > 1:
             print(f"workers: {workers}", flush=True)

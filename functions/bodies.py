@@ -135,3 +135,40 @@ class ActivityBody(Body):
                 raise ValueError("signalMetadata.providerName must be a short string")
             self.signal_metadata = {"url": url, **({"providerName": provider} if provider else {})}
         return self
+
+
+PKCE = r"^[A-Za-z0-9._~-]{43,128}$"  # RFC 7636 §4.1: a verifier (and an S256 challenge is 43 of these)
+
+
+class EnrollBody(BaseModel):
+    """`POST /enroll/sessions`. Unknown fields are refused: there is no redirect address to give
+    (the loopback address is built from the port), and a client that sends one is told so."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    name: StrictStr = Field(min_length=1, max_length=200)
+    code_challenge: StrictStr = Field(alias="codeChallenge", pattern=PKCE)
+    code_challenge_method: Literal["S256"] = Field(alias="codeChallengeMethod")
+    loopback_port: StrictInt | None = Field(default=None, alias="loopbackPort", ge=1024, le=65535)
+    mode: Literal["loopback", "code"] = "loopback"
+
+    @field_validator("name")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v
+
+    @model_validator(mode="after")
+    def _port_for_loopback(self) -> EnrollBody:
+        if self.mode == "loopback" and self.loopback_port is None:
+            raise ValueError('loopbackPort (1024..65535) is required, or "mode": "code"')
+        if self.mode == "code" and self.loopback_port is not None:
+            raise ValueError("a code-mode enrollment has no loopbackPort")
+        return self
+
+
+class EnrollTokenBody(Body):
+    enroll_id: StrictStr = Field(alias="enrollId", min_length=1, max_length=100)
+    code_verifier: StrictStr = Field(alias="codeVerifier", pattern=PKCE)
+    code: StrictStr | None = Field(default=None, min_length=1, max_length=200)

@@ -15,12 +15,28 @@ from shared import orchestrators as registry
 
 
 def register(call: Call) -> flask.Response:
+    from shared.signin import is_member  # (the one Linear read; loads httpx with this route only)
+
     body = call.body(RegisterBody)
+    # A typo guard, not a boundary (the admin is trusted): a user Linear says is not in the
+    # connected workspace is refused; when Linear cannot be asked, registered as before, unverified.
+    member = is_member(call.rt.pool, call.rt.settings, body.org_id, body.linear_user_id)
+    if member is False:
+        raise ApiError(
+            400,
+            "unknown_user",
+            f"Linear has no user {body.linear_user_id!r} in workspace {body.org_id!r}; "
+            "people can register their own machines with `devpilot-orchestrator login`",
+        )
     reg = registry.register(
         call.rt.pool, org_id=body.org_id, linear_user_id=body.linear_user_id, name=body.name
     )
     note(orchestratorId=reg.id)
-    answer: dict[str, object] = {"orchestratorId": str(reg.id), "token": reg.token}
+    answer: dict[str, object] = {
+        "orchestratorId": str(reg.id),
+        "token": reg.token,
+        "verified": member is True,
+    }
     if call.rt.settings.endpoints:
         answer["endpoints"] = call.rt.settings.endpoints
     return reply(answer, 201)

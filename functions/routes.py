@@ -23,7 +23,9 @@ from typing import Literal
 # session), the scheduler (admin bearer, or the platform's own check on a scheduler-only service),
 # or the operators' dashboard session. "poll": a machine's bearer token, checked by the view in the
 # same statement as its work (the poll route: an idle machine's poll is one round trip; the ack).
-Auth = Literal["public", "admin", "orchestrator", "poll", "agent", "scheduler", "dashboard"]
+# "person": a person signed in with Linear (the /me session) or one of their machines' bearer
+# token, checked by the view.
+Auth = Literal["public", "admin", "orchestrator", "poll", "agent", "scheduler", "dashboard", "person"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,29 @@ ROUTES: tuple[Route, ...] = (
             Endpoint("/login", ("GET",), "public", "login_form"),
             Endpoint("/login", ("POST",), "public", "login"),
             Endpoint("/logout", ("POST",), "public", "logout"),
+        ),
+    ),
+    Route(
+        "enroll",
+        "/enroll",
+        (
+            Endpoint("", ("GET",), "public", "code_form"),
+            Endpoint("", ("POST",), "public", "enter_code"),
+            Endpoint("/sessions", ("POST",), "public", "create"),  # rate-limited per client
+            Endpoint("/start", ("GET",), "public", "start"),
+            Endpoint("/callback", ("GET",), "public", "callback"),
+            Endpoint("/confirm", ("POST",), "public", "confirm"),
+            Endpoint("/token", ("POST",), "public", "token"),  # the machine's PKCE verifier is its proof
+        ),
+    ),
+    Route(
+        "me",
+        "/me",
+        (
+            Endpoint("", ("GET",), "person", "me"),
+            Endpoint("/signin", ("GET",), "public", "signin"),
+            Endpoint("/orchestrators/<uuid:orchestrator_id>/revoke", ("POST",), "person", "revoke"),
+            Endpoint("/logout", ("POST",), "person", "logout"),
         ),
     ),
     Route(

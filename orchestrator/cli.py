@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from orchestrator import worktrees
+from orchestrator import login, worktrees
 from orchestrator.agent import TOKEN_ENV, Config, Orchestrator, default_state_dir
 from orchestrator.client import Api, Rejected, Unreachable
 from orchestrator.conversations import append_line
@@ -155,13 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["activity"]:
         return activity(argv[1:])
+    if argv[:1] and argv[0] in login.COMMANDS:
+        return login.main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    login.fill(args)  # a machine that logged in: its token (and URL) from its state directory
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
     if not args.token:
-        parser.error("--token (or DEVPILOT_ORCHESTRATOR_TOKEN) is required")
+        parser.error(
+            "--token (or DEVPILOT_ORCHESTRATOR_TOKEN) is required, or `devpilot-orchestrator login` first"
+        )
     if args.poll_interval <= 0 or args.max_parallel < 1:
         parser.error("--poll-interval must be > 0 and --max-parallel >= 1")
     if TOKEN_ENV in args.pass_env:

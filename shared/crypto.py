@@ -11,11 +11,9 @@ refused (503 encryption_not_configured).
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared import local_secrets
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,10 +36,6 @@ class NotConfigured(RuntimeError):
     """No encryption keys: DEVPILOT_ENCRYPTION_KEYS is unset and the database is not embedded."""
 
 
-def _local_key_file() -> Path:
-    return Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "encryption.key"
-
-
 def keys(settings: Settings) -> MultiFernet:
     from cryptography.fernet import Fernet, MultiFernet
 
@@ -55,22 +49,5 @@ def keys(settings: Settings) -> MultiFernet:
             "DEVPILOT_ENCRYPTION_KEYS is not set: generate a key with "
             "`python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`"
         )
-    path = _local_key_file()
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A temporary file of its own for each caller (mode 0600): threads of one process can be
-        # here at once (`devpilot serve`'s start-up report and a first request), so a name made
-        # from the process id alone collided.
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        tmp = Path(name)
-        with os.fdopen(fd, "wb") as f:
-            f.write(Fernet.generate_key())
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)  # whole or not at all; a second process racing here keeps the first key
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    return MultiFernet([Fernet(path.read_bytes().strip())])
+    key, _ = local_secrets.read_or_create("encryption.key", Fernet.generate_key)
+    return MultiFernet([Fernet(key)])

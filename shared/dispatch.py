@@ -171,7 +171,7 @@ class Dispatch:
         """Re-queue expired leases and dead-letter at the limit, then send every Linear notice still
         unsent (Linear was down, or an instance died between a commit and its send), and forget
         webhook deliveries past their retention."""
-        from shared import intake, notices, routing
+        from shared import enroll, intake, notices, routing
 
         result = queue.sweep(self.pool, self.settings)
         routed = routing.run(self.pool, self.settings)
@@ -183,6 +183,13 @@ class Dispatch:
         pruned = intake.prune_deliveries(self.pool, self.settings)
         if pruned:
             log.info('{"event":"deliveries_pruned","count":%d}', pruned)
+        forgotten = enroll.forget_stale(self.pool)
+        if forgotten.enrollments or forgotten.flows:
+            log.info(
+                '{"event":"enrollments_forgotten","enrollments":%d,"flows":%d}',
+                forgotten.enrollments,
+                forgotten.flows,
+            )
         return result
 
     def accept_activity(

@@ -85,6 +85,15 @@ class Settings(BaseModel):
     linear_oauth_token_url: str = Field(
         default="https://api.linear.app/oauth/token", validation_alias="LINEAR_OAUTH_TOKEN_URL"
     )
+    linear_oauth_revoke_url: str = Field(
+        default="https://api.linear.app/oauth/revoke", validation_alias="LINEAR_OAUTH_REVOKE_URL"
+    )
+    # The OAuth client people sign in with (actor=user, scope read) for /enroll and /me; unset ->
+    # the agent app's client. Its redirect URI is <DEVPILOT_PUBLIC_URL>/enroll/callback.
+    linear_signin_client_id: str | None = Field(default=None, validation_alias="LINEAR_SIGNIN_CLIENT_ID")
+    linear_signin_client_secret: str | None = Field(
+        default=None, validation_alias="LINEAR_SIGNIN_CLIENT_SECRET"
+    )
     metrics_enabled: bool = Field(default=False, validation_alias="DEVPILOT_METRICS")
     # An empty poll is logged at debug level unless this is set: an idle fleet's polls are most of
     # its requests, and on Cloud Run and Lambda every line is billed log ingestion.
@@ -135,6 +144,21 @@ class Settings(BaseModel):
     @property
     def oauth_enabled(self) -> bool:
         return bool(self.linear_client_id and self.linear_client_secret and self.public_url)
+
+    @property
+    def signin_client(self) -> tuple[str, str] | None:
+        """The client id and secret people sign in with: LINEAR_SIGNIN_CLIENT_ID/SECRET when the id
+        is set (both then, never half of one and half of the other), else the agent app's."""
+        pair: tuple[str | None, str | None] = (
+            (self.linear_signin_client_id, self.linear_signin_client_secret)
+            if self.linear_signin_client_id
+            else (self.linear_client_id, self.linear_client_secret)
+        )
+        return (pair[0], pair[1]) if pair[0] and pair[1] else None
+
+    @property
+    def signin_enabled(self) -> bool:
+        return self.signin_client is not None and bool(self.public_url)
 
     @property
     def realtime_enabled(self) -> bool:

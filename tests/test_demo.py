@@ -22,6 +22,16 @@ def test_demo_shows_the_timeline(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
+    # the workspace installs the app; the engineer connects the machine with a code (headless)
+    assert "demo: installed the agent in Linear's Demo Workspace" in out
+    login = out.split("--name demo-laptop --no-browser\n")[1].splitlines()
+    assert login[0].startswith("  Open this page on any device: http://127.0.0.1:") and login[0].endswith(
+        "/enroll"
+    )
+    assert login[1].startswith("  and enter the code: ") and len(login[1].split()[-1]) == 9
+    assert "  Registered demo-laptop for Dana Demo in Demo Workspace" in out
+    assert "URL and token from the login" in out and "--token" not in out
+    assert out.index("Registered demo-laptop") < out.index("webhook 'issue assigned'")
     assert "webhook 'issue assigned' -> 200 dispatched" in out
     assert "webhook 'agent session' -> 200 dispatched" in out
     timeline = [line for line in out.splitlines() if "agent started after" in line]

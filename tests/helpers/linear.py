@@ -4,12 +4,15 @@ call is answered 400 and recorded as invalid."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import threading
 import time
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlencode
 
 from graphql import (
     GraphQLInputObjectType,
@@ -79,17 +82,42 @@ def root_field(body: dict[str, Any]) -> str:
     return first.name.value
 
 
+def person(
+    user_id: str,
+    name: str,
+    org: dict[str, str],
+    *,
+    active: bool = True,
+    guest: bool = False,
+    app: bool = False,
+) -> dict[str, Any]:
+    """A user of a workspace, as the stand-in's directory and `viewer` know them."""
+    return {"id": user_id, "name": name, "active": active, "guest": guest, "app": app, "organization": org}
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data), status=status, content_type="application/json")
+
+
 class Linear:
     """Records every valid GraphQL call; fails the first `fail` calls with HTTP 500. Answers the
     mutations the service sends, and `issue(id)` from `issues` (what a test says each issue's
-    assignee is; an issue not in it has none)."""
+    assignee is; an issue not in it has none).
+
+    Its directory of users (`people`, id -> `person(...)`) answers the `users` lookup the service
+    makes when an operator registers a machine (recorded in `lookups`, not `calls`); None (the
+    default) knows every id asked for as a user. A token whose workspace is known (`token_orgs`)
+    finds only that workspace's users, as a real workspace token does."""
 
     def __init__(self, server: HTTPServer, fail: int = 0) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.lookups: list[dict[str, Any]] = []
         self.invalid: list[tuple[dict[str, Any], list[str]]] = []
         self.auth: list[str] = []
         self.fail = fail
         self.issues: dict[str, dict[str, Any]] = {}
+        self.people: dict[str, dict[str, Any]] | None = None
+        self.token_orgs: dict[str, str] = {}
         self._lock = threading.Lock()
         schema()  # built before the first request, not inside its time budget
         server.expect_request("/graphql", method="POST").respond_with_handler(self.handle)
@@ -105,14 +133,39 @@ class Linear:
             return {field: {"id": issue_id, **self.issues.get(issue_id, {"assignee": None})}}
         raise AssertionError(f"the stand-in Linear does not answer {field}")
 
+    def checked(self, body: dict[str, Any]) -> Response | None:
+        """The 400 Linear would answer to a document its schema refuses (and it is recorded)."""
+        errors = schema_errors(body)
+        if not errors:
+            return None
+        self.invalid.append((body, errors))
+        return Response(json.dumps({"errors": [{"message": m} for m in errors]}), status=400)
+
+    def _members(self, token: str, body: dict[str, Any]) -> Response:
+        """`users(filter: {id: {eq: $id}})`: the directory's answer, within the token's workspace."""
+        self.lookups.append(body)
+        wanted = ((body.get("variables") or {}).get("id")) or ""
+        org = self.token_orgs.get(token)
+        if self.people is None:
+            found = [{"id": wanted}] if wanted else []
+        else:
+            p = self.people.get(wanted)
+            found = [{"id": wanted}] if p and (org is None or p["organization"]["id"] == org) else []
+        return _json({"data": {"users": {"nodes": found}}})
+
     def handle(self, request: Request) -> Response:
         body = json.loads(request.get_data())
+        header = request.headers.get("Authorization", "")
         with self._lock:
-            self.auth.append(request.headers.get("Authorization", ""))
-            errors = schema_errors(body)
-            if errors:
-                self.invalid.append((body, errors))
-                return Response(json.dumps({"errors": [{"message": m} for m in errors]}), status=400)
+            refused = self.checked(body)
+            if refused is not None:
+                self.auth.append(header)
+                return refused
+            if (
+                "users(" in body["query"]
+            ):  # (a read, kept apart: never in `auth`, nor one of the `fail` posts)
+                return self._members(header.removeprefix("Bearer "), body)
+            self.auth.append(header)
             if self.fail > 0:
                 self.fail -= 1
                 return Response("upstream trouble", status=500)
@@ -153,12 +206,14 @@ class LinearOAuth(Linear):
         self.refresh_delay = refresh_delay
         self._n = 0
         super().__init__(server)
+        self._signin_init(server)
         server.expect_request("/oauth/token", method="POST").respond_with_handler(self.token)
 
     def _issue(self) -> dict[str, Any]:
         self._n += 1
         access, self.refresh_token = f"acc-{self._n}", f"ref-{self._n}"
         self.valid.add(access)
+        self.token_orgs[access] = self.ORG["id"]
         return {
             "access_token": access,
             "refresh_token": self.refresh_token,
@@ -172,8 +227,10 @@ class LinearOAuth(Linear):
 
     def token(self, request: Request) -> Response:
         form = request.form
-        if form.get("client_id") != "client-id" or form.get("client_secret") != "client-secret":
+        if self.clients.get(form.get("client_id", "")) != form.get("client_secret"):
             return Response(json.dumps({"error": "invalid_client"}), status=401)
+        if form.get("grant_type") == "authorization_code" and form.get("code", "").startswith("usr-code-"):
+            return self._user_token(form)
         if form.get("grant_type") == "authorization_code":
             with self._lock:
                 self.exchanges.append(dict(form))
@@ -192,6 +249,8 @@ class LinearOAuth(Linear):
 
     def handle(self, request: Request) -> Response:
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token in self.user_tokens:
+            return self._as_person(token, json.loads(request.get_data()))
         if token not in self.valid:
             self.auth.append(f"Bearer {token}")
             return Response(json.dumps({"errors": [{"message": "authentication required"}]}), status=401)
@@ -203,3 +262,99 @@ class LinearOAuth(Linear):
                 return Response(json.dumps({"errors": errors}), status=400)
             return Response(json.dumps({"data": {"organization": self.ORG}}), content_type="application/json")
         return super().handle(request)
+
+    # --- people signing in (actor=user) -------------------------------------------------------
+    SIGNIN_CLIENT = ("signin-client-id", "signin-client-secret")
+
+    def _signin_init(self, server: HTTPServer) -> None:
+        self.clients = {"client-id": "client-secret", self.SIGNIN_CLIENT[0]: self.SIGNIN_CLIENT[1]}
+        self.signed_in = ""  # the person the browser is signed in to Linear as
+        self.refuse_with = ""  # set: the authorize page answers with this `error` instead
+        self.authorized: list[dict[str, str]] = []  # each authorize request's parameters
+        self.user_codes: dict[str, dict[str, str]] = {}
+        self.user_tokens: dict[str, str] = {}  # a person's access token -> their id
+        self.revoked: list[str] = []
+        self.viewers: list[str] = []  # the tokens `viewer` was asked with
+        self.refused_exchanges: list[str] = []
+        server.expect_request("/oauth/authorize", method="GET").respond_with_handler(self.authorize)
+        server.expect_request("/oauth/revoke", method="POST").respond_with_handler(self.revoke)
+
+    def authorize(self, request: Request) -> Response:
+        """Linear's authorize page, as a browser already signed in to Linear (as `signed_in`) sees
+        it after pressing Authorize: straight back to `redirect_uri` with a code, or an `error`."""
+        q = {k: request.args[k] for k in request.args}
+        with self._lock:
+            self.authorized.append(q)
+            wrong = [
+                k
+                for k, ok in (
+                    ("client_id", q.get("client_id") in self.clients),
+                    ("response_type", q.get("response_type") == "code"),
+                    ("actor", q.get("actor", "user") == "user"),
+                    ("scope", q.get("scope") == "read"),
+                    ("code_challenge_method", q.get("code_challenge_method") == "S256"),
+                    ("code_challenge", len(q.get("code_challenge", "")) == 43),
+                    ("redirect_uri", q.get("redirect_uri", "").startswith("http")),
+                )
+                if not ok
+            ]
+            if wrong:
+                return Response(f"bad authorize request: {wrong}", status=400)
+            back = q["redirect_uri"] + "?"
+            if self.refuse_with:
+                return Response(
+                    status=302,
+                    headers={
+                        "Location": back + urlencode({"error": self.refuse_with, "state": q.get("state", "")})
+                    },
+                )
+            code = f"usr-code-{len(self.user_codes) + 1}"
+            self.user_codes[code] = {**q, "person": self.signed_in}
+        return Response(
+            status=302, headers={"Location": back + urlencode({"code": code, "state": q.get("state", "")})}
+        )
+
+    def _user_token(self, form: Any) -> Response:
+        """A person's code: single use, for the client and redirect it was issued to, and only
+        with the verifier whose S256 challenge the authorize request carried (RFC 7636)."""
+        with self._lock:
+            grant = self.user_codes.pop(form.get("code", ""), None)
+            verifier = form.get("code_verifier", "")
+            challenge = (
+                base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+            )
+            if (
+                grant is None
+                or grant["client_id"] != form.get("client_id")
+                or grant["redirect_uri"] != form.get("redirect_uri")
+                or grant["code_challenge"] != challenge
+            ):
+                self.refused_exchanges.append(form.get("code", ""))
+                return _json({"error": "invalid_grant"}, 400)
+            token = f"usr-{len(self.user_tokens) + 1}-{grant['person']}"
+            self.user_tokens[token] = grant["person"]
+        return _json({"access_token": token, "token_type": "Bearer", "expires_in": 86_400, "scope": "read"})
+
+    def revoke(self, request: Request) -> Response:
+        """`/oauth/revoke`: a token in `Authorization: Bearer`, or the form's access_token."""
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ") or request.form.get(
+            "access_token", ""
+        )
+        with self._lock:
+            if self.user_tokens.pop(token, None) is None and token not in self.valid:
+                return _json({"error": "invalid_token"}, 401)
+            self.valid.discard(token)
+            self.revoked.append(token)
+        return Response(status=200)
+
+    def _as_person(self, token: str, body: dict[str, Any]) -> Response:
+        """A person's read-scope token: `viewer` only."""
+        with self._lock:
+            refused = self.checked(body)
+            if refused is not None:
+                return refused
+            if "viewer" not in body["query"]:
+                return _json({"errors": [{"message": "the stand-in answers only viewer to a person"}]}, 400)
+            self.viewers.append(token)
+            who = dict(self.people[self.user_tokens[token]]) if self.people else {}
+        return _json({"data": {"viewer": who}})
