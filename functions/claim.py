@@ -18,6 +18,7 @@ from functions.bodies import ClaimBody
 from functions.telemetry import count
 from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator, routine
 from shared.dispatch import Refused
+from shared.orchestrators import hash_token
 
 
 def claim(call: Call) -> flask.Response:
@@ -29,7 +30,10 @@ def claim(call: Call) -> flask.Response:
     try:
         if body.wait_seconds > 0:
             orch = require_orchestrator(call.request, call.rt)
-            messages = call.service.claim(orch.id, max=body.max, wait_seconds=body.wait_seconds)
+            token_hash = hash_token(bearer(call.request) or "")
+            messages = call.service.claim(
+                orch.id, max=body.max, wait_seconds=body.wait_seconds, token_hash=token_hash
+            )
         else:
             orch, messages = call.service.poll(bearer(call.request) or "", max=body.max)
             note(orchestratorId=orch.id)

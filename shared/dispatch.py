@@ -102,7 +102,14 @@ class Dispatch:
         self._route_after_commit(received.route_ids)
         return received.answer
 
-    def claim(self, orchestrator_id: UUID, *, max: int, wait_seconds: float = 0) -> list[TaskDispatchMessage]:
+    def claim(
+        self,
+        orchestrator_id: UUID,
+        *,
+        max: int,
+        wait_seconds: float = 0,
+        token_hash: bytes | None = None,
+    ) -> list[TaskDispatchMessage]:
         """The poll route's work. With `wait_seconds` it long-polls: it registers for this
         orchestrator's wake-ups on the instance's single LISTEN connection before looking at the
         table (so a NOTIFY between the look and the wait is kept), marks the machine as listening
@@ -132,10 +139,11 @@ class Dispatch:
                     break
                 woken.wait(min(left, RECHECK_SECONDS))
                 woken.clear()
+                if not orchestrators.is_active(self.pool, orchestrator_id, token_hash):
+                    # Revoked while this long-poll waited (the revoke wakes it), or its owner logged
+                    # in again (a new token): it ends, having taken nothing.
+                    raise Refused("unauthorized", "this orchestrator was revoked, or its token replaced")
                 messages = take(HANDOVER_SECONDS)
-                if not messages and not orchestrators.is_active(self.pool, orchestrator_id):
-                    # Revoked while this long-poll waited (the revoke wakes it): end it now.
-                    raise Refused("unauthorized", "this orchestrator was revoked")
         return messages
 
     def poll(self, token: str, *, max: int) -> tuple[Orchestrator, list[TaskDispatchMessage]]:

@@ -119,9 +119,11 @@ def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
     return Revoked(int(moved["moved"]), int(rest["cancelled"]), list(rest["notice_ids"] or []))
 
 
-def is_active(pool: Pool, orchestrator_id: UUID) -> bool:
+def is_active(pool: Pool, orchestrator_id: UUID, token_hash: bytes | None = None) -> bool:
+    """Not revoked, and (with `token_hash`) still this token's machine."""
     with lend(pool) as conn:
-        return conn.execute(query("orchestrator_active"), {"id": orchestrator_id}).fetchone() is not None
+        row = conn.execute(query("orchestrator_active"), {"id": orchestrator_id, "token_hash": token_hash})
+        return row.fetchone() is not None
 
 
 def mark_listening(pool: Pool, orchestrator_id: UUID, seconds: float, margin: float) -> None:

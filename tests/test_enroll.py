@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -319,6 +320,28 @@ def test_logging_in_again_replaces_the_token_and_keeps_the_queued_work(api: Api,
     assert other["orchestratorId"] != first["orchestratorId"] and other["replaced"] is False
     bob = login(api, linear, "u-bob", "laptop")  # the same name, another person: their own machine
     assert bob["orchestratorId"] != first["orchestratorId"] and bob["personName"] == "Bob Builder"
+
+
+def test_a_long_poll_of_the_replaced_token_ends_and_takes_nothing(api: Api, linear: LinearOAuth) -> None:
+    """A long-poll authenticated with the old token, waiting when its owner logs in again: woken by
+    new work, it answers 401 having claimed nothing; the new token takes the work."""
+    import threading
+
+    first = login(api, linear, "u-alice", "laptop")
+    answered: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        answered["r"] = api.post_as(first["token"], "/claim", {"waitSeconds": 15})
+
+    waiter = threading.Thread(target=long_poll)
+    waiter.start()
+    time.sleep(0.5)  # (waiting now)
+    second = login(api, linear, "u-alice", "laptop")
+    api.webhook(issue_event(org=ACME["id"], assignee="u-alice", issue_id="iss-old-poll"))
+    waiter.join(timeout=20)
+    assert answered["r"].status_code == 401 and answered["r"].json()["error"] == "unauthorized"
+    [message] = api.post_as(second["token"], "/claim", {}).json()["messages"]
+    assert message["issue"]["id"] == "iss-old-poll" and message["attempt"] == 1
 
 
 def test_logout_revokes_this_machine_and_its_work_moves(

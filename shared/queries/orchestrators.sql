@@ -61,7 +61,10 @@ FROM locked WHERE o.id = locked.id
 RETURNING o.id, o.revoked_at, pg_notify('devpilot_dispatch', o.id::text) AS woken;
 
 -- name: orchestrator_active
-SELECT id FROM orchestrators WHERE id = %(id)s AND revoked_at IS NULL;
+-- The machine is active, and (with `token_hash`) still holds that token: a long-poll authenticated
+-- before a revoke, or before the machine's owner logged in again (a new token), ends.
+SELECT id FROM orchestrators
+WHERE id = %(id)s AND revoked_at IS NULL AND (%(token_hash)s::bytea IS NULL OR token_hash = %(token_hash)s);
 
 -- name: mark_listening
 -- A long-poll, before its first look at the table: enqueues to this machine NOTIFY until the end of
