@@ -347,31 +347,42 @@ class AckResult:
     notice_ids: list[UUID]  # the `delivered` Linear notices the same statement wrote
 
 
-def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> AckResult:
+def ack_many(
+    pool: Pool, orchestrator_id: UUID, items: list[AckItem], public_url: str | None = None
+) -> AckResult:
     """Deliver: delete each row and mark its session `delivered`, only if the token is the row's
     latest claim. Every write is in one statement (autocommit, so one transaction); only items that
-    missed are then explained, read-only. Repeating a successful ack answers `acked` again."""
+    missed are then explained, read-only. Repeating a successful ack answers `acked` again.
+    `public_url` (DEVPILOT_PUBLIC_URL): the base of the session pages Linear links to."""
     with lend(pool) as conn:
         rows = conn.execute(
-            query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items)}
+            query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items, public_url)}
         ).fetchall()
         return _ack_result(conn, orchestrator_id, items, rows)
 
 
-def ack_as(pool: Pool, token_hash: bytes, items: list[AckItem]) -> tuple[Orchestrator, AckResult] | None:
+def ack_as(
+    pool: Pool, token_hash: bytes, items: list[AckItem], public_url: str | None = None
+) -> tuple[Orchestrator, AckResult] | None:
     """The ack route in one statement (`ack_as` in queue.sql): the active machine holding this token
     hash, marked seen, and `ack_many`'s work for it. None when the hash is no active machine's
     (nothing is acked then). One round trip for an ack that lands."""
     with lend(pool) as conn:
-        rows = conn.execute(query("ack_as"), {"token_hash": token_hash, **_ack_params(items)}).fetchall()
+        rows = conn.execute(
+            query("ack_as"), {"token_hash": token_hash, **_ack_params(items, public_url)}
+        ).fetchall()
         if not rows:
             return None
         caller = _caller(rows[0])
         return caller, _ack_result(conn, caller.id, items, [r for r in rows if r["queue_id"] is not None])
 
 
-def _ack_params(items: list[AckItem]) -> dict[str, Any]:
-    return {"queue_ids": [i.queue_id for i in items], "claim_tokens": [i.claim_token for i in items]}
+def _ack_params(items: list[AckItem], public_url: str | None) -> dict[str, Any]:
+    return {
+        "queue_ids": [i.queue_id for i in items],
+        "claim_tokens": [i.claim_token for i in items],
+        "public_url": public_url.rstrip("/") if public_url else None,
+    }
 
 
 def _ack_result(conn: Conn, orchestrator_id: UUID, items: list[AckItem], rows: list[DictRow]) -> AckResult:
