@@ -17,8 +17,6 @@ from functions.dashboard import page
 from shared.notices import ACTIVITY_TYPE
 from shared.sessions import Page
 
-INFINITY_YEAR = 9000  # psycopg reads Postgres' 'infinity' as datetime.max: a post given up
-
 
 def _t(value: datetime | None) -> str:
     if value is None:
@@ -48,11 +46,11 @@ def _attempts(message: dict[str, Any], failed: list[dict[str, Any]]) -> str:
 def _post_state(p: dict[str, Any]) -> str:
     if p["sent_at"] is not None:
         return f'<span class="ok">sent {_t(p["sent_at"])}</span>'
-    if p["available_at"] is not None and p["available_at"].year >= INFINITY_YEAR:
+    if p["given_up"]:
         return f'<span class="bad gave-up">given up after {p["attempts"]} attempt(s): {escape(p["last_error"] or "")}</span>'
     if p["last_error"]:
         return (
-            f'<span class="bad retrying">failed {p["attempts"]} time(s), retrying {_t(p["available_at"])}: '
+            f'<span class="bad retrying">failed {p["attempts"]} time(s), retrying {_t(p["next_at"])}: '
             f"{escape(p['last_error'])}</span>"
         )
     return "queued"

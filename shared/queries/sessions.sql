@@ -46,10 +46,13 @@ ORDER BY session_id, id;
 -- name: session_posts
 -- What was posted to Linear (or waits) for the conversation, in the order accepted: the agent
 -- session's posts (and those under a plain assignment's alias), and the issue's own (state,
--- delegate) written for its sessions. At most 1,000, the newest.
+-- delegate) written for its sessions; `given_up` past the attempt limit (available_at is
+-- 'infinity', which no client datetime holds). At most 1,000, the newest.
 SELECT * FROM (
     SELECT n.id, n.kind, n.body, n.content, n.created_at, n.sent_at, n.attempts, n.last_error,
-           n.available_at, n.linear_id, n.orchestrator_id IS NOT NULL AS by_agent, n.seq
+           n.available_at = 'infinity' AS given_up,
+           CASE WHEN n.available_at < 'infinity' THEN n.available_at END AS next_at,
+           n.linear_id, n.orchestrator_id IS NOT NULL AS by_agent, n.seq
     FROM linear_notices n
     WHERE n.org_id = %(org_id)s
       AND (n.agent_session_id = ANY(%(agent_sessions)s::text[]) OR n.session_id = ANY(%(ids)s::uuid[]))
