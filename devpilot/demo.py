@@ -55,7 +55,9 @@ if os.environ.get("DEVPILOT_AGENT_SESSION_ID"):
 
 
 class StandInLinear:
-    """Linear's GraphQL endpoint, as far as the demo needs it: records each agent activity."""
+    """Linear's GraphQL endpoint, as far as the demo needs it: records each agent activity, and
+    answers the rest of what the service sends (the issue's state and delegate, which it reads
+    before moving the issue to started; those updates) as a Linear that accepts them."""
 
     def __init__(self) -> None:
         self.activities: list[dict[str, Any]] = []
@@ -64,10 +66,18 @@ class StandInLinear:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                entity = "agentActivity" if "agentActivityCreate" in body["query"] else "comment"
-                calls.append(body["variables"]["input"])
-                key = f"{entity}Create" if entity == "comment" else "agentActivityCreate"
-                answer = {"data": {key: {"success": True, entity: {"id": f"demo-{len(calls)}"}}}}
+                query = body["query"]
+                if "agentActivityCreate" in query or "commentCreate" in query:
+                    entity = "agentActivity" if "agentActivityCreate" in query else "comment"
+                    calls.append(body["variables"]["input"])
+                    key = f"{entity}Create" if entity == "comment" else "agentActivityCreate"
+                    answer = {"data": {key: {"success": True, entity: {"id": f"demo-{len(calls)}"}}}}
+                elif "issue(id" in query:  # a read: an issue in progress already, with a delegate
+                    issue = {"id": body["variables"]["id"], "state": {"id": "s", "type": "started"}}
+                    answer = {"data": {"issue": {**issue, "delegate": {"id": "someone"}}}}
+                else:  # agentSessionUpdate, issueUpdate: accepted
+                    key = "agentSessionUpdate" if "agentSessionUpdate" in query else "issueUpdate"
+                    answer = {"data": {key: {"success": True}}}
                 data = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

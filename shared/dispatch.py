@@ -203,6 +203,11 @@ class Dispatch:
             row = tx.one(query("alias_session"), {**params, "session_id": session_id})
             if row is None:
                 raise Refused("not_found", "no agent session of yours by that id")
+            if row["agent_session_id"] is None and not row["opening"]:
+                raise Refused(
+                    "linear_not_connected",
+                    "this workspace has not installed the Linear app, so this assignment has no agent session",
+                )
             params["agent_session_id"] = row["agent_session_id"] or agent_session_id
             known = True
         rights = tx.one(query("activity_rights"), params)

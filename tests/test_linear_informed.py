@@ -273,3 +273,18 @@ def test_a_refusal_never_holds_back_the_delivery_or_the_other_posts(api: Api, ap
     assert (
         page.count("given up after 2 attempt(s)") == 4 and "issueUpdate is not allowed for this app" in page
     )
+
+
+def test_without_the_app_a_plain_assignment_opens_no_agent_session(api: Api, linear: Linear) -> None:
+    """A workspace connected with a static token (no app user): nothing opened, and the machine is
+    told so (409) instead of its replies piling up unsent."""
+    orch, token = api.register(user="user-1", name="alice-laptop")
+    api.webhook(issue_event(issue_id="issue-static", assignee="user-1"))
+    m = deliver(api, token)
+    alias = f"devpilot:{m['sessionId']}"
+    said = {"agentSessionId": alias, "content": {"type": "response", "body": "Finished."}}
+    r = api.post_as(agent_tokens.mint(token, orch, alias), "/activities", said)
+    assert r.status_code == 409 and r.json()["error"] == "linear_not_connected"
+    assert [p["kind"] for p in posts(api)] == ["issue_started"]  # the issue is still started
+    _, stranger = api.register(user="user-2", name="bob-laptop")  # and nobody else may use the name
+    assert api.post_as(stranger, "/activities", {**said, "agentSessionId": alias}).status_code == 404

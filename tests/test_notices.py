@@ -36,7 +36,7 @@ def store_token(api: Api, org: str = "org-a") -> None:
 
 def notices(api: Api) -> list[dict[str, Any]]:
     with api.pool.connection() as conn:
-        return [dict(r) for r in conn.execute("SELECT * FROM linear_notices ORDER BY created_at")]
+        return [dict(r) for r in conn.execute("SELECT * FROM linear_notices ORDER BY seq")]
 
 
 def test_agent_session_hears_back_within_seconds(api: Api, httpserver: HTTPServer) -> None:

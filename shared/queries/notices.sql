@@ -141,8 +141,11 @@ RETURNING id;
 
 -- name: alias_session
 -- The plain assignment an alias `devpilot:<sessionId>` names, for the machine it was delivered to:
--- the agent session Linear gave it once opened (NULL until then). No row: not this machine's.
-SELECT s.agent_session_id
+-- the agent session Linear gave it once opened (NULL until then), and whether one is being opened
+-- (a workspace without the app opens none). No row: not this machine's.
+SELECT s.agent_session_id,
+       EXISTS (SELECT 1 FROM linear_notices n
+               WHERE n.agent_session_id = 'devpilot:' || s.id::text AND n.kind = 'session_create') AS opening
 FROM dispatch_sessions s
 WHERE s.id = %(session_id)s AND s.org_id = %(org_id)s AND s.orchestrator_id = %(orchestrator_id)s
   AND s.status = 'delivered' AND s.kind = 'start' AND (s.agent_session_id IS NULL OR s.agent_session_created);
