@@ -278,6 +278,9 @@ def test_admin_routes_cli_csrf_and_404(
     assert queued["orchestratorId"] == laptop
     r = api.http.post(f"/sessions/{sid}/move", json={"orchestratorId": laptop}, headers=api.admin())
     assert r.status_code == 409 and r.json()["error"] == "not_allowed"  # where it is already
+    bobs, _ = api.register(user="bob", name="bob-laptop")
+    r = api.http.post(f"/sessions/{sid}/move", json={"orchestratorId": bobs}, headers=api.admin())
+    assert r.status_code == 409 and r.json()["error"] == "not_allowed"  # only to the same user's machines
     for path in (f"/sessions/{sid}/retry", f"/sessions/{sid}/cancel", f"/sessions/{sid}/move"):
         assert api.http.get(path, headers=api.admin()).status_code == 405  # a GET changes nothing
     r = api.http.post(f"/sessions/{sid}/retry", headers=api.admin())
@@ -364,3 +367,22 @@ def test_admin_routes_cli_csrf_and_404(
     )  # by agent session id
     found = api.http.get("/sessions", params={"q": "ALICE-DESKTOP"}, headers=api.admin())
     assert found.text.count('<a href="/sessions/') == 1 and sid in found.text  # by machine (moved there)
+
+
+def test_retry_routes_a_start_again_when_its_machine_was_revoked(api: Api, linear: Linear) -> None:
+    desktop, _ = api.register(user="creator-1", name="alice-desktop")
+    laptop, token = api.register(user="creator-1", name="alice-laptop")
+    api.webhook(agent_session_event(creator="creator-1", session_id="as-revoked"))
+    dead = dead_letter(api, token, "laptop stolen")
+    assert dead["orchestratorId"] == laptop
+    assert api.http.post(f"/orchestrators/{laptop}/revoke", headers=api.admin()).status_code == 200
+    r = api.http.post(f"/sessions/{dead['sessionId']}/retry", headers=api.admin())
+    assert r.status_code == 200 and r.json()["detail"] == "queued again on alice-desktop"
+    with api.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT s.orchestrator_id, q.attempts, q.message_id FROM dispatch_sessions s"
+            " JOIN dispatch_queue q ON q.session_id = s.id WHERE s.id = %s",
+            (dead["sessionId"],),
+        ).fetchone()
+    assert row is not None and (str(row["orchestrator_id"]), row["attempts"]) == (desktop, 0)
+    assert str(row["message_id"]) == dead["messageId"]
