@@ -56,6 +56,7 @@ def enqueue_dispatch(
     now: datetime | None = None,
     delivery_key: str | None = None,
     notice_queued: bool = False,
+    speaks_as: str | None = None,
 ) -> Enqueued:
     """Create a `queued` session and queue its message for the orchestrator, in one statement of
     the caller's transaction. `tx` is required and must be open: there is no way to write a session
@@ -66,7 +67,10 @@ def enqueue_dispatch(
     have committed while this statement waited for it). `delivery_key`: the webhook delivery this
     message answers (the intake's), recorded as dispatched to the new session by the same statement;
     with it, `notice_queued` (an agent session's start) also writes Linear's "Queued for <machine>"
-    notice in that statement, for an org Linear is told about (`Enqueued.notice_id`)."""
+    notice in that statement, for an org Linear is told about (`Enqueued.notice_id`). `speaks_as`:
+    the agent session's name in the message the machine gets, when the machine knows it by another
+    (the alias of an agent session devpilot opened for a plain assignment); the queue's order and
+    the session stay the agent session's."""
     tx = require_tx(tx, "enqueue_dispatch")
     if not isinstance(message, DispatchPayload):
         raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
@@ -80,10 +84,14 @@ def enqueue_dispatch(
         name = "enqueue_start_for_delivery"
     else:
         name = "enqueue_for_delivery"
+    params = _session_params(message, session_id, now)
+    if speaks_as is not None:
+        payload = message.model_copy(update={"agent_session_id": speaks_as})
+        params["payload"] = Jsonb(payload.model_dump(mode="json", by_alias=True))
     row = tx.one(
         query(name),
         {
-            **_session_params(message, session_id, now),
+            **params,
             "org_id": org_id,
             "orchestrator_id": orchestrator_id,
             "linear_user_id": linear_user_id,

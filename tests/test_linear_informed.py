@@ -288,3 +288,49 @@ def test_without_the_app_a_plain_assignment_opens_no_agent_session(api: Api, lin
     assert [p["kind"] for p in posts(api)] == ["issue_started"]  # the issue is still started
     _, stranger = api.register(user="user-2", name="bob-laptop")  # and nobody else may use the name
     assert api.post_as(stranger, "/activities", {**said, "agentSessionId": alias}).status_code == 404
+
+
+def test_a_stop_in_the_agent_session_opened_for_an_assignment_stops_its_agent(
+    api: Api, app: Linear, tmp_path: Path
+) -> None:
+    """The stop button of the agent session devpilot opened for a plain assignment works as for a
+    delegation: the machine's running COMMAND for that assignment is ended, and Linear hears it."""
+    from tests.test_machine_conversations import COMMAND, starts
+    from tests.test_orchestrator import Orch, wait_for
+
+    _, token = api.register(user="user-1", name="alice-laptop")
+    machine = Orch(api.url, token, tmp_path, extra=["--stop-grace", "2"], command=COMMAND)
+    machine.start()
+    try:
+        event = issue_event(issue_id="issue-stop", assignee="user-1")
+        event["data"]["title"] = "[sleep] the long migration"
+        api.webhook(event)
+        wait_for(lambda: app.sessions and starts(machine), 30, "the agent session opened and COMMAND started")
+        [agent] = app.sessions
+        [started] = starts(machine)
+        assert started["env"]["DEVPILOT_AGENT_SESSION_ID"].startswith("devpilot:")
+        r = api.webhook(
+            agent_session_event(action="prompted", session_id=agent, signal="stop", issue_id="issue-stop")
+        )
+        assert r.json()["status"] == "stopped" and r.json()["stopSessionId"]
+
+        def said_stopped() -> bool:
+            return ("response", "Stopped, as asked in Linear.") in [
+                (a["content"]["type"], a["content"].get("body"))
+                for a in app.activities()
+                if a["agentSessionId"] == agent
+            ]
+
+        wait_for(said_stopped, 30, "Linear told, in the agent session devpilot opened")
+
+        def gone() -> bool:
+            try:
+                os.kill(started["pid"], 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for(gone, 10, "the assignment's COMMAND ended")
+        assert len(starts(machine)) == 1  # the stop started no COMMAND of its own
+    finally:
+        machine.stop()
