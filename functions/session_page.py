@@ -97,6 +97,8 @@ def _buttons(data: Page, who: Viewer) -> str:
 def render(data: Page, who: Viewer, message: str = "") -> str:
     s = data.session
     title = s["issue_identifier"] or str(s["id"])
+    # The issue's title travels in the message: known while it is queued or dead-lettered.
+    named = ((s["live_payload"] or s["dead_payload"] or {}).get("issue") or {}).get("title") or ""
     revoked = " (revoked)" if s["machine_revoked_at"] else ""
     agent = escape(s["agent_session_id"] or "none (a plain assignment)")
     if s["agent_session_created"]:
@@ -108,7 +110,7 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
         else ""
     )
     info = f"""<table id="session">
-<tr><th>issue</th><td id="issue">{escape(s["issue_identifier"] or "")} <span class="muted">{escape(s["issue_id"] or "")}</span></td></tr>
+<tr><th>issue</th><td id="issue">{escape(s["issue_identifier"] or "")} {escape(named)} <span class="muted">{escape(s["issue_id"] or "")}</span></td></tr>
 <tr><th>workspace</th><td>{escape(s["workspace_name"] or s["org_id"])}</td></tr>
 <tr><th>machine</th><td id="machine">{escape(s["machine"])}{revoked}</td></tr>
 <tr><th>agent session</th><td id="agent-session">{agent}</td></tr>

@@ -202,6 +202,7 @@ def test_retry_of_a_dead_letter_from_the_page_ends_delivered_by_the_machine(
         sign_in(browser, api)
         browser.get(f"{api.url}/sessions/{m['sessionId']}")
         assert "the machine crashed" in text_of(browser, "#dead-letter")
+        assert "Agent task" in text_of(browser, "#issue")  # its title, from the dead letter's message
         browser.find_element(by("ID"), "retry").click()
         wait_for(lambda: status(api, m["sessionId"]) == "delivered", 30, "the retried message delivered")
         browser.get(f"{api.url}/sessions/{m['sessionId']}")
