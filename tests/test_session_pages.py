@@ -87,7 +87,13 @@ def sign_in(driver: Any, api: Api) -> None:
 
 
 def text_of(driver: Any, css: str) -> str:
-    return str(driver.find_element(by("CSS_SELECTOR"), css).text)
+    """The element's text; empty while the page it was on is being replaced (after a form post)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(driver.find_element(by("CSS_SELECTOR"), css).text)
+    except (StaleElementReferenceException, NoSuchElementException):
+        return ""
 
 
 def deliver(api: Api, token: str) -> dict[str, Any]:
