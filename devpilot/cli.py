@@ -1,4 +1,4 @@
-"""`devpilot` console script: migrate, serve, sweep."""
+"""`devpilot` console script: migrate, serve, status, sessions, linear-token, demo."""
 
 from __future__ import annotations
 
@@ -63,6 +63,52 @@ def _cmd_linear_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sessions(args: argparse.Namespace) -> int:
+    """`devpilot sessions retry|cancel|move ID [--to MACHINE]`: an operator's action on a session,
+    as the page's buttons and the admin routes do it (one transaction, recorded as done by this
+    user on this host), then what Linear hears is posted."""
+    import getpass
+    import socket
+    from uuid import UUID
+
+    from shared import sessions
+    from shared.db import open_pool
+    from shared.dispatch import Dispatch
+
+    try:
+        session_id = UUID(args.session_id)
+    except ValueError:
+        print(f"devpilot sessions: {args.session_id!r} is not a session id", file=sys.stderr)
+        return 2
+    if (args.action == "move") != (args.to is not None):
+        print("devpilot sessions: --to MACHINE goes with move, and only with it", file=sys.stderr)
+        return 2
+    settings = load_settings()
+    db = resolve(settings.database_url)
+    pool = open_pool(db.url, settings, max_size=2)
+    service = Dispatch(pool, settings)
+    try:
+        target = sessions.machine_named(pool, args.to) if args.to else None
+        acted = service.act_on_session(
+            session_id, args.action, f"cli {getpass.getuser()}@{socket.gethostname()}", target
+        )
+        if acted.notice_ids:  # Linear hears it before the process ends (the sweep would send it later)
+            from shared import notices
+
+            notices.send_pending(pool, settings, ids=acted.notice_ids)
+    except sessions.NotFound:
+        print(f"devpilot sessions: no session {session_id}", file=sys.stderr)
+        return 1
+    except sessions.NotAllowed as exc:
+        print(f"devpilot sessions: not allowed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        service.close()
+        pool.close()
+    print(f"{session_id}: {acted.detail} ({acted.status})")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from devpilot.demo import run_demo
 
@@ -95,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("linear-token", help="store an org's Linear app access token (read from stdin)")
     p.add_argument("org_id")
     p.set_defaults(func=_cmd_linear_token)
+
+    p = sub.add_parser("sessions", help="act on a session as an operator: retry, cancel or move it")
+    p.add_argument("action", choices=["retry", "cancel", "move"])
+    p.add_argument("session_id", metavar="ID")
+    p.add_argument("--to", metavar="MACHINE", help="move: the machine (its name or id) to move it to")
+    p.set_defaults(func=_cmd_sessions)
 
     p = sub.add_parser("demo", help="the whole loop in under 30 s on an embedded database, then clean up")
     p.set_defaults(func=_cmd_demo)

@@ -75,7 +75,9 @@ PERSON = {
 class StandInLinear:
     """Linear, as far as the demo needs it: the OAuth authorize page (a browser already signed in as
     Dana Demo, who presses Authorize), the token endpoint (with PKCE for a person's sign-in), token
-    revocation, and GraphQL: the workspace, `viewer`, and each agent activity (recorded)."""
+    revocation, and GraphQL: the workspace and the app user at install, `viewer`, each agent
+    activity (recorded), and the rest of what the service sends (the issue's state and delegate,
+    read before it moves the issue to started; those updates) as a Linear that accepts them."""
 
     def __init__(self) -> None:
         self.activities: list[dict[str, Any]] = []
@@ -129,14 +131,22 @@ class StandInLinear:
                     )
                 body = json.loads(raw)
                 query = body["query"]
-                if "viewer" in query:
+                if "DevpilotOrganization" in query:  # the install: the workspace and the app user
+                    return self._send(200, {"data": {"organization": ORG, "viewer": {"id": "demo-app-user"}}})
+                if "viewer" in query:  # a person's sign-in
                     return self._send(200, {"data": {"viewer": PERSON}})
-                if "organization" in query and "Create" not in query:
-                    return self._send(200, {"data": {"organization": ORG}})
-                entity = "agentActivity" if "agentActivityCreate" in query else "comment"
-                calls.append(body["variables"]["input"])
-                key = f"{entity}Create" if entity == "comment" else "agentActivityCreate"
-                self._send(200, {"data": {key: {"success": True, entity: {"id": f"demo-{len(calls)}"}}}})
+                if "agentActivityCreate" in query or "commentCreate" in query:
+                    entity = "agentActivity" if "agentActivityCreate" in query else "comment"
+                    calls.append(body["variables"]["input"])
+                    key = f"{entity}Create" if entity == "comment" else "agentActivityCreate"
+                    return self._send(
+                        200, {"data": {key: {"success": True, entity: {"id": f"demo-{len(calls)}"}}}}
+                    )
+                if "issue(id" in query:  # a read: an issue in progress already, with a delegate
+                    issue = {"id": body["variables"]["id"], "state": {"id": "s", "type": "started"}}
+                    return self._send(200, {"data": {"issue": {**issue, "delegate": {"id": "someone"}}}})
+                key = "agentSessionUpdate" if "agentSessionUpdate" in query else "issueUpdate"
+                self._send(200, {"data": {key: {"success": True}}})  # (those updates: accepted)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -172,3 +172,21 @@ class EnrollTokenBody(Body):
     enroll_id: StrictStr = Field(alias="enrollId", min_length=1, max_length=100)
     code_verifier: StrictStr = Field(alias="codeVerifier", pattern=PKCE)
     code: StrictStr | None = Field(default=None, min_length=1, max_length=200)
+
+
+class PlanStep(Body):
+    """One step of the agent's plan, as Linear shows it (agent-interaction, "Agent plans")."""
+
+    content: StrictStr = Field(min_length=1, max_length=2000)
+    status: Literal["pending", "inProgress", "completed", "canceled"]
+
+
+class PlanBody(Body):
+    """The agent's whole plan: it replaces the one before (Linear keeps no partial updates)."""
+
+    agent_session_id: StrictStr = Field(alias="agentSessionId", min_length=1, max_length=200)
+    plan: list[PlanStep] = Field(min_length=1, max_length=100)
+
+
+class MoveBody(Body):
+    orchestrator_id: StrictStr = Field(alias="orchestratorId", min_length=1, max_length=100)

@@ -15,7 +15,7 @@ import hmac
 import secrets
 from html import escape
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import flask
 
@@ -42,6 +42,11 @@ def _one(rt: Runtime, name: str, params: dict[str, Any]) -> Any:
         return conn.execute(query(name), params).fetchone()
 
 
+def session_valid(rt: Runtime, cookie: str) -> bool:
+    """A dashboard session that was started by a login and has not ended or expired."""
+    return _one(rt, "dashboard_session_valid", {"token_hash": _hash(cookie)}) is not None
+
+
 def _authorised(request: flask.Request, rt: Runtime) -> bool:
     token = rt.settings.admin_token
     if not token:
@@ -50,10 +55,11 @@ def _authorised(request: flask.Request, rt: Runtime) -> bool:
     if given is not None:
         return hmac.compare_digest(given.encode(), token.encode())
     cookie = request.cookies.get(COOKIE, "")
-    return bool(cookie) and _one(rt, "dashboard_session_valid", {"token_hash": _hash(cookie)}) is not None
+    return bool(cookie) and session_valid(rt, cookie)
 
 
-def _page(title: str, body: str, refresh: bool = False) -> str:
+def page(title: str, body: str, refresh: bool = False) -> str:
+    """A whole HTML page in the operators' style (the dashboard, the session pages)."""
     meta = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if refresh else ""
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">{meta}
 <title>{escape(title)}</title><style>
@@ -61,12 +67,14 @@ body{{font:14px system-ui,sans-serif;margin:24px;color:#1d1d1f}} h1{{font-size:2
 table{{border-collapse:collapse}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}
 th{{background:#f4f4f6}} .num{{text-align:right}} .bad{{color:#b00020}} .muted{{color:#777}}
 .cards span{{display:inline-block;margin-right:18px;padding:8px 12px;background:#f4f4f6;border-radius:6px}}
+.ok{{color:#1a7f37}} .columns{{display:flex;gap:28px;align-items:flex-start;flex-wrap:wrap}} td ul{{margin:0;padding-left:16px}}
+.actions form{{display:inline-block;margin:8px 12px 8px 0}} #session th{{width:120px}}
 </style></head><body>{body}</body></html>"""
 
 
 def login_page(message: str = "") -> str:
     note = f'<p class="bad">{escape(message)}</p>' if message else ""
-    return _page(
+    return page(
         "devpilot — sign in",
         f"""<h1>devpilot dispatch</h1>{note}
 <form method="post" action="/dashboard/login"><label>Admin token
@@ -119,7 +127,8 @@ def render(snap: Snapshot) -> str:
         for k in ("queued", "delivered", "failed", "cancelled")
     )
     rows = "".join(
-        f'<tr data-orchestrator="{escape(o.id)}"><td>{escape(o.name)}</td><td>{escape(o.org_id)}</td>'
+        f'<tr data-orchestrator="{escape(o.id)}"><td><a href="/sessions?q={quote(o.name)}">{escape(o.name)}</a></td>'
+        f"<td>{escape(o.org_id)}</td>"
         f'<td>{escape(o.linear_user_id)}</td><td class="num queued">{o.queued}</td>'
         f'<td class="num claimed">{o.claimed}</td><td class="num">{format_age(o.oldest_due_s)}</td>'
         f'<td class="num">{o.attempts}</td>'
@@ -129,7 +138,8 @@ def render(snap: Snapshot) -> str:
     )
     failed = (
         "".join(
-            f'<tr><td>{escape(f["issue_identifier"] or "")}</td><td class="bad">{escape(f["failure_reason"] or "")}</td>'
+            f'<tr><td><a href="/sessions/{escape(str(f["id"]))}">{escape(f["issue_identifier"] or str(f["id"]))}</a></td>'
+            f'<td class="bad">{escape(f["failure_reason"] or "")}</td>'
             f"<td>{escape(f['updated_at'].isoformat(timespec='seconds'))}</td></tr>"
             for f in snap.failed
         )
@@ -158,11 +168,13 @@ def render(snap: Snapshot) -> str:
         if sw
         else "the sweep has not run yet"
     )
-    return _page(
+    return page(
         "devpilot — dispatch",
         f"""<h1>devpilot dispatch</h1>
 <p class="muted">as of {escape(snap.taken_at.isoformat(timespec="seconds"))}; refreshes every {REFRESH_SECONDS} s</p>
 <div class="cards">{cards}</div>
+<form method="get" action="/sessions"><input name="q" id="q" placeholder="ENG-123, agent session id or machine">
+<button type="submit" id="find">Find sessions</button></form>
 <h2>Orchestrators</h2><table id="orchestrators"><tr><th>machine</th><th>org</th><th>Linear user</th>
 <th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th></tr>{rows}</table>
 <h2>Last hour</h2>{_chart(snap.history)}
@@ -173,9 +185,12 @@ def render(snap: Snapshot) -> str:
     )
 
 
-def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> flask.Response:
+def html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> flask.Response:
+    """An HTML answer as every operators' page sends it: never stored, no referrer, no script,
+    forms only to this service, never framed."""
     resp = flask.Response(body, status=status, mimetype="text/html")
     resp.headers["Cache-Control"] = "no-store"
+    resp.headers["Referrer-Policy"] = "no-referrer"
     resp.headers["Content-Security-Policy"] = (
         "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
     )
@@ -185,7 +200,7 @@ def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 def login_form(call: Call) -> flask.Response:
-    return _html(login_page())
+    return html(login_page())
 
 
 def login(call: Call) -> flask.Response:
@@ -195,7 +210,7 @@ def login(call: Call) -> flask.Response:
         "window": LOGIN_WINDOW_SECONDS,
     }
     if _one(call.rt, "dashboard_login_blocked", client) is not None:
-        return _html(
+        return html(
             login_page("too many wrong tokens; try again later"),
             429,
             {"Retry-After": str(LOGIN_WINDOW_SECONDS)},
@@ -206,21 +221,21 @@ def login(call: Call) -> flask.Response:
     if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
         with lend(call.rt.pool) as conn:
             conn.execute(query("dashboard_login_failed"), client)
-        return _html(login_page("wrong token"), 401)
+        return html(login_page("wrong token"), 401)
     session = secrets.token_urlsafe(32)
     with lend(call.rt.pool) as conn:
         conn.execute(
             query("dashboard_session_create"), {"token_hash": _hash(session), "seconds": SESSION_SECONDS}
         )
         conn.execute(query("dashboard_login_ok"), client)
-    resp = _html("", 303, {"Location": "/dashboard"})
+    resp = html("", 303, {"Location": "/dashboard"})
     resp.set_cookie(
         COOKIE,
         session,
         secure=True,
         httponly=True,
         samesite="Strict",
-        path="/dashboard",
+        path="/",  # the dashboard and the session pages
         max_age=SESSION_SECONDS,
     )
     return resp
@@ -231,8 +246,8 @@ def logout(call: Call) -> flask.Response:
     if cookie:
         with lend(call.rt.pool) as conn:
             conn.execute(query("dashboard_session_end"), {"token_hash": _hash(cookie)})
-    resp = _html("", 303, {"Location": "/dashboard/login"})
-    resp.delete_cookie(COOKIE, path="/dashboard")
+    resp = html("", 303, {"Location": "/dashboard/login"})
+    resp.delete_cookie(COOKIE, path="/")
     return resp
 
 
@@ -240,5 +255,5 @@ def dashboard(call: Call) -> flask.Response:
     if not _authorised(call.request, call.rt):
         if bearer(call.request) is not None:
             require_admin(call.request, call.rt)  # a wrong bearer gets the JSON 401 like every route
-        return _html(login_page(), 401)
-    return _html(render(snapshot(call.rt.pool)))
+        return html(login_page(), 401)
+    return html(render(snapshot(call.rt.pool)))

@@ -102,6 +102,18 @@ ROUTES: tuple[Route, ...] = (
             Endpoint("/logout", ("POST",), "public", "logout"),
         ),
     ),
+    one("plan", "/plan", ("POST",), "agent"),
+    Route(
+        "sessions",
+        "/sessions",
+        (
+            Endpoint("", ("GET",), "dashboard", "search"),
+            Endpoint("/<uuid:session_id>", ("GET",), "dashboard", "show"),
+            Endpoint("/<uuid:session_id>/retry", ("POST",), "dashboard", "retry"),
+            Endpoint("/<uuid:session_id>/cancel", ("POST",), "dashboard", "cancel"),
+            Endpoint("/<uuid:session_id>/move", ("POST",), "dashboard", "move"),
+        ),
+    ),
     Route(
         "enroll",
         "/enroll",

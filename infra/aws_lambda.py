@@ -93,6 +93,7 @@ ENDPOINT_NAMES = {
     "release": "release",
     "activities": "activities",
     "realtimeToken": "realtime_token",
+    "plan": "plan",
 }
 
 
@@ -427,6 +428,7 @@ def main(
             "release": "release",
             "activities": "activities",
             "realtimeToken": "realtime-token",
+            "plan": "plan",
         }
         endpoints = {name: urls["api"].rstrip("/") + "/" + path for name, path in paths.items()}
     else:

@@ -64,6 +64,16 @@ def request_text(m: dict[str, Any]) -> str:
     )
 
 
+def speaks_in(m: dict[str, Any]) -> str | None:
+    """Where the agent's replies to this message go: its agent session, or, for a plain assignment
+    (a start without one), `devpilot:<sessionId>`, the agent session the service opens in Linear
+    for it once delivered (the service holds the replies until Linear has named it)."""
+    agent = m.get("agentSessionId")
+    if agent:
+        return str(agent)
+    return f"devpilot:{m['sessionId']}" if m.get("kind", "start") == "start" and m.get("sessionId") else None
+
+
 def is_uuid(value: object) -> bool:
     if not isinstance(value, str) or len(value) != 36:
         return False
@@ -403,13 +413,15 @@ class Orchestrator:
         }
         if repository.get("fullName"):
             own["DEVPILOT_REPOSITORY"] = str(repository["fullName"])
-        agent = m.get("agentSessionId")
+        agent = speaks_in(m)
         if agent:
-            # What `devpilot-orchestrator activity` needs to speak in this agent session, and only it.
+            # What `devpilot-orchestrator activity` and `plan` need to speak in this agent session,
+            # and only it.
             own.update(
                 {
                     "DEVPILOT_AGENT_SESSION_ID": agent,
                     "DEVPILOT_ACTIVITIES_URL": self.api.endpoints.get("activities", ""),
+                    "DEVPILOT_PLAN_URL": self.api.endpoints.get("plan", ""),
                     "DEVPILOT_AGENT_TOKEN": agent_tokens.mint(self.cfg.token, m["orchestratorId"], agent),
                 }
             )
@@ -435,9 +447,10 @@ class Orchestrator:
         key = conversation_key(m)
         messages = [e.message for e in self.journal.in_conversation(key)]
         activities: list[dict[str, Any]] | None = []
-        if m.get("agentSessionId"):
+        agent = speaks_in(m)
+        if agent:
             try:
-                activities = self.api.activities(m["agentSessionId"])
+                activities = self.api.activities(agent)
             except (Unreachable, Rejected) as exc:
                 self.log("transcript", f"activities not read ({exc}); the transcript keeps the last ones")
                 activities = None
@@ -500,7 +513,7 @@ class Orchestrator:
         m, mid = run.message, run.message["messageId"]
         last = self._said(mid)
         waiting = bool(self.conversations.pending(run.conv))
-        if m.get("agentSessionId") and last not in FINAL:
+        if speaks_in(m) and last not in FINAL:
             if code != 0:
                 tail = commands.tail(self.cfg.state_dir / "logs" / f"{mid}.stderr")
                 self._post_activity(
@@ -548,7 +561,7 @@ class Orchestrator:
         return pids
 
     def _post_activity(self, m: dict[str, Any], content: dict[str, Any], key: str) -> None:
-        agent_session_id = m.get("agentSessionId")
+        agent_session_id = speaks_in(m)
         if not agent_session_id:
             return
         # Stable for this message and purpose (said once, even when posted again after a restart),

@@ -151,12 +151,69 @@ def activity(argv: Sequence[str]) -> int:
     return 0
 
 
+PLAN_STATUSES = ("pending", "inProgress", "completed", "canceled")
+
+
+def plan(argv: Sequence[str]) -> int:
+    """`devpilot-orchestrator plan --step TEXT[:STATUS]... | --file JSON`, run by the agent COMMAND:
+    replace its agent session's plan in Linear (each step pending, inProgress, completed or
+    canceled; pending when no status is given) through the service, with the token scoped to that
+    session that the orchestrator put in COMMAND's environment."""
+    p = argparse.ArgumentParser(prog="devpilot-orchestrator plan", description=plan.__doc__)
+    p.add_argument("--step", action="append", metavar="TEXT[:STATUS]", help="a step, in order (repeatable)")
+    p.add_argument(
+        "--file", type=Path, help='the plan as JSON: [{"content": TEXT, "status": STATUS}, ...] ("-": stdin)'
+    )
+    args = p.parse_args(argv)
+    if bool(args.step) == bool(args.file):
+        p.error("give the steps with --step, or a JSON file with --file")
+    need = ("DEVPILOT_PLAN_URL", "DEVPILOT_AGENT_TOKEN", "DEVPILOT_AGENT_SESSION_ID")
+    missing = [k for k in need if not os.environ.get(k)]
+    if missing:
+        p.error(f"run this from the agent COMMAND the orchestrator started (missing {', '.join(missing)})")
+    steps: list[dict[str, str]] = []
+    if args.step:
+        for raw in args.step:
+            text, _, status = raw.rpartition(":")
+            if not text or status not in PLAN_STATUSES:  # no status given (or a colon in the text)
+                text, status = raw, "pending"
+            steps.append({"content": text, "status": status})
+    else:
+        try:
+            loaded = json.loads(sys.stdin.read() if str(args.file) == "-" else args.file.read_text())
+        except (OSError, ValueError) as exc:
+            p.error(f"--file: {exc}")
+        ok = isinstance(loaded, list) and all(
+            isinstance(s, dict) and isinstance(s.get("content"), str) and s.get("status") in PLAN_STATUSES
+            for s in loaded
+        )
+        if not ok or not loaded:
+            p.error(
+                f'--file must hold a list of {{"content", "status"}} with status one of {", ".join(PLAN_STATUSES)}'
+            )
+        steps = [{"content": s["content"], "status": s["status"]} for s in loaded]
+    api = Api(None, os.environ["DEVPILOT_AGENT_TOKEN"], endpoints={"plan": os.environ["DEVPILOT_PLAN_URL"]})
+    try:
+        status = api.plan(os.environ["DEVPILOT_AGENT_SESSION_ID"], steps)
+    except (Unreachable, Rejected) as exc:
+        print(f"devpilot-orchestrator plan: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        api.close()
+    if status != "queued":
+        print(f"devpilot-orchestrator plan: refused: {status}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["activity"]:
         return activity(argv[1:])
     if argv[:1] and argv[0] in login.COMMANDS:
         return login.main(argv)
+    if argv[:1] == ["plan"]:
+        return plan(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     login.fill(args)  # a machine that logged in: its token (and URL) from its state directory

@@ -24,6 +24,7 @@ ROUTES = {
     "release": "/release",
     "activities": "/activities",
     "realtimeToken": "/realtime-token",
+    "plan": "/plan",
 }
 
 
@@ -101,6 +102,14 @@ class Api:
         if r.status_code == 202:
             return "queued"
         return str(r.json().get("error", r.status_code))
+
+    def plan(self, agent_session_id: str, steps: list[dict[str, str]]) -> str:
+        """Replace the agent session's plan in Linear (202 queued); returns the status or the error code."""
+        r = self._post("plan", {"agentSessionId": agent_session_id, "plan": steps})
+        if r.status_code == 202:
+            return "queued"
+        body = r.json()
+        return f"{body.get('error', r.status_code)}: {body.get('detail', '')}"
 
     def activities(self, agent_session_id: str) -> list[dict[str, Any]]:
         """The agent session's activities in order, the service's and the agent's (for the transcript)."""

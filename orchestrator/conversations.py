@@ -39,8 +39,13 @@ _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 
 
 def conversation_key(message: dict[str, Any]) -> str:
-    """An agent session's messages are one conversation; a plain assignment is one of its own."""
-    return str(message.get("agentSessionId") or message["sessionId"])
+    """An agent session's messages are one conversation; a plain assignment is one of its own, and
+    the follow-ups and stop of the agent session devpilot opened for it (named `devpilot:<its
+    sessionId>` in their messages) belong to it."""
+    agent = str(message.get("agentSessionId") or "")
+    if agent.startswith("devpilot:"):
+        return agent.removeprefix("devpilot:")
+    return agent or str(message["sessionId"])
 
 
 @dataclass(frozen=True)

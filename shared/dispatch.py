@@ -17,7 +17,7 @@ from uuid import UUID, uuid4
 from psycopg.types.json import Jsonb
 
 from shared import orchestrators, queue
-from shared.db import Pool, transaction
+from shared.db import Pool, Tx, transaction
 from shared.models import TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
@@ -25,7 +25,7 @@ from shared.sql import query
 from shared.wakeups import Wakeups
 
 if TYPE_CHECKING:  # (the webhook's modules load with the webhook route, not with every route)
-    from shared import linear_auth
+    from shared import linear_auth, sessions
     from shared.linear import Webhook
 
 log = logging.getLogger("devpilot.dispatch")
@@ -159,7 +159,7 @@ class Dispatch:
     def ack(self, token: str, items: list[queue.AckItem]) -> tuple[Orchestrator, list[queue.AckStatus]]:
         """The ack route: who is calling, that it was seen, and its acks, in one statement.
         Refused when the token is no active machine's; nothing is acked then."""
-        acked = queue.ack_as(self.pool, orchestrators.hash_token(token), items)
+        acked = queue.ack_as(self.pool, orchestrators.hash_token(token), items, self.settings.public_url)
         if acked is None:
             raise Refused("unauthorized", orchestrators.UNAUTHORIZED)
         caller, result = acked
@@ -200,6 +200,39 @@ class Dispatch:
             )
         return result
 
+    def _speaks_in(self, tx: Tx, orch: Orchestrator, agent_session_id: str) -> str:
+        """In the caller's transaction: where this machine's post to `agent_session_id` goes, or
+        Refused. Only the machine an agent session's message was delivered to may speak in it;
+        anyone else learns nothing (not_found). A plain assignment's machine names its conversation
+        `devpilot:<sessionId>` (the message carries no agent session): that is the agent session
+        the service opened for it once Linear has answered, the alias until then."""
+        from shared import linear_actions
+
+        params = {"org_id": orch.org_id, "orchestrator_id": orch.id, "agent_session_id": agent_session_id}
+        known = False
+        if linear_actions.is_alias(agent_session_id):
+            try:
+                session_id = UUID(agent_session_id.removeprefix(linear_actions.ALIAS_PREFIX))
+            except ValueError:
+                raise Refused("not_found", "no agent session of yours by that id") from None
+            row = tx.one(query("alias_session"), {**params, "session_id": session_id})
+            if row is None:
+                raise Refused("not_found", "no agent session of yours by that id")
+            if row["agent_session_id"] is None and not row["opening"]:
+                raise Refused(
+                    "linear_not_connected",
+                    "this workspace has not installed the Linear app, so this assignment has no agent session",
+                )
+            params["agent_session_id"] = row["agent_session_id"] or agent_session_id
+            known = True
+        rights = tx.one(query("activity_rights"), params)
+        assert rights is not None
+        if not (known or rights["holds"]):
+            raise Refused("not_found", "no agent session of yours by that id")
+        if not rights["connected"]:
+            raise Refused("linear_not_connected", "this workspace has not connected Linear")
+        return str(params["agent_session_id"])
+
     def accept_activity(
         self,
         orch: Orchestrator,
@@ -212,13 +245,12 @@ class Dispatch:
         signal_metadata: dict[str, Any] | None = None,
     ) -> UUID:
         """The agent's reply to Linear, into the outbox in one transaction; posted after commit with
-        the activity id as Linear's `input.id`. Only the machine an agent session's message was
-        delivered to may speak in it; anyone else learns nothing (not_found)."""
+        the activity id as Linear's `input.id` (`_speaks_in` says who may, and where it goes)."""
         aid = activity_id or uuid4()
         params = {
             "id": aid,
             "org_id": orch.org_id,
-            "agent_session_id": agent_session_id,
+            "alias": agent_session_id,
             "orchestrator_id": orch.id,
             "body": str(content.get("body") or content.get("action") or ""),
             "content": Jsonb(content),
@@ -227,12 +259,7 @@ class Dispatch:
             "signal_metadata": Jsonb(signal_metadata) if signal_metadata is not None else None,
         }
         with transaction(self.pool) as tx:
-            rights = tx.one(query("activity_rights"), params)
-            assert rights is not None
-            if not rights["holds"]:
-                raise Refused("not_found", "no agent session of yours by that id")
-            if not rights["connected"]:
-                raise Refused("linear_not_connected", "this workspace has not connected Linear")
+            params["agent_session_id"] = self._speaks_in(tx, orch, agent_session_id)
             if tx.one(query("activity_insert"), params) is None:
                 same = tx.one(query("activity_same"), params)
                 if same is None or not same["same"]:
@@ -240,15 +267,52 @@ class Dispatch:
         self._after_commit([aid])
         return aid
 
+    def accept_plan(self, orch: Orchestrator, agent_session_id: str, plan: list[dict[str, str]]) -> UUID:
+        """The agent's plan, into the outbox in one transaction (who may post: as an activity);
+        posted after commit as Linear's agentSessionUpdate(plan), after the plans before it."""
+        params = {
+            "org_id": orch.org_id,
+            "orchestrator_id": orch.id,
+            "body": "; ".join(f"{s['content']} ({s['status']})" for s in plan)[:2000],
+            "content": Jsonb({"plan": plan}),
+        }
+        with transaction(self.pool) as tx:
+            params["agent_session_id"] = self._speaks_in(tx, orch, agent_session_id)
+            row = tx.one(query("plan_insert"), params)
+        assert row is not None
+        self._after_commit([row["id"]])
+        return UUID(str(row["id"]))
+
     def activities_of(self, orch: Orchestrator, agent_session_id: str) -> list[dict[str, Any]]:
         """An agent session's activities, in order (the machine's transcript of the conversation):
         only for the machine that holds it, as posting is."""
-        params = {"org_id": orch.org_id, "agent_session_id": agent_session_id, "orchestrator_id": orch.id}
         with transaction(self.pool) as tx:
-            rights = tx.one(query("activity_rights"), params)
-            if rights is None or not rights["holds"]:
-                raise Refused("not_found", "no agent session of yours by that id")
+            try:
+                target = self._speaks_in(tx, orch, agent_session_id)
+            except Refused as exc:
+                if exc.code != "linear_not_connected":
+                    raise
+                return []
+            params = {"org_id": orch.org_id, "agent_session_id": target, "alias": agent_session_id}
             return [dict(r) for r in tx.all(query("activity_list"), params)]
+
+    def act_on_session(
+        self, session_id: UUID, action: str, actor: str, target: UUID | None = None
+    ) -> sessions.Acted:
+        """An operator's retry, cancel or move (`shared.sessions`): one transaction, recorded with
+        who did it; then what Linear hears is posted. Raises sessions.NotAllowed / NotFound."""
+        from shared import sessions
+
+        if action == "retry":
+            acted = sessions.retry(self.pool, session_id, actor)
+        elif action == "cancel":
+            acted = sessions.cancel(self.pool, session_id, actor)
+        elif action == "move" and target is not None:
+            acted = sessions.move(self.pool, session_id, target, actor)
+        else:
+            raise ValueError(f"no such action: {action}")
+        self._after_commit(acted.notice_ids)
+        return acted
 
     def revoke(self, orchestrator_id: UUID) -> orchestrators.Revoked | None:
         revoked = orchestrators.revoke(self.pool, orchestrator_id)

@@ -262,8 +262,17 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -
     if plan.kind == "prompt":
         holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
         if holder is not None:
-            orch, issue = holder
-            return _dispatch(tx, org, plan, orch, plan.issue or issue, "prompt", [], key)
+            return _dispatch(
+                tx,
+                org,
+                plan,
+                holder.orchestrator_id,
+                plan.issue or holder.issue,
+                "prompt",
+                [],
+                key,
+                speaks_as=holder.speaks_as,
+            )
     if (
         plan.kind in ("dispatch", "prompt")
         and plan.agent_session_id is not None
@@ -305,9 +314,12 @@ def _dispatch(
     kind: MessageKind,
     cancelled: list[UUID],
     delivery_key: str | None,
+    *,
+    speaks_as: str | None = None,
 ) -> Received:
     """Queue the message, and (with `delivery_key`, when this is the webhook's answer) record the
-    delivery as dispatched to it in the same statement."""
+    delivery as dispatched to it in the same statement. `speaks_as`: the name the machine knows the
+    agent session by (one devpilot opened for a plain assignment), given in the message instead."""
     prompt = plan.prompt if kind != "stop" else None
     enq = enqueue_dispatch(
         tx,
@@ -320,6 +332,7 @@ def _dispatch(
         delivery_key=delivery_key,
         # Linear's first activity for a new agent session, written by the enqueue's own statement.
         notice_queued=bool(plan.agent_session_id) and kind == "start" and delivery_key is not None,
+        speaks_as=speaks_as,
     )
     answer = _dispatched(enq, orch, kind if plan.agent_session_id else None)
     if cancelled:
@@ -354,8 +367,17 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
     if holder is None:
         told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)
         return Received({"status": "stopped", "cancelledSessionIds": cancelled, "stopSessionId": None}, told)
-    orch, issue = holder
-    sent = _dispatch(tx, org, plan, orch, plan.issue or issue, "stop", [], None)
+    sent = _dispatch(
+        tx,
+        org,
+        plan,
+        holder.orchestrator_id,
+        plan.issue or holder.issue,
+        "stop",
+        [],
+        None,
+        speaks_as=holder.speaks_as,
+    )
     answer = {
         "status": "stopped",
         "cancelledSessionIds": cancelled,
@@ -364,16 +386,23 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
     return Received(answer, sent.notice_ids)
 
 
-def _holder(
-    tx: Tx, org: str, agent_session_id: str | None, *, delivered_only: bool
-) -> tuple[UUID, IssueRef] | None:
+@dataclass(frozen=True)
+class Holder:
+    orchestrator_id: UUID
+    issue: IssueRef
+    speaks_as: str | None  # an agent session devpilot opened: the name its machine knows it by
+
+
+def _holder(tx: Tx, org: str, agent_session_id: str | None, *, delivered_only: bool) -> Holder | None:
     row = tx.one(
         query("agent_session_holder"),
         {"org_id": org, "agent_session_id": agent_session_id, "delivered_only": delivered_only},
     )
     if row is None:
         return None
-    return row["orchestrator_id"], IssueRef(id=row["issue_id"] or "", identifier=row["issue_identifier"])
+    issue = IssueRef(id=row["issue_id"] or "", identifier=row["issue_identifier"])
+    opened = f"devpilot:{row['opened_for']}" if row["opened_for"] is not None else None
+    return Holder(row["orchestrator_id"], issue, opened)
 
 
 def _tell(tx: Tx, org: str, plan: Intent, kind: str, body: str) -> list[UUID]:

@@ -40,7 +40,8 @@ SCOPES = "read,write,app:assignable,app:mentionable"
 STATE_SECONDS = 600
 REFRESH_MARGIN = timedelta(minutes=5)
 STATE_PREFIX = b"devpilot-oauth-state:"
-ORGANIZATION = "query DevpilotOrganization { organization { id name urlKey } }"
+# Which workspace the token is for, and the app user it acts as (the delegate the app sets).
+ORGANIZATION = "query DevpilotOrganization { organization { id name urlKey } viewer { id } }"
 
 
 PERSONAL_KEY_PREFIX = "lin_api_"  # Linear's personal API keys; its OAuth tokens are `lin_oauth_…`
@@ -131,7 +132,9 @@ def finish_install(pool: Pool, settings: Settings, code: str, state: str) -> Ins
                 json={"query": ORGANIZATION},
                 headers={"Authorization": f"Bearer {tokens['access_token']}"},
             )
-            org = ((r.json() or {}).get("data") or {}).get("organization") if r.status_code == 200 else None
+            data = ((r.json() or {}).get("data") or {}) if r.status_code == 200 else {}
+            org = data.get("organization")
+            viewer = data.get("viewer") or {}
     except (httpx.HTTPError, ValueError) as exc:
         raise ExchangeRefused(f"Linear could not be asked: {type(exc).__name__}") from None
     if not isinstance(org, dict) or not isinstance(org.get("id"), str):
@@ -147,6 +150,7 @@ def finish_install(pool: Pool, settings: Settings, code: str, state: str) -> Ins
                 else None,
                 "expires_in": int(tokens.get("expires_in") or 86_400),
                 "name": str(org.get("name") or org["id"]),
+                "app_user_id": viewer.get("id") if isinstance(viewer.get("id"), str) else None,
             },
         )
     return Installed(org["id"], str(org.get("name") or org["id"]))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from shared import crypto, linear_auth
+from shared import crypto, linear_actions, linear_auth
 from shared.db import Pool, Tx, lend, require_tx, take_in_rounds
 from shared.settings import Settings
 from shared.sql import query
@@ -145,6 +145,55 @@ def _post(http: httpx.Client, settings: Settings, post: dict[str, Any], token: s
     )
 
 
+class _Waits(Exception):
+    """No working connection for the org: the post goes back to the outbox, its attempt not counted."""
+
+
+class _Poster:
+    """Posts GraphQL for one org with its token: a 401 refreshes the token once and tries again;
+    Linear's refusal (an error answer, or no success) raises `linear_actions.Refused` with its words."""
+
+    def __init__(
+        self, http: httpx.Client, settings: Settings, tokens: linear_auth.Tokens, org_id: str
+    ) -> None:
+        self.http, self.settings, self.tokens, self.org_id = http, settings, tokens, org_id
+
+    def __call__(self, document: str, variables: dict[str, Any]) -> dict[str, Any]:
+        token = self.tokens.get(self.org_id)
+        if token is None:
+            raise _Waits("no Linear connection for this org (or it was disconnected)")
+        post = {"query": document, "variables": variables}
+        r = _post(self.http, self.settings, post, token)
+        if r.status_code == 401:  # expired or revoked: refresh once, then try again
+            token = self.tokens.refused(self.org_id)
+            if token is None:
+                raise _Waits("Linear refused the refresh: the org is disconnected")
+            r = _post(self.http, self.settings, post, token)
+        if r.status_code != 200:
+            raise linear_actions.Refused(f"Linear answered HTTP {r.status_code}: {r.text[:300]}")
+        answer = r.json()
+        if not isinstance(answer, dict) or answer.get("errors") or not isinstance(answer.get("data"), dict):
+            errors = answer.get("errors") if isinstance(answer, dict) else answer
+            raise linear_actions.Refused(f"Linear refused: {str(errors)[:300]}")
+        data: dict[str, Any] = answer["data"]
+        return data
+
+
+def _attempt(row: dict[str, Any], post: _Poster) -> str:
+    """One post of one outbox row: Linear's id (or what the step decided)."""
+    if row["kind"] in linear_actions.KINDS:
+        return linear_actions.perform(row, post)
+    if linear_actions.is_alias(row["agent_session_id"]):
+        raise linear_actions.Refused("no agent session in Linear to post in yet")
+    req = request(row)
+    if req is None:
+        return "not-applicable"
+    linear_id = _linear_id({"data": post(req["query"], req["variables"])})
+    if linear_id is None:
+        raise linear_actions.Refused("Linear did not confirm the post")
+    return linear_id
+
+
 def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, list[str]]:
     import httpx  # (here, not at the top: see shared.linear_auth)
 
@@ -153,39 +202,31 @@ def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, 
     tokens = linear_auth.Tokens(pool, settings)
     with httpx.Client(timeout=settings.linear_timeout_seconds) as http:
         for row in rows:
+            row = dict(row)
             error: str | None = None
             linear_id: str | None = None
             waits = False  # no working connection: back to the outbox, attempt not counted
-            post = request(row)
             try:
-                token = tokens.get(row["org_id"]) if post is not None else None
-                if post is None:
-                    linear_id = "not-applicable"
-                elif token is None:
-                    error, waits = "no Linear connection for this org (or it was disconnected)", True
-                else:
-                    r = _post(http, settings, post, token)
-                    if r.status_code == 401:  # expired or revoked: refresh once, then try again
-                        token = tokens.refused(row["org_id"])
-                        r = _post(http, settings, post, token) if token else r
-                        waits = token is None
-                    if waits:
-                        error = "Linear refused the refresh: the org is disconnected"
-                    elif r.status_code == 200:
-                        linear_id = _linear_id(r.json())
-                        if linear_id is None:
-                            error = f"Linear refused: {str(r.json().get('errors'))[:300]}"
-                    else:
-                        error = f"Linear answered HTTP {r.status_code}"
+                linear_id = _attempt(row, _Poster(http, settings, tokens, row["org_id"]))
+            except _Waits as exc:
+                error, waits = str(exc), True
+            except linear_actions.Refused as exc:
+                error = str(exc)[:500]
             except crypto.InvalidToken:
                 error = "stored Linear token cannot be decrypted (key changed?)"
             except linear_auth.RefreshFailed as exc:
                 error = f"refreshing the Linear token failed: {exc}"
-            except (httpx.HTTPError, ValueError) as exc:
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
                 error = f"{type(exc).__name__}: {exc}"[:300]
             with lend(pool) as conn:
                 if waits:
                     conn.execute(query("notice_wait"), {"id": row["id"], "error": error})
+                elif error is None and row["kind"] == "session_create":
+                    conn.execute(
+                        query("notice_session_created"), {"id": row["id"], "agent_session_id": linear_id}
+                    )
+                    sent += 1
+                    went_out.append(str(linear_id))
                 elif error is None:
                     conn.execute(query("notice_sent"), {"id": row["id"], "linear_id": linear_id})
                     sent += 1
@@ -200,4 +241,16 @@ def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, 
                     log.warning(
                         '{"event":"notice_failed","noticeId":"%s","attempt":%d}', row["id"], row["attempts"]
                     )
+                    if row["kind"] == "session_create":
+                        _gave_up_opening(conn, row, error)
     return SendResult(sent, failed), went_out
+
+
+def _gave_up_opening(conn: Any, row: dict[str, Any], error: str) -> None:
+    """The agent session of a plain assignment was given up: so is what waited under its alias."""
+    gave_up = conn.execute(query("notice_given_up"), {"id": row["id"]}).fetchone()
+    if gave_up is not None and gave_up["gave_up"]:
+        conn.execute(
+            query("notice_alias_gave_up"),
+            {"id": row["id"], "alias": row["agent_session_id"], "error": error[:300]},
+        )

@@ -56,6 +56,7 @@ def enqueue_dispatch(
     now: datetime | None = None,
     delivery_key: str | None = None,
     notice_queued: bool = False,
+    speaks_as: str | None = None,
 ) -> Enqueued:
     """Create a `queued` session and queue its message for the orchestrator, in one statement of
     the caller's transaction. `tx` is required and must be open: there is no way to write a session
@@ -66,7 +67,10 @@ def enqueue_dispatch(
     have committed while this statement waited for it). `delivery_key`: the webhook delivery this
     message answers (the intake's), recorded as dispatched to the new session by the same statement;
     with it, `notice_queued` (an agent session's start) also writes Linear's "Queued for <machine>"
-    notice in that statement, for an org Linear is told about (`Enqueued.notice_id`)."""
+    notice in that statement, for an org Linear is told about (`Enqueued.notice_id`). `speaks_as`:
+    the agent session's name in the message the machine gets, when the machine knows it by another
+    (the alias of an agent session devpilot opened for a plain assignment); the queue's order and
+    the session stay the agent session's."""
     tx = require_tx(tx, "enqueue_dispatch")
     if not isinstance(message, DispatchPayload):
         raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
@@ -80,10 +84,14 @@ def enqueue_dispatch(
         name = "enqueue_start_for_delivery"
     else:
         name = "enqueue_for_delivery"
+    params = _session_params(message, session_id, now)
+    if speaks_as is not None:
+        payload = message.model_copy(update={"agent_session_id": speaks_as})
+        params["payload"] = Jsonb(payload.model_dump(mode="json", by_alias=True))
     row = tx.one(
         query(name),
         {
-            **_session_params(message, session_id, now),
+            **params,
             "org_id": org_id,
             "orchestrator_id": orchestrator_id,
             "linear_user_id": linear_user_id,
@@ -347,31 +355,42 @@ class AckResult:
     notice_ids: list[UUID]  # the `delivered` Linear notices the same statement wrote
 
 
-def ack_many(pool: Pool, orchestrator_id: UUID, items: list[AckItem]) -> AckResult:
+def ack_many(
+    pool: Pool, orchestrator_id: UUID, items: list[AckItem], public_url: str | None = None
+) -> AckResult:
     """Deliver: delete each row and mark its session `delivered`, only if the token is the row's
     latest claim. Every write is in one statement (autocommit, so one transaction); only items that
-    missed are then explained, read-only. Repeating a successful ack answers `acked` again."""
+    missed are then explained, read-only. Repeating a successful ack answers `acked` again.
+    `public_url` (DEVPILOT_PUBLIC_URL): the base of the session pages Linear links to."""
     with lend(pool) as conn:
         rows = conn.execute(
-            query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items)}
+            query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items, public_url)}
         ).fetchall()
         return _ack_result(conn, orchestrator_id, items, rows)
 
 
-def ack_as(pool: Pool, token_hash: bytes, items: list[AckItem]) -> tuple[Orchestrator, AckResult] | None:
+def ack_as(
+    pool: Pool, token_hash: bytes, items: list[AckItem], public_url: str | None = None
+) -> tuple[Orchestrator, AckResult] | None:
     """The ack route in one statement (`ack_as` in queue.sql): the active machine holding this token
     hash, marked seen, and `ack_many`'s work for it. None when the hash is no active machine's
     (nothing is acked then). One round trip for an ack that lands."""
     with lend(pool) as conn:
-        rows = conn.execute(query("ack_as"), {"token_hash": token_hash, **_ack_params(items)}).fetchall()
+        rows = conn.execute(
+            query("ack_as"), {"token_hash": token_hash, **_ack_params(items, public_url)}
+        ).fetchall()
         if not rows:
             return None
         caller = _caller(rows[0])
         return caller, _ack_result(conn, caller.id, items, [r for r in rows if r["queue_id"] is not None])
 
 
-def _ack_params(items: list[AckItem]) -> dict[str, Any]:
-    return {"queue_ids": [i.queue_id for i in items], "claim_tokens": [i.claim_token for i in items]}
+def _ack_params(items: list[AckItem], public_url: str | None) -> dict[str, Any]:
+    return {
+        "queue_ids": [i.queue_id for i in items],
+        "claim_tokens": [i.claim_token for i in items],
+        "public_url": public_url.rstrip("/") if public_url else None,
+    }
 
 
 def _ack_result(conn: Conn, orchestrator_id: UUID, items: list[AckItem], rows: list[DictRow]) -> AckResult:

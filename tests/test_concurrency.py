@@ -482,6 +482,7 @@ def test_ack_plan_probes_by_key(
         "token_hash": hash_token(o.token),
         "queue_ids": [m.queue_id],
         "claim_tokens": [m.claim_token],
+        "public_url": None,
     }
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         conn.execute(f"SET plan_cache_mode = {mode}")

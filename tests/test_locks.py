@@ -539,6 +539,7 @@ def test_a_batch_ack_racing_a_revoke_or_another_ack_never_deadlocks(
                     "orchestrator_id": machine,
                     "queue_ids": [m["queueId"] for m in in_order],
                     "claim_tokens": [m["claimToken"] for m in in_order],
+                    "public_url": None,
                 },
             )
         other.commit()

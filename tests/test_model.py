@@ -56,7 +56,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.pool, self.orch = pool, orch
         with pool.connection() as conn:
             conn.execute(
-                "TRUNCATE linear_notices, dispatch_queue, dispatch_sessions, webhook_deliveries, sweep_runs"
+                "TRUNCATE linear_notices, dispatch_queue, dispatch_attempts, dead_letters, session_actions,"
+                " dispatch_sessions, webhook_deliveries, sweep_runs"
             )
         self.now = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
         self.rows: list[Row] = []

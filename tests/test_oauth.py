@@ -104,6 +104,7 @@ def test_callback_stores_encrypted_tokens_and_posts_with_them(api: Api, linear: 
     assert (
         row["kind"] == "oauth" and row["disconnected_at"] is None and row["workspace_name"] == "Acme Robotics"
     )
+    assert row["app_user_id"] == LinearOAuth.APP_USER  # learned once at install: the delegate it sets
     for column in ("token_encrypted", "refresh_token_encrypted"):
         assert b"acc-1" not in bytes(row[column]) and b"ref-1" not in bytes(row[column])  # not in a dump
     assert 23 * 3600 < (row["expires_at"].timestamp() - time.time()) <= 24 * 3600

@@ -28,6 +28,11 @@ ADMIN_OPS = {
     "metrics",
     "deleteLinearCredentials",
     "dashboard",
+    "searchSessions",
+    "sessionPage",
+    "retrySession",
+    "cancelSession",
+    "moveSession",
 }
 
 

@@ -6,16 +6,19 @@
 INSERT INTO linear_credentials (org_id, token_encrypted, kind) VALUES (%(org_id)s, %(token)s, 'static')
 ON CONFLICT (org_id) DO UPDATE
 SET token_encrypted = excluded.token_encrypted, kind = 'static', refresh_token_encrypted = NULL,
-    expires_at = NULL, disconnected_at = NULL, disconnect_reason = NULL, updated_at = now();
+    expires_at = NULL, disconnected_at = NULL, disconnect_reason = NULL, app_user_id = NULL, updated_at = now();
 
 -- name: credentials_store_oauth
--- An OAuth install: access token, refresh token and expiry in one statement (one transaction);
--- a new install of a disconnected org connects it again.
-INSERT INTO linear_credentials (org_id, token_encrypted, refresh_token_encrypted, expires_at, kind, workspace_name)
-VALUES (%(org_id)s, %(token)s, %(refresh)s, now() + make_interval(secs => %(expires_in)s), 'oauth', %(name)s)
+-- An OAuth install: access token, refresh token and expiry in one statement (one transaction),
+-- with the app user the token acts as (`viewer`); a new install of a disconnected org connects it again.
+INSERT INTO linear_credentials (org_id, token_encrypted, refresh_token_encrypted, expires_at, kind, workspace_name,
+                                app_user_id)
+VALUES (%(org_id)s, %(token)s, %(refresh)s, now() + make_interval(secs => %(expires_in)s), 'oauth', %(name)s,
+        %(app_user_id)s)
 ON CONFLICT (org_id) DO UPDATE
 SET token_encrypted = excluded.token_encrypted, refresh_token_encrypted = excluded.refresh_token_encrypted,
     expires_at = excluded.expires_at, kind = 'oauth', workspace_name = excluded.workspace_name,
+    app_user_id = coalesce(excluded.app_user_id, linear_credentials.app_user_id),
     disconnected_at = NULL, disconnect_reason = NULL, updated_at = now();
 
 -- name: credentials_get

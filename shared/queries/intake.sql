@@ -80,8 +80,13 @@ WHERE %(agent_session_id)s::text IS NOT NULL
 -- The machine that holds an agent session: the active orchestrator its most recent message went to
 -- (with `delivered_only`, its most recent delivered message), and the issue it is about. A message
 -- that was cancelled or failed before delivery gave no machine the conversation: with nothing
--- else queued or delivered, nobody holds it, and a follow-up starts it afresh.
-SELECT s.orchestrator_id, s.issue_id, s.issue_identifier
+-- else queued or delivered, nobody holds it, and a follow-up starts it afresh. `opened_for`: when
+-- devpilot opened the agent session for a plain assignment, that assignment's session (its
+-- machine knows the conversation as `devpilot:<it>`).
+SELECT s.orchestrator_id, s.issue_id, s.issue_identifier,
+       (SELECT c.id FROM dispatch_sessions c
+        WHERE c.org_id = s.org_id AND c.agent_session_id = s.agent_session_id AND c.agent_session_created
+        LIMIT 1) AS opened_for
 FROM dispatch_sessions s
 JOIN orchestrators o ON o.id = s.orchestrator_id AND o.revoked_at IS NULL
 WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s

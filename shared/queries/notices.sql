@@ -11,8 +11,10 @@ RETURNING id;
 -- name: notice_take
 -- Takes due, unsent notices for sending (those named by id or by agent session, or any when none
 -- are named): SKIP LOCKED and a short lease, so two senders never post the same notice at once.
--- In order per agent session: not while an earlier post of its agent session is unsent (in flight,
--- or waiting out its backoff); one given up (available_at = infinity) no longer holds the rest back.
+-- In order per agent session and lane (`devpilot_notice_lane`): not while an earlier post of its
+-- agent session and lane is unsent (in flight, or waiting out its backoff), nor while the agent
+-- session is still being opened (`session_create`); one given up (available_at = infinity) no
+-- longer holds the rest back.
 -- Posts of an org without a working connection (disconnected, or none) are not taken: they wait,
 -- attempts untouched, for a new install.
 WITH due AS (
@@ -25,7 +27,9 @@ WITH due AS (
       AND (n0.agent_session_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM linear_notices earlier
             WHERE earlier.agent_session_id = n0.agent_session_id AND earlier.sent_at IS NULL
-              AND earlier.available_at < 'infinity' AND earlier.seq < n0.seq))
+              AND earlier.available_at < 'infinity' AND earlier.seq < n0.seq
+              AND (earlier.kind = 'session_create'
+                   OR devpilot_notice_lane(earlier.kind) = devpilot_notice_lane(n0.kind))))
     ORDER BY seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -33,7 +37,7 @@ WITH due AS (
 UPDATE linear_notices n SET lease_expires_at = now() + interval '30 seconds', attempts = n.attempts + 1
 FROM due WHERE n.id = due.id
 RETURNING n.id, n.org_id, n.kind, n.agent_session_id, n.issue_id, n.body, n.content, n.ephemeral,
-          n.signal, n.signal_metadata, n.attempts;
+          n.signal, n.signal_metadata, n.attempts, n.session_id;
 
 -- name: notice_sent
 -- Compare-and-set: marks it sent once, with Linear's id; a second success changes nothing.
@@ -77,22 +81,71 @@ RETURNING id;
 
 -- name: activity_same
 -- For a repeated id: is it this machine's activity in this agent session (same answer again), or
--- someone else's (not found)?
+-- someone else's (not found)? `alias`: the name it was given, when that was a plain assignment's alias.
 SELECT EXISTS (
     SELECT 1 FROM linear_notices
-    WHERE id = %(id)s AND org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s
+    WHERE id = %(id)s AND org_id = %(org_id)s AND agent_session_id IN (%(agent_session_id)s, %(alias)s)
       AND orchestrator_id = %(orchestrator_id)s
 ) AS same;
 
 -- name: activity_list
 -- An agent session's activities in the order they were accepted (seq): the service's own notices
 -- and the agent's, sent or waiting, for the machine that holds the agent session (checked by the
--- caller with `activity_rights`, in the same transaction). At most 1,000, the newest.
+-- caller with `activity_rights`, in the same transaction). At most 1,000, the newest. `alias`: a
+-- plain assignment's conversation is also what waits under its alias (or the agent session again).
 SELECT * FROM (
     SELECT n.id, n.kind, n.body, n.content, n.signal, n.signal_metadata, n.created_at, n.sent_at,
            n.orchestrator_id IS NOT NULL AS by_agent, n.seq
     FROM linear_notices n
-    WHERE n.org_id = %(org_id)s AND n.agent_session_id = %(agent_session_id)s
+    WHERE n.org_id = %(org_id)s AND n.agent_session_id IN (%(agent_session_id)s, %(alias)s)
     ORDER BY n.seq DESC
     LIMIT 1000
 ) newest ORDER BY seq;
+
+-- name: notice_session_created
+-- Linear opened the agent session of a plain assignment (`session_create`), in one statement (its
+-- own transaction): the post marked sent with the agent session's id, the session knows its agent
+-- session (follow-ups and a stop in it reach its machine), and the posts waiting under the alias
+-- `devpilot:<sessionId>` are the agent session's from now on, in the order they were accepted.
+WITH sent AS (
+    UPDATE linear_notices SET sent_at = now(), linear_id = %(agent_session_id)s, lease_expires_at = NULL,
+                              last_error = NULL
+    WHERE id = %(id)s AND sent_at IS NULL
+    RETURNING session_id, agent_session_id AS alias
+), opened AS (
+    UPDATE dispatch_sessions s SET agent_session_id = %(agent_session_id)s, agent_session_created = true,
+                                   updated_at = now()
+    FROM sent WHERE s.id = sent.session_id AND s.agent_session_id IS NULL
+    RETURNING s.id
+)
+UPDATE linear_notices n SET agent_session_id = %(agent_session_id)s
+FROM sent WHERE n.agent_session_id = sent.alias AND n.id <> %(id)s;
+
+-- name: notice_alias_gave_up
+-- The agent session of a plain assignment could not be opened (given up): what waited under its
+-- alias is given up with it, the reason kept for the page.
+UPDATE linear_notices SET available_at = 'infinity', lease_expires_at = NULL,
+                          last_error = 'no agent session in Linear to post in: ' || %(error)s::text
+WHERE agent_session_id = %(alias)s AND sent_at IS NULL AND id <> %(id)s;
+
+-- name: notice_given_up
+-- Was this post given up (past the attempt limit) by its failure just now?
+SELECT available_at = 'infinity' AS gave_up FROM linear_notices WHERE id = %(id)s;
+
+-- name: plan_insert
+-- The agent's plan into the outbox, in the caller's transaction (`activity_rights` first):
+-- posted after commit as agentSessionUpdate(plan), in order with the agent session's other plans.
+INSERT INTO linear_notices (org_id, kind, agent_session_id, body, content, orchestrator_id)
+VALUES (%(org_id)s, 'plan', %(agent_session_id)s, %(body)s, %(content)s, %(orchestrator_id)s)
+RETURNING id;
+
+-- name: alias_session
+-- The plain assignment an alias `devpilot:<sessionId>` names, for the machine it was delivered to:
+-- the agent session Linear gave it once opened (NULL until then), and whether one is being opened
+-- (a workspace without the app opens none). No row: not this machine's.
+SELECT s.agent_session_id,
+       EXISTS (SELECT 1 FROM linear_notices n
+               WHERE n.agent_session_id = 'devpilot:' || s.id::text AND n.kind = 'session_create') AS opening
+FROM dispatch_sessions s
+WHERE s.id = %(session_id)s AND s.org_id = %(org_id)s AND s.orchestrator_id = %(orchestrator_id)s
+  AND s.status = 'delivered' AND s.kind = 'start' AND (s.agent_session_id IS NULL OR s.agent_session_created);

@@ -325,19 +325,54 @@ items AS (
     DELETE FROM dispatch_queue q
     USING locked l
     WHERE q.id = l.id
-    RETURNING q.id, q.session_id, q.claim_token
+    RETURNING q.id, q.session_id, q.claim_token, q.claimed_at
 ), delivered AS (
     UPDATE dispatch_sessions s
-    SET status = 'delivered', acked_claim_token = d.claim_token, delivered_at = now(), updated_at = now()
+    SET status = 'delivered', acked_claim_token = d.claim_token, delivered_at = now(), updated_at = now(),
+        claimed_at = d.claimed_at
     FROM deleted d
     WHERE s.id = d.session_id AND s.status = 'queued'
     RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id, s.kind
-), notices AS (
-    -- "picked up by <machine>" when an agent session's start is delivered, for orgs Linear is told about
-    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
-    SELECT d.org_id, d.id, 'delivered', d.agent_session_id, d.issue_id, 'Picked up by ' || o.name
-    FROM delivered d JOIN orchestrators o ON o.id = d.orchestrator_id
-    WHERE d.agent_session_id IS NOT NULL AND d.kind = 'start' AND devpilot_notifies(d.org_id)
+),
+-- include: delivered_notices
+
+-- name: delivered_notices
+-- A fragment, after `delivered` (the sessions an ack delivered): what Linear hears when a `start`
+-- is delivered, for orgs Linear is told about, as outbox rows of the ack's own statement (posted
+-- after its commit, retried by the sweep; a refusal never undoes the delivery):
+-- * an agent session's start: "Picked up by <machine>", and (with DEVPILOT_PUBLIC_URL) the agent
+--   session's link to its page here (`external_urls`);
+-- * a plain assignment, in a workspace connected with the app (its app user known): an agent
+--   session of its own (`session_create`, with that link), under the alias `devpilot:<sessionId>`
+--   until Linear names it;
+-- * either: the issue moved to its team's first started state (`issue_started`) and, with the app
+--   user known, the app set as delegate (`delegate`): each decided when posted, after reading the
+--   issue (nothing changes when it is started, done or canceled, or has a delegate). Those two are
+--   the issue's, outside the agent session's order: their refusal holds back no activity.
+notices AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT d.org_id, d.id, k.kind, k.agent_session_id, d.issue_id, k.body, k.content
+    FROM (SELECT d0.*, (SELECT c.app_user_id FROM linear_credentials c WHERE c.org_id = d0.org_id) AS app_user_id
+          FROM delivered d0 WHERE d0.kind = 'start' AND devpilot_notifies(d0.org_id)) d
+    JOIN orchestrators o ON o.id = d.orchestrator_id
+    CROSS JOIN LATERAL (VALUES
+        (1, 'delivered', d.agent_session_id, 'Picked up by ' || o.name, NULL::jsonb,
+         d.agent_session_id IS NOT NULL),
+        (2, 'external_urls', d.agent_session_id, 'Linked the session page',
+         jsonb_build_object('externalUrls', jsonb_build_array(jsonb_build_object(
+             'label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d.id::text))),
+         d.agent_session_id IS NOT NULL AND %(public_url)s::text IS NOT NULL),
+        (3, 'session_create', 'devpilot:' || d.id::text, 'Opened an agent session for this assignment',
+         CASE WHEN %(public_url)s::text IS NOT NULL THEN jsonb_build_object('externalUrls', jsonb_build_array(
+             jsonb_build_object('label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d.id::text)))
+         ELSE '{}'::jsonb END,
+         d.agent_session_id IS NULL AND d.app_user_id IS NOT NULL),
+        (4, 'issue_started', NULL, 'Moved the issue to started', NULL::jsonb, d.issue_id IS NOT NULL),
+        (5, 'delegate', NULL, 'Set the app as delegate', jsonb_build_object('delegateId', d.app_user_id),
+         d.issue_id IS NOT NULL AND d.app_user_id IS NOT NULL)
+    ) AS k(n, kind, agent_session_id, body, content, wanted)
+    WHERE k.wanted
+    ORDER BY d.id, k.n
     RETURNING id
 )
 
@@ -353,7 +388,7 @@ LEFT JOIN dispatch_sessions s ON s.queue_id = %(queue_id)s AND s.orchestrator_id
 
 -- name: end_claims
 -- A fragment, included by `release` and `sweep` after their `ending` CTE (id, session_id, attempts,
--- last_error, failure_reason: the locked CLAIMED rows whose claim ends without an ack). In their one
+-- claimed_at, last_error, failure_reason: the locked CLAIMED rows whose claim ends without an ack). In their one
 -- statement: attempts < max -> AVAILABLE at now + devpilot_backoff(attempts); attempts >= max ->
 -- deleted, the session `failed` with its reason, and Linear told (for orgs it is told about).
 -- A dead-lettered `start` takes along the messages queued behind it (its agent session's, later
@@ -364,14 +399,27 @@ LEFT JOIN dispatch_sessions s ON s.queue_id = %(queue_id)s AND s.orchestrator_id
 dead AS (
     DELETE FROM dispatch_queue q USING ending e
     WHERE q.id = e.id AND e.attempts >= %(max_attempts)s
-    RETURNING q.session_id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id, e.failure_reason
+    RETURNING q.session_id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id, e.failure_reason,
+              q.payload, q.attempts
 ), behind AS (
     DELETE FROM dispatch_queue f
     USING dead d, dispatch_sessions ds
     WHERE ds.id = d.session_id AND ds.kind = 'start'
       AND f.org_id = d.org_id AND f.agent_session_id = d.agent_session_id
       AND f.seq > d.seq AND f.orchestrator_id = d.orchestrator_id
-    RETURNING f.session_id
+    RETURNING f.session_id, f.payload, f.attempts
+), tried AS (
+    -- Every claim that ends here, kept for the session's page (its time, its error).
+    INSERT INTO dispatch_attempts (session_id, attempt, claimed_at, error)
+    SELECT e.session_id, e.attempts, e.claimed_at, e.last_error FROM ending e
+), letters AS (
+    -- The dead letters keep their message, so an operator can queue it again (`session_retry`).
+    INSERT INTO dead_letters (session_id, payload, attempts, reason)
+    SELECT session_id, payload, attempts, failure_reason FROM dead
+    UNION ALL
+    SELECT session_id, payload, attempts, 'the start of its conversation failed' FROM behind
+    ON CONFLICT (session_id) DO UPDATE
+    SET payload = excluded.payload, attempts = excluded.attempts, reason = excluded.reason, failed_at = now()
 ), failed AS (
     UPDATE dispatch_sessions s
     SET status = 'failed', updated_at = now(), failure_reason = x.failure_reason
@@ -399,7 +447,7 @@ dead AS (
 -- CLAIMED -> AVAILABLE (with backoff) or deleted (at the limit), now, as a failed attempt.
 -- Compare-and-set: only the live claim of this token ends; any other token changes nothing.
 WITH ending AS (
-    SELECT id, session_id, attempts, %(reason)s::text AS last_error,
+    SELECT id, session_id, attempts, claimed_at, %(reason)s::text AS last_error,
            'released ' || %(max_attempts)s::text || ' times: '
                || coalesce(%(reason)s::text, 'no reason given') AS failure_reason
     FROM dispatch_queue
@@ -419,7 +467,7 @@ SELECT (SELECT count(*) FROM ending) AS matched,
 -- are skipped (SKIP LOCKED), so a sweep and an ack never both win and two sweeps never count a row
 -- twice.
 WITH ending AS (
-    SELECT id, session_id, attempts, 'lease expired' AS last_error,
+    SELECT id, session_id, attempts, claimed_at, 'lease expired' AS last_error,
            'no ack after ' || %(max_attempts)s::text || ' delivery attempts' AS failure_reason
     FROM dispatch_queue
     WHERE lease_expires_at IS NOT NULL

@@ -99,10 +99,26 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data), status=status, content_type="application/json")
 
 
+# A team's workflow, as Linear gives every new team: the first `started` state is the one of
+# lowest position among the started ones, not the first listed.
+STATES = [
+    {"id": "st-backlog", "name": "Backlog", "type": "backlog", "position": 0.0},
+    {"id": "st-todo", "name": "Todo", "type": "unstarted", "position": 1.0},
+    {"id": "st-review", "name": "In Review", "type": "started", "position": 3.0},
+    {"id": "st-progress", "name": "In Progress", "type": "started", "position": 2.0},
+    {"id": "st-done", "name": "Done", "type": "completed", "position": 4.0},
+    {"id": "st-canceled", "name": "Canceled", "type": "canceled", "position": 5.0},
+]
+PLAN_STATUSES = ("pending", "inProgress", "completed", "canceled")  # Linear's plan step statuses
+
+
 class Linear:
     """Records every valid GraphQL call; fails the first `fail` calls with HTTP 500. Answers the
-    mutations the service sends, and `issue(id)` from `issues` (what a test says each issue's
-    assignee is; an issue not in it has none).
+    mutations the service sends, and `issue(id)` from `issues` (what a test says of each issue:
+    its assignee, delegate and state; an issue not in it has none, and is in Todo), and keeps what
+    the mutations change (`issues`, `sessions`). `refuse[field] = message` makes Linear refuse
+    every call of that root field with that error (`refusals` counts them), as Linear answers a
+    mutation it will not do: HTTP 200, `errors`, no data.
 
     Its directory of users (`people`, id -> `person(...)`) answers the `users` lookup the service
     makes when an operator registers a machine (recorded in `lookups`, not `calls`); None (the
@@ -118,9 +134,16 @@ class Linear:
         self.issues: dict[str, dict[str, Any]] = {}
         self.people: dict[str, dict[str, Any]] | None = None
         self.token_orgs: dict[str, str] = {}
+        self.sessions: dict[str, dict[str, Any]] = {}  # agent sessions: externalUrls, plan, issueId
+        self.refuse: dict[str, str] = {}
+        self.refusals: dict[str, int] = {}
         self._lock = threading.Lock()
         schema()  # built before the first request, not inside its time budget
         server.expect_request("/graphql", method="POST").respond_with_handler(self.handle)
+
+    def issue(self, issue_id: str) -> dict[str, Any]:
+        """What Linear knows of an issue (made on first use: no assignee, no delegate, in Todo)."""
+        return self.issues.setdefault(issue_id, {"assignee": None})
 
     def answer(self, field: str, variables: dict[str, Any], n: int) -> dict[str, Any]:
         """The `data` for a valid call, the n-th one recorded."""
@@ -130,7 +153,41 @@ class Linear:
             return {field: {"success": True, "comment": {"id": f"com-{n}"}}}
         if field == "issue":
             issue_id = variables["id"]
-            return {field: {"id": issue_id, **self.issues.get(issue_id, {"assignee": None})}}
+            known = self.issue(issue_id)
+            state = next(s for s in STATES if s["id"] == known.get("stateId", "st-todo"))
+            started = [s for s in STATES if s["type"] == "started"]
+            sessions = [
+                {"id": sid, "externalLinks": s.get("externalUrls") or []}
+                for sid, s in self.sessions.items()
+                if s.get("issueId") == issue_id
+            ]
+            return {
+                field: {
+                    "id": issue_id,
+                    "assignee": known.get("assignee"),
+                    "delegate": {"id": known["delegateId"]} if known.get("delegateId") else None,
+                    "state": {"id": state["id"], "type": state["type"]},
+                    "team": {"id": "team-1", "states": {"nodes": started}},
+                    "agentSessions": {"nodes": sessions},
+                }
+            }
+        if field == "issueUpdate":
+            changes = variables["input"]
+            assert set(changes) <= {"stateId", "delegateId"}, changes
+            if "stateId" in changes:
+                assert any(s["id"] == changes["stateId"] for s in STATES), changes
+            self.issue(variables["id"]).update(changes)
+            return {field: {"success": True}}
+        if field == "agentSessionUpdate":
+            changes = variables["input"]
+            for step in changes.get("plan") or []:  # the shape Linear documents for a plan
+                assert set(step) == {"content", "status"} and step["status"] in PLAN_STATUSES, step
+            self.sessions.setdefault(variables["id"], {}).update(changes)
+            return {field: {"success": True}}
+        if field == "agentSessionCreateOnIssue":
+            sid = f"as-opened-{n}"
+            self.sessions[sid] = dict(variables["input"])
+            return {field: {"success": True, "agentSession": {"id": sid}}}
         raise AssertionError(f"the stand-in Linear does not answer {field}")
 
     def checked(self, body: dict[str, Any]) -> Response | None:
@@ -169,10 +226,19 @@ class Linear:
             if self.fail > 0:
                 self.fail -= 1
                 return Response("upstream trouble", status=500)
+            field = root_field(body)
+            if field in self.refuse:
+                self.refusals[field] = self.refusals.get(field, 0) + 1
+                refusal = {"errors": [{"message": self.refuse[field]}], "data": None}
+                return Response(json.dumps(refusal), content_type="application/json")
             self.calls.append(body)
             n = len(self.calls)
-        data = self.answer(root_field(body), body.get("variables") or {}, n)
+            data = self.answer(field, body.get("variables") or {}, n)
         return Response(json.dumps({"data": data}), content_type="application/json")
+
+    def mutations(self, field: str) -> list[dict[str, Any]]:
+        """The variables of each accepted call of a root field, in order."""
+        return [c.get("variables") or {} for c in self.calls if root_field(c) == field]
 
     def wait(self, n: int, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -192,9 +258,10 @@ class Linear:
 class LinearOAuth(Linear):
     """Linear with OAuth: a token endpoint whose refresh tokens rotate on use (a reused one is
     refused, as Linear does), access tokens that can be expired at will (then GraphQL answers 401),
-    and the `organization` query. Counts refreshes and refused refreshes."""
+    and the `organization` query (with `viewer`, the app user). Counts refreshes and refused refreshes."""
 
     ORG: ClassVar[dict[str, str]] = {"id": "org-oauth", "name": "Acme Robotics", "urlKey": "acme"}
+    APP_USER = "app-user-oauth"  # the app user the installed token acts as (`viewer`)
 
     def __init__(self, server: HTTPServer, refresh_delay: float = 0.0) -> None:
         self.valid: set[str] = set()
@@ -260,7 +327,8 @@ class LinearOAuth(Linear):
             if errors:
                 self.invalid.append((body, errors))
                 return Response(json.dumps({"errors": errors}), status=400)
-            return Response(json.dumps({"data": {"organization": self.ORG}}), content_type="application/json")
+            data = {"organization": self.ORG, "viewer": {"id": self.APP_USER}}
+            return Response(json.dumps({"data": data}), content_type="application/json")
         return super().handle(request)
 
     # --- people signing in (actor=user) -------------------------------------------------------

@@ -23,6 +23,7 @@ def _table() -> set[tuple[str, str]]:
                 (r.path + e.rule)
                 .replace("<uuid:orchestrator_id>", "{orchestratorId}")
                 .replace("<org_id>", "{orgId}")
+                .replace("<uuid:session_id>", "{sessionId}")
             )
             out |= {(path, m.lower()) for m in e.methods if m != "HEAD"}
     return out

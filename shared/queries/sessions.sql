@@ -1,0 +1,213 @@
+-- A page per session (shared/sessions.py): what it shows, the search that finds it, and the
+-- operators' actions (retry, cancel, move), each one transaction that keeps the invariant (a
+-- session is `queued` exactly while one queue row holds it) and records who did what.
+
+-- name: session_header
+-- The session, its machine, and its queue row while it is queued (read-only).
+SELECT s.id, s.org_id, s.status, s.kind, s.issue_id, s.issue_identifier, s.agent_session_id,
+       s.agent_session_created, s.linear_user_id, s.failure_reason, s.created_at, s.updated_at,
+       s.delivered_at, s.claimed_at, s.orchestrator_id, o.name AS machine, o.revoked_at AS machine_revoked_at,
+       q.attempts AS live_attempts, q.claimed_at AS live_claimed_at, q.lease_expires_at, q.available_at,
+       q.last_error AS live_error, q.payload AS live_payload,
+       d.payload AS dead_payload, d.reason AS dead_reason, d.failed_at AS dead_at, d.attempts AS dead_attempts,
+       c.workspace_name
+FROM dispatch_sessions s
+JOIN orchestrators o ON o.id = s.orchestrator_id
+LEFT JOIN dispatch_queue q ON q.session_id = s.id
+LEFT JOIN dead_letters d ON d.session_id = s.id
+LEFT JOIN linear_credentials c ON c.org_id = s.org_id
+WHERE s.id = %(id)s;
+
+-- name: session_conversation
+-- Every message of the session's conversation, in the order they were queued: the agent
+-- session's messages, or the session alone (a plain assignment), with their machines, queue rows
+-- and dead letters. Served by dispatch_sessions_agent_idx.
+SELECT s.id, s.kind, s.status, s.created_at, s.claimed_at, s.delivered_at, s.failure_reason,
+       s.orchestrator_id, o.name AS machine,
+       q.attempts AS live_attempts, q.claimed_at AS live_claimed_at, q.last_error AS live_error,
+       q.lease_expires_at, q.available_at,
+       d.reason AS dead_reason, d.failed_at AS dead_at, d.attempts AS dead_attempts
+FROM dispatch_sessions s
+JOIN orchestrators o ON o.id = s.orchestrator_id
+LEFT JOIN dispatch_queue q ON q.session_id = s.id
+LEFT JOIN dead_letters d ON d.session_id = s.id
+WHERE (s.id = %(id)s
+       OR (%(agent_session_id)s::text IS NOT NULL AND s.org_id = %(org_id)s
+           AND s.agent_session_id = %(agent_session_id)s))
+ORDER BY s.created_at, s.id
+LIMIT 500;
+
+-- name: session_attempts
+-- The claims of these sessions that ended without an ack, in order.
+SELECT session_id, attempt, claimed_at, ended_at, error
+FROM dispatch_attempts WHERE session_id = ANY(%(ids)s::uuid[])
+ORDER BY session_id, id;
+
+-- name: session_posts
+-- What was posted to Linear (or waits) for the conversation, in the order accepted: the agent
+-- session's posts (and those under a plain assignment's alias), and the issue's own (state,
+-- delegate) written for its sessions; `given_up` past the attempt limit (available_at is
+-- 'infinity', which no client datetime holds). At most 1,000, the newest.
+SELECT * FROM (
+    SELECT n.id, n.kind, n.body, n.content, n.created_at, n.sent_at, n.attempts, n.last_error,
+           n.available_at = 'infinity' AS given_up,
+           CASE WHEN n.available_at < 'infinity' THEN n.available_at END AS next_at,
+           n.linear_id, n.orchestrator_id IS NOT NULL AS by_agent, n.seq
+    FROM linear_notices n
+    WHERE n.org_id = %(org_id)s
+      AND (n.agent_session_id = ANY(%(agent_sessions)s::text[]) OR n.session_id = ANY(%(ids)s::uuid[]))
+    ORDER BY n.seq DESC
+    LIMIT 1000
+) newest ORDER BY seq;
+
+-- name: session_actions_list
+SELECT action, actor, detail, at FROM session_actions WHERE session_id = ANY(%(ids)s::uuid[]) ORDER BY id;
+
+-- name: session_search
+-- Sessions by issue identifier (`ENG-123`, any case), agent session id, session id or machine
+-- name, newest first; with no text, the newest sessions.
+SELECT s.id, s.org_id, s.status, s.kind, s.issue_identifier, s.agent_session_id, s.created_at, s.updated_at,
+       o.name AS machine
+FROM dispatch_sessions s
+JOIN orchestrators o ON o.id = s.orchestrator_id
+WHERE %(q)s::text IS NULL
+   OR upper(s.issue_identifier) = upper(%(q)s)
+   OR s.agent_session_id = %(q)s
+   OR s.id::text = lower(%(q)s)
+   OR s.orchestrator_id IN (SELECT id FROM orchestrators WHERE lower(name) = lower(%(q)s))
+ORDER BY s.created_at DESC, s.id
+LIMIT %(limit)s;
+
+-- name: session_lock
+-- The session, locked for an operator's action (the action's transaction decides on this row).
+SELECT s.id, s.org_id, s.status, s.kind, s.agent_session_id, s.issue_id, s.linear_user_id,
+       s.orchestrator_id, o.revoked_at AS machine_revoked_at, o.linear_user_id AS machine_user
+FROM dispatch_sessions s JOIN orchestrators o ON o.id = s.orchestrator_id
+WHERE s.id = %(id)s
+FOR UPDATE OF s;
+
+-- name: session_requeue
+-- failed -> queued (an operator's retry): the dead letter's message gets a new queue row, the
+-- same message id, attempts from 0, due now, for `orchestrator_id` if it is still active (its row
+-- FOR KEY SHARE, as `enqueue` locks it: a revoke committed meanwhile writes nothing here), and
+-- the session points at it, in one statement. With it, for an org Linear is told about, the
+-- agent session hears "Retrying on <machine>". No row: nothing was written.
+WITH target AS (
+    SELECT id, name, listening_until > now() AS listening
+    FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
+    FOR KEY SHARE
+), letter AS (
+    SELECT payload FROM dead_letters WHERE session_id = %(id)s
+), s AS (
+    UPDATE dispatch_sessions ds
+    SET status = 'queued', orchestrator_id = t.id, queue_id = gen_random_uuid(), failure_reason = NULL,
+        acked_claim_token = NULL, delivered_at = NULL, claimed_at = NULL, updated_at = now()
+    FROM target t
+    WHERE ds.id = %(id)s AND ds.status = 'failed' AND EXISTS (SELECT 1 FROM letter)
+    RETURNING ds.id, ds.queue_id, ds.message_id, ds.orchestrator_id, ds.org_id, ds.agent_session_id, ds.issue_id
+), q AS (
+    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload, agent_session_id)
+    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id, (SELECT payload FROM letter),
+           s.agent_session_id
+    FROM s
+    RETURNING id, session_id, orchestrator_id
+), told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT s.org_id, s.id, 'dispatched', s.agent_session_id, s.issue_id, 'Retrying on ' || t.name,
+           jsonb_build_object('type', 'thought', 'body', 'Retrying on ' || t.name)
+    FROM s JOIN target t ON t.id = s.orchestrator_id
+    WHERE s.agent_session_id IS NOT NULL AND devpilot_notifies(s.org_id)
+    RETURNING id
+)
+SELECT q.id AS queue_id, t.name AS machine, (SELECT array_agg(id) FROM told) AS notice_ids,
+       (SELECT count(pg_notify('devpilot_dispatch', t2.id::text)) FROM target t2 WHERE t2.listening) AS notified
+FROM q JOIN target t ON t.id = q.orchestrator_id;
+
+-- name: session_cancel
+-- queued -> cancelled (an operator's cancel): its queue row (claimed or not: a late ack then gets
+-- 404) and, for a start, the messages of its agent session queued behind it on its machine (no
+-- machine has that conversation), locked in queue order as a stop locks them, deleted, their
+-- sessions cancelled, in one statement. An agent session whose start is cancelled hears it as for
+-- a stop (a final response), for an org Linear is told about.
+WITH mine AS (
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id, s.kind
+    FROM dispatch_queue q JOIN dispatch_sessions s ON s.id = q.session_id
+    WHERE q.session_id = %(id)s
+), doomed AS (
+    SELECT q.id FROM dispatch_queue q
+    WHERE q.id IN (SELECT id FROM mine)
+       OR q.id IN (SELECT f.id FROM dispatch_queue f JOIN mine m
+                   ON m.kind = 'start' AND f.org_id = m.org_id AND f.agent_session_id = m.agent_session_id
+                      AND f.seq > m.seq AND f.orchestrator_id = m.orchestrator_id)
+    ORDER BY q.seq
+    FOR UPDATE
+), removed AS (
+    DELETE FROM dispatch_queue dq USING doomed WHERE dq.id = doomed.id RETURNING dq.session_id
+),
+-- include: cancel_removed
+, told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT c.org_id, c.id, 'stopped', c.agent_session_id, c.issue_id,
+           'Cancelled by an operator before any machine started working on it.'
+    FROM cancelled c
+    WHERE c.id = %(id)s AND c.agent_session_id IS NOT NULL AND c.kind = 'start' AND devpilot_notifies(c.org_id)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM cancelled WHERE id = %(id)s) AS cancelled,
+       (SELECT count(*) FROM cancelled) AS with_behind,
+       (SELECT array_agg(id) FROM told) AS notice_ids;
+
+-- name: session_move
+-- queued -> queued on another machine (an operator's move): an unclaimed start, and the unclaimed
+-- messages of its agent session queued behind it on the machine it leaves (`moving`), go to
+-- `target`, an active machine of the same org and Linear user as the one it leaves (its row FOR
+-- KEY SHARE, as `enqueue` locks it), in one statement; the NOTIFY wakes it on commit. No row
+-- moved: nothing was written (the row is claimed, or the target is not such a machine).
+WITH dest AS (
+    SELECT o.id, o.listening_until > now() AS listening
+    FROM orchestrators o
+    JOIN orchestrators src ON src.id = %(source)s
+    WHERE o.id = %(target)s AND o.id <> src.id AND o.revoked_at IS NULL
+      AND o.org_id = src.org_id AND o.linear_user_id = src.linear_user_id
+    FOR KEY SHARE OF o
+), rows AS (
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, d.id AS target
+    FROM dispatch_queue q
+    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+    CROSS JOIN dest d
+    WHERE q.session_id = %(id)s AND q.orchestrator_id = %(source)s AND q.lease_expires_at IS NULL
+    FOR UPDATE OF q
+), moving AS (
+-- include: moving
+), locked AS (
+    SELECT q.id FROM dispatch_queue q JOIN moving m ON m.id = q.id ORDER BY q.seq FOR UPDATE OF q
+), moved AS (
+    UPDATE dispatch_queue q SET orchestrator_id = r.target
+    FROM locked l JOIN moving r ON r.id = l.id
+    WHERE q.id = l.id AND q.orchestrator_id = r.source AND q.lease_expires_at IS NULL
+    RETURNING q.session_id, q.orchestrator_id
+), sessions AS (
+    UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
+    FROM moved m WHERE s.id = m.session_id
+    RETURNING s.id
+)
+SELECT (SELECT count(*) FROM sessions) AS moved, (SELECT name FROM orchestrators WHERE id = %(target)s) AS target_name,
+       (SELECT count(pg_notify('devpilot_dispatch', d.id::text)) FROM dest d
+        WHERE d.listening AND EXISTS (SELECT 1 FROM moved)) AS notified;
+
+-- name: session_action_record
+-- Who did what to the session, in the action's own transaction.
+INSERT INTO session_actions (session_id, action, actor, detail)
+VALUES (%(id)s, %(action)s, %(actor)s, %(detail)s);
+
+-- name: session_machines
+-- The other active machines of the same org and Linear user as `orchestrator_id` (a move's targets).
+SELECT o.id, o.name FROM orchestrators o JOIN orchestrators src ON src.id = %(orchestrator_id)s
+WHERE o.id <> src.id AND o.revoked_at IS NULL AND o.org_id = src.org_id AND o.linear_user_id = src.linear_user_id
+ORDER BY o.name, o.id;
+
+-- name: machine_by_name
+-- A machine named in the CLI (`--to NAME`): an active one of that name (or id), newest first.
+SELECT id FROM orchestrators
+WHERE (lower(name) = lower(%(name)s) OR id::text = lower(%(name)s)) AND revoked_at IS NULL
+ORDER BY created_at DESC LIMIT 2;

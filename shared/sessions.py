@@ -1,0 +1,171 @@
+"""A page per session, the search that finds it, and what operators do to a session.
+
+- `read`: the session, its machine, every message of its conversation in order (when each was
+  queued, claimed, acked; each attempt that ended without an ack and its error; the dead letter),
+  every post to Linear about it (queued, sent, retried, given up with Linear's answer), and the
+  operators' actions on it.
+- `retry` (a failed session: its dead letter's message in a new queue row, attempts from 0, on its
+  machine, or routed again when that one is revoked), `cancel` (a queued session) and `move` (an
+  unclaimed start, to another active machine of the same user): each one transaction that keeps
+  the invariant (a session is `queued` exactly while one queue row holds it), records who did it,
+  and writes what Linear hears; `NotAllowed` when the session's state does not allow it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from shared.db import Pool, Tx, lend, transaction
+from shared.sql import query
+
+SEARCH_LIMIT = 50
+
+
+class NotAllowed(Exception):
+    """The session's state does not allow the action (the contract's `409 not_allowed`)."""
+
+
+class NotFound(Exception):
+    """No such session."""
+
+
+@dataclass(frozen=True)
+class Acted:
+    status: str  # the session's status after the action
+    detail: str  # what was done, as recorded
+    notice_ids: list[UUID] = field(default_factory=list)
+
+
+@dataclass
+class Page:
+    session: dict[str, Any]
+    messages: list[dict[str, Any]]
+    attempts: dict[UUID, list[dict[str, Any]]]
+    posts: list[dict[str, Any]]
+    actions: list[dict[str, Any]]
+    machines: list[dict[str, Any]]  # where a move may send it
+
+
+def read(pool: Pool, session_id: UUID) -> Page | None:
+    with lend(pool) as conn:
+        head = conn.execute(query("session_header"), {"id": session_id}).fetchone()
+        if head is None:
+            return None
+        session = dict(head)
+        params = {
+            "id": session_id,
+            "org_id": session["org_id"],
+            "agent_session_id": session["agent_session_id"],
+        }
+        messages = [dict(r) for r in conn.execute(query("session_conversation"), params)]
+        ids = [m["id"] for m in messages]
+        attempts: dict[UUID, list[dict[str, Any]]] = {}
+        for r in conn.execute(query("session_attempts"), {"ids": ids}):
+            attempts.setdefault(r["session_id"], []).append(dict(r))
+        agents = [f"devpilot:{i}" for i in ids]
+        if session["agent_session_id"]:
+            agents.append(session["agent_session_id"])
+        posts = [
+            dict(r)
+            for r in conn.execute(
+                query("session_posts"), {"org_id": session["org_id"], "agent_sessions": agents, "ids": ids}
+            )
+        ]
+        actions = [dict(r) for r in conn.execute(query("session_actions_list"), {"ids": ids})]
+        machines = [
+            dict(r)
+            for r in conn.execute(query("session_machines"), {"orchestrator_id": session["orchestrator_id"]})
+        ]
+    return Page(session, messages, attempts, posts, actions, machines)
+
+
+def search(pool: Pool, text: str | None, limit: int = SEARCH_LIMIT) -> list[dict[str, Any]]:
+    q = (text or "").strip() or None
+    with lend(pool) as conn:
+        return [dict(r) for r in conn.execute(query("session_search"), {"q": q, "limit": limit})]
+
+
+def machine_named(pool: Pool, name: str) -> UUID:
+    """The active machine a person names (its name, or its id); NotAllowed when none or several."""
+    with lend(pool) as conn:
+        rows = conn.execute(query("machine_by_name"), {"name": name}).fetchall()
+    if len(rows) != 1:
+        raise NotAllowed(f"no single active machine named {name!r}")
+    return UUID(str(rows[0]["id"]))
+
+
+def _locked(tx: Tx, session_id: UUID) -> dict[str, Any]:
+    row = tx.one(query("session_lock"), {"id": session_id})
+    if row is None:
+        raise NotFound(str(session_id))
+    return dict(row)
+
+
+def _record(tx: Tx, session_id: UUID, action: str, actor: str, detail: str) -> None:
+    tx.execute(
+        query("session_action_record"), {"id": session_id, "action": action, "actor": actor, "detail": detail}
+    )
+
+
+def retry(pool: Pool, session_id: UUID, actor: str) -> Acted:
+    """A failed session queued again: the same message, attempts from 0, on its machine, or (a
+    start whose machine is revoked) on its user's most recently seen active machine."""
+    with transaction(pool) as tx:
+        s = _locked(tx, session_id)
+        if s["status"] != "failed":
+            raise NotAllowed(f"only a failed session can be retried; this one is {s['status']}")
+        machine = s["orchestrator_id"]
+        if s["machine_revoked_at"] is not None:
+            if s["kind"] != "start":
+                raise NotAllowed(
+                    "its machine was revoked, and a follow-up goes only to its conversation's machine"
+                )
+            routed = tx.one(
+                query("routed_machine"),
+                {"org_id": s["org_id"], "route_user": s["linear_user_id"] or s["machine_user"]},
+            )
+            if routed is None:
+                raise NotAllowed("its machine was revoked and its user has no other active machine")
+            machine = routed["id"]
+        row = tx.one(query("session_requeue"), {"id": session_id, "orchestrator_id": machine})
+        if row is None:
+            raise NotAllowed("no dead letter to queue again, or its machine was revoked meanwhile")
+        detail = f"queued again on {row['machine']}"
+        _record(tx, session_id, "retry", actor, detail)
+    return Acted("queued", detail, list(row["notice_ids"] or []))
+
+
+def cancel(pool: Pool, session_id: UUID, actor: str) -> Acted:
+    """A queued session cancelled (with, for a start, what its conversation queued behind it)."""
+    with transaction(pool) as tx:
+        s = _locked(tx, session_id)
+        if s["status"] != "queued":
+            raise NotAllowed(f"only a queued session can be cancelled; this one is {s['status']}")
+        row = tx.one(query("session_cancel"), {"id": session_id, "reason": f"cancelled by {actor}"})
+        assert row is not None
+        if not row["cancelled"]:
+            raise NotAllowed("it was delivered meanwhile")
+        behind = row["with_behind"] - 1
+        detail = "cancelled" + (f", with {behind} message(s) queued behind it" if behind else "")
+        _record(tx, session_id, "cancel", actor, detail)
+    return Acted("cancelled", detail, list(row["notice_ids"] or []))
+
+
+def move(pool: Pool, session_id: UUID, target: UUID, actor: str) -> Acted:
+    """An unclaimed start moved to another active machine of the same user (with the messages of
+    its conversation queued behind it)."""
+    with transaction(pool) as tx:
+        s = _locked(tx, session_id)
+        if s["status"] != "queued" or s["kind"] != "start":
+            raise NotAllowed(f"only a queued start can be moved; this one is a {s['status']} {s['kind']}")
+        row = tx.one(
+            query("session_move"), {"id": session_id, "source": s["orchestrator_id"], "target": target}
+        )
+        assert row is not None
+        if not row["moved"]:
+            raise NotAllowed("it is claimed, or the target is not another active machine of the same user")
+        detail = f"moved to {row['target_name']}"
+        _record(tx, session_id, "move", actor, detail)
+    return Acted("queued", detail)
