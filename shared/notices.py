@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from shared import crypto, linear_auth
+from shared import crypto, linear_api, linear_auth
 from shared.db import Pool, Tx, lend, require_tx
 from shared.settings import Settings
 from shared.sql import query
@@ -158,53 +158,53 @@ def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, 
     sent = failed = 0
     went_out: list[str] = []
     tokens = linear_auth.Tokens(pool, settings)
-    with httpx.Client(timeout=settings.linear_timeout_seconds) as http:
-        for row in rows:
-            error: str | None = None
-            linear_id: str | None = None
-            waits = False  # no working connection: back to the outbox, attempt not counted
-            post = request(row)
-            try:
-                token = tokens.get(row["org_id"]) if post is not None else None
-                if post is None:
-                    linear_id = "not-applicable"
-                elif token is None:
-                    error, waits = "no Linear connection for this org (or it was disconnected)", True
-                else:
-                    r = _post(http, settings, post, token)
-                    if r.status_code == 401:  # expired or revoked: refresh once, then try again
-                        token = tokens.refused(row["org_id"])
-                        r = _post(http, settings, post, token) if token else r
-                        waits = token is None
-                    if waits:
-                        error = "Linear refused the refresh: the org is disconnected"
-                    elif r.status_code == 200:
-                        linear_id = _linear_id(r.json())
-                        if linear_id is None:
-                            error = f"Linear refused: {str(r.json().get('errors'))[:300]}"
-                    else:
-                        error = f"Linear answered HTTP {r.status_code}"
-            except crypto.InvalidToken:
-                error = "stored Linear token cannot be decrypted (key changed?)"
-            except linear_auth.RefreshFailed as exc:
-                error = f"refreshing the Linear token failed: {exc}"
-            except (httpx.HTTPError, ValueError) as exc:
-                error = f"{type(exc).__name__}: {exc}"[:300]
-            with lend(pool) as conn:
+    http = linear_api.client(settings)  # (the process's: its connections are reused)
+    for row in rows:
+        error: str | None = None
+        linear_id: str | None = None
+        waits = False  # no working connection: back to the outbox, attempt not counted
+        post = request(row)
+        try:
+            token = tokens.get(row["org_id"]) if post is not None else None
+            if post is None:
+                linear_id = "not-applicable"
+            elif token is None:
+                error, waits = "no Linear connection for this org (or it was disconnected)", True
+            else:
+                r = _post(http, settings, post, token)
+                if r.status_code == 401:  # expired or revoked: refresh once, then try again
+                    token = tokens.refused(row["org_id"])
+                    r = _post(http, settings, post, token) if token else r
+                    waits = token is None
                 if waits:
-                    conn.execute(query("notice_wait"), {"id": row["id"], "error": error})
-                elif error is None:
-                    conn.execute(query("notice_sent"), {"id": row["id"], "linear_id": linear_id})
-                    sent += 1
-                    if row["agent_session_id"]:
-                        went_out.append(row["agent_session_id"])
+                    error = "Linear refused the refresh: the org is disconnected"
+                elif r.status_code == 200:
+                    linear_id = _linear_id(r.json())
+                    if linear_id is None:
+                        error = f"Linear refused: {str(r.json().get('errors'))[:300]}"
                 else:
-                    conn.execute(
-                        query("notice_failed"),
-                        {"id": row["id"], "error": error, **settings.retry_params()},
-                    )
-                    failed += 1
-                    log.warning(
-                        '{"event":"notice_failed","noticeId":"%s","attempt":%d}', row["id"], row["attempts"]
-                    )
+                    error = f"Linear answered HTTP {r.status_code}"
+        except crypto.InvalidToken:
+            error = "stored Linear token cannot be decrypted (key changed?)"
+        except linear_auth.RefreshFailed as exc:
+            error = f"refreshing the Linear token failed: {exc}"
+        except (httpx.HTTPError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        with lend(pool) as conn:
+            if waits:
+                conn.execute(query("notice_wait"), {"id": row["id"], "error": error})
+            elif error is None:
+                conn.execute(query("notice_sent"), {"id": row["id"], "linear_id": linear_id})
+                sent += 1
+                if row["agent_session_id"]:
+                    went_out.append(row["agent_session_id"])
+            else:
+                conn.execute(
+                    query("notice_failed"),
+                    {"id": row["id"], "error": error, **settings.retry_params()},
+                )
+                failed += 1
+                log.warning(
+                    '{"event":"notice_failed","noticeId":"%s","attempt":%d}', row["id"], row["attempts"]
+                )
     return SendResult(sent, failed), went_out
