@@ -90,6 +90,7 @@ ENDPOINT_NAMES = {
     "release": "release",
     "activities": "activities",
     "realtimeToken": "realtime_token",
+    "machine": "machine",
 }
 
 
@@ -424,6 +425,7 @@ def main(
             "release": "release",
             "activities": "activities",
             "realtimeToken": "realtime-token",
+            "machine": "machine",
         }
         endpoints = {name: urls["api"].rstrip("/") + "/" + path for name, path in paths.items()}
     else:

@@ -85,6 +85,10 @@ class Settings(BaseModel):
     linear_oauth_token_url: str = Field(
         default="https://api.linear.app/oauth/token", validation_alias="LINEAR_OAUTH_TOKEN_URL"
     )
+    # The least confidence of Linear's repository suggestion that routes a start without asking.
+    repository_confidence: float = Field(
+        default=0.7, ge=0, le=1, validation_alias="DEVPILOT_REPOSITORY_CONFIDENCE"
+    )
     metrics_enabled: bool = Field(default=False, validation_alias="DEVPILOT_METRICS")
     # An empty poll is logged at debug level unless this is set: an idle fleet's polls are most of
     # its requests, and on Cloud Run and Lambda every line is billed log ingestion.
