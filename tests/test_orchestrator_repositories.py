@@ -51,10 +51,8 @@ def listed(api: Api) -> dict[str, dict[str, Any]]:
 def test_each_command_runs_in_its_repository_and_a_machine_without_it_gives_it_back(
     api: Api, linear: Linear, tmp_path: Path
 ) -> None:
-    backend_repo = checkout(
-        tmp_path / "src" / "backend", origin="https://ci:secret@github.com/acme/backend.git"
-    )
-    docs_repo = checkout(tmp_path / "src" / "docs")
+    backend_repo = checkout(tmp_path / "src" / "backend")
+    docs_repo = checkout(tmp_path / "src" / "docs", origin="https://ci:secret@github.com/acme/docs.git")
     web_repo = checkout(tmp_path / "src" / "web")
     _, backend_token = api.register(user="user-1", name="backend-box")
     web_id, web_token = api.register(user="user-1", name="web-box")
@@ -78,8 +76,8 @@ def test_each_command_runs_in_its_repository_and_a_machine_without_it_gives_it_b
         extra=["--repo", f"acme/web={web_repo}", "--label", "Frontend"],
     )  # fmt: skip
     backend = Orch(
-        api.url, backend_token, tmp_path / "backend", command=COMMAND, cwd=backend_repo,
-        extra=["--repo", ".", "--repo", f"acme/docs={docs_repo}", "--worktree", "--pass-env", "PYTHONPATH"],
+        api.url, backend_token, tmp_path / "backend", command=COMMAND, cwd=docs_repo,
+        extra=["--repo", f"acme/backend={backend_repo}", "--repo", ".", "--worktree", "--pass-env", "PYTHONPATH"],
     )  # fmt: skip
     web.start()
     backend.start()
@@ -95,7 +93,7 @@ def test_each_command_runs_in_its_repository_and_a_machine_without_it_gives_it_b
         assert on_backend["env"]["DEVPILOT_REPOSITORY"] == "acme/backend"
         assert on_backend["cwd"] == on_backend["env"]["DEVPILOT_WORKDIR"]
         assert on_backend["cwd"].startswith(str(backend.state))  # the conversation's worktree...
-        branches = subprocess.run(  # ...of acme/backend's checkout, not of the others
+        branches = subprocess.run(  # ...of acme/backend's checkout, not of the one it runs in
             ["git", "branch", "--list", "devpilot/*"],
             cwd=backend_repo,
             capture_output=True,
