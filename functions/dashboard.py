@@ -124,7 +124,8 @@ def render(snap: Snapshot) -> str:
         f'<td class="num claimed">{o.claimed}</td><td class="num">{format_age(o.oldest_due_s)}</td>'
         f'<td class="num">{o.attempts}</td>'
         f"<td>{escape(o.last_seen_at.isoformat(timespec='seconds')) if o.last_seen_at else 'never'}"
-        f"{'' if o.active else ' (revoked)'}</td></tr>"
+        f"{'' if o.active else ' (revoked)'}</td>"
+        f'<td class="has">{escape(_has(o.repositories, o.labels))}</td></tr>'
         for o in snap.orchestrators
     )
     failed = (
@@ -164,13 +165,18 @@ def render(snap: Snapshot) -> str:
 <p class="muted">as of {escape(snap.taken_at.isoformat(timespec="seconds"))}; refreshes every {REFRESH_SECONDS} s</p>
 <div class="cards">{cards}</div>
 <h2>Orchestrators</h2><table id="orchestrators"><tr><th>machine</th><th>org</th><th>Linear user</th>
-<th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th></tr>{rows}</table>
+<th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th><th>has</th></tr>{rows}</table>
 <h2>Last hour</h2>{_chart(snap.history)}
 <h2>Linear</h2><table id="linear"><tr><th>org</th><th>workspace</th><th>kind</th><th>state</th></tr>{linear}</table>
 <h2>Recent failures</h2><table id="failed"><tr><th>issue</th><th>reason</th><th>when</th></tr>{failed}</table>
 <p id="sweep">{sweep}</p>""",
         refresh=True,
     )
+
+
+def _has(repositories: list[str], labels: list[str]) -> str:
+    """What a machine said it has: its repositories, then its labels."""
+    return ", ".join([*repositories, *(f"label {lb}" for lb in labels)])
 
 
 def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> flask.Response:

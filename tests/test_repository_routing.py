@@ -124,6 +124,9 @@ def test_a_machine_says_what_it_has_and_saying_it_again_replaces_it(api: Api) ->
         for o in api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"]
     }
     assert (listed[oid]["repositories"], listed[oid]["labels"]) == ([WEB], [])  # replaced, labels too
+    api.post_as(token, "/machine", {"repositories": [WEB], "labels": ["gpu"]})
+    page = api.http.get("/dashboard", headers=api.admin()).text
+    assert '<td class="has">acme/web, label gpu</td>' in page  # the operators' page shows it too
     for bad in (
         {"repositories": [{"hostname": "github.com", "fullName": "no-slash"}]},
         {"repositories": [{"hostname": "not a host", "fullName": "acme/x"}]},
@@ -137,7 +140,10 @@ def test_a_machine_says_what_it_has_and_saying_it_again_replaces_it(api: Api) ->
         o["orchestratorId"]: o
         for o in api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"]
     }
-    assert listed[oid]["repositories"] == [WEB]  # nothing written by a refused body
+    assert (listed[oid]["repositories"], listed[oid]["labels"]) == (
+        [WEB],
+        ["gpu"],
+    )  # nothing written by a refusal
     assert api.http.post(f"/orchestrators/{oid}/revoke", headers=api.admin()).status_code == 200
     assert api.post_as(token, "/machine", {"repositories": [BACKEND]}).status_code == 401
 
