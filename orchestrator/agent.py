@@ -72,6 +72,7 @@ def is_uuid(value: object) -> bool:
 LONG_POLL_SECONDS = 20
 REALTIME_BACKSTOP_SECONDS = 30.0
 ACTIVITY_IDS = uuid.UUID("5b0f7c52-2f7c-4d61-9a55-8c1c2a4e9d10")  # namespace of our own activity ids
+ANNOUNCE_RETRY_SECONDS = 60.0  # between tries to tell the service what this machine has
 FINAL = ("response", "error")  # a conversation's last word: Linear completes the session on it
 
 
@@ -134,6 +135,7 @@ class Orchestrator:
         self._waiting: dict[Path, Conversation] = {c.folder: c for c in self.conversations.all()}
         self._repos = {r.key: r for r in cfg.repositories}
         self._announced = False  # the service has heard what this machine has (`POST /machine`)
+        self._announce_after = 0.0  # (monotonic) when to try telling it again
 
     # --- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -178,7 +180,7 @@ class Orchestrator:
         return 0
 
     def _cycle(self) -> None:
-        if not self._announced:
+        if not self._announced and time.monotonic() >= self._announce_after:
             self._announce()
         self._tend()
         self.drain()
@@ -203,8 +205,14 @@ class Orchestrator:
     def _announce(self) -> None:
         """Tell the service what this machine has (its repositories and labels), once per run,
         before the first claim: routing sends a start about a repository to a machine that has it.
-        Unreachable: tried again on the next cycle."""
-        said = self.api.machine([r.wire() for r in self.cfg.repositories], self.cfg.labels)
+        It never holds back the claims: a service that cannot take it now is told again a minute
+        later (meanwhile a start about a repository this machine lacks is given back)."""
+        try:
+            said = self.api.machine([r.wire() for r in self.cfg.repositories], self.cfg.labels)
+        except Unreachable as exc:
+            self._announce_after = time.monotonic() + ANNOUNCE_RETRY_SECONDS
+            self.log("machine", f"could not tell the service what this machine has ({exc}); trying again")
+            return
         self._announced = True
         if said is None:
             if self.cfg.repositories or self.cfg.labels:

@@ -261,8 +261,9 @@ def _decide(
         body = {
             "no_assignee": NO_ASSIGNEE,
             "not_connected": NOT_CONNECTED,
-            "no_machine": "No machine is registered in devpilot for the issue's assignee; "
-            "nothing was dispatched.",
+            "no_machine": "No machine is registered in devpilot for "
+            + ("the issue's assignee" if row["need"] == "assignee" else "the person who started this")
+            + "; nothing was dispatched.",
         }[outcome or "no_machine"]
         _done(tx, row, outcome or "no_machine", None)
         _tell(tx, row, message, body, result)
