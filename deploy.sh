@@ -149,7 +149,7 @@ cloudrun() {
   if [ "$shape" = api ]; then  # one service: every route by path under its URL
     shown "URL_api=\$(gcloud run services describe devpilot-api $where --format='value(status.url)')"
   fi
-  for name_target in claim:claim ack:ack release:release activities:activities realtimeToken:realtime_token plan:plan; do
+  for name_target in claim:claim ack:ack release:release activities:activities realtimeToken:realtime_token plan:plan machine:machine; do
     local svc="devpilot-${name_target#*:}"
     svc=${svc//_/-}
     if [ "$shape" = api ]; then

@@ -18,6 +18,9 @@ from pydantic import (
     model_validator,
 )
 
+from shared import machines
+from shared.models import FULL_NAME, HOSTNAME, LABEL
+
 NIL = UUID(int=0)  # matches no row and no token: how a malformed id is judged
 
 
@@ -51,6 +54,41 @@ class AckBody(Body):
 
 class ReleaseBody(AckOne):
     reason: StrictStr | None = Field(default=None, max_length=2000)
+
+
+class RepositoryIn(Body):
+    """A repository a machine has: its Git host and `owner/name` (as Linear names repositories)."""
+
+    hostname: StrictStr = Field(min_length=1, max_length=255)
+    full_name: StrictStr = Field(alias="fullName", min_length=3, max_length=200)
+
+    @field_validator("hostname")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        v = v.strip().lower()
+        if not HOSTNAME.match(v):
+            raise ValueError("must be a host name, such as github.com")
+        return v
+
+    @field_validator("full_name")
+    @classmethod
+    def _owner_name(cls, v: str) -> str:
+        v = v.strip()
+        if not FULL_NAME.match(v):
+            raise ValueError("must be owner/name, such as acme/backend")
+        return v
+
+
+class MachineBody(Body):
+    repositories: list[RepositoryIn] = Field(default_factory=list, max_length=machines.MAX_REPOSITORIES)
+    labels: list[StrictStr] = Field(default_factory=list, max_length=machines.MAX_LABELS)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        if not all(LABEL.match(label.strip()) for label in v):
+            raise ValueError("each label must be 1 to 64 printable characters")
+        return v
 
 
 class RegisterBody(Body):

@@ -133,7 +133,8 @@ def render(snap: Snapshot) -> str:
         f'<td class="num claimed">{o.claimed}</td><td class="num">{format_age(o.oldest_due_s)}</td>'
         f'<td class="num">{o.attempts}</td>'
         f"<td>{escape(o.last_seen_at.isoformat(timespec='seconds')) if o.last_seen_at else 'never'}"
-        f"{'' if o.active else ' (revoked)'}</td></tr>"
+        f"{'' if o.active else ' (revoked)'}</td>"
+        f'<td class="has">{escape(_has(o.repositories, o.labels))}</td></tr>'
         for o in snap.orchestrators
     )
     failed = (
@@ -176,13 +177,18 @@ def render(snap: Snapshot) -> str:
 <form method="get" action="/sessions"><input name="q" id="q" placeholder="ENG-123, agent session id or machine">
 <button type="submit" id="find">Find sessions</button></form>
 <h2>Orchestrators</h2><table id="orchestrators"><tr><th>machine</th><th>org</th><th>Linear user</th>
-<th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th></tr>{rows}</table>
+<th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th><th>has</th></tr>{rows}</table>
 <h2>Last hour</h2>{_chart(snap.history)}
 <h2>Linear</h2><table id="linear"><tr><th>org</th><th>workspace</th><th>kind</th><th>state</th></tr>{linear}</table>
 <h2>Recent failures</h2><table id="failed"><tr><th>issue</th><th>reason</th><th>when</th></tr>{failed}</table>
 <p id="sweep">{sweep}</p>""",
         refresh=True,
     )
+
+
+def _has(repositories: list[str], labels: list[str]) -> str:
+    """What a machine said it has: its repositories, then its labels."""
+    return ", ".join([*repositories, *(f"label {lb}" for lb in labels)])
 
 
 def html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> flask.Response:

@@ -55,6 +55,8 @@ def list_orchestrators(call: Call) -> flask.Response:
                     "lastSeenAt": o.last_seen_at.isoformat() if o.last_seen_at else None,
                     "revokedAt": o.revoked_at.isoformat() if o.revoked_at else None,
                     "active": o.revoked_at is None,
+                    "repositories": list(o.repositories),
+                    "labels": list(o.labels),
                 }
                 for o in registry.list_all(call.rt.pool)
             ]

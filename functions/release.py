@@ -26,5 +26,6 @@ def release(call: Call) -> flask.Response:
             "status": "released",
             "availableAt": r.available_at.isoformat() if r.available_at else None,
             "deadLettered": r.dead_lettered,
+            "rerouted": r.rerouted,
         }
     )

@@ -74,6 +74,7 @@ ROUTES: tuple[Route, ...] = (
         ),
     ),
     one("realtime_token", "/realtime-token", ("POST",), "orchestrator"),
+    one("machine", "/machine", ("POST",), "orchestrator"),
     Route(
         "activities",
         "/activities",

@@ -94,6 +94,7 @@ ENDPOINT_NAMES = {
     "activities": "activities",
     "realtimeToken": "realtime_token",
     "plan": "plan",
+    "machine": "machine",
 }
 
 
@@ -429,6 +430,7 @@ def main(
             "activities": "activities",
             "realtimeToken": "realtime-token",
             "plan": "plan",
+            "machine": "machine",
         }
         endpoints = {name: urls["api"].rstrip("/") + "/" + path for name, path in paths.items()}
     else:

@@ -37,8 +37,10 @@ from orchestrator.conversations import (
 )
 from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
+from orchestrator.repositories import LocalRepo
 from orchestrator.worktrees import WorktreeError
 from shared import agent_tokens
+from shared.models import REPOSITORY_MISSING, repository_key
 
 Transport = Literal["poll", "listen", "realtime"]
 TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"  # the variable's name, not its value  # nosec B105
@@ -84,8 +86,12 @@ def is_uuid(value: object) -> bool:
 
 
 LONG_POLL_SECONDS = 20
+# A long-poll while a conversation's next message waits for its running COMMAND to exit: short,
+# so the next COMMAND starts soon after (a long-poll cannot be woken by the exit, as a poll's wait is).
+SHORT_POLL_SECONDS = 1
 REALTIME_BACKSTOP_SECONDS = 30.0
 ACTIVITY_IDS = uuid.UUID("5b0f7c52-2f7c-4d61-9a55-8c1c2a4e9d10")  # namespace of our own activity ids
+ANNOUNCE_RETRY_SECONDS = 60.0  # between tries to tell the service what this machine has
 FINAL = ("response", "error")  # a conversation's last word: Linear completes the session on it
 
 
@@ -108,6 +114,8 @@ class Config:
     pass_env: list[str] = field(default_factory=list)  # variables COMMAND gets from this environment
     worktree: bool = False  # each conversation in its own git worktree of the checkout run in
     workdir: Path = field(default_factory=Path.cwd)  # where COMMAND runs (the checkout, with --worktree)
+    repositories: list[LocalRepo] = field(default_factory=list)  # --repo: checked out here, and where
+    labels: list[str] = field(default_factory=list)  # --label
 
 
 def default_state_dir() -> Path:
@@ -144,6 +152,9 @@ class Orchestrator:
         self.stopped: set[str] = set()  # message ids whose process a stop ended: no exit report
         # Conversations that may have messages waiting in their inbox (all of them at start-up).
         self._waiting: dict[Path, Conversation] = {c.folder: c for c in self.conversations.all()}
+        self._repos = {r.key: r for r in cfg.repositories}
+        self._announced = False  # the service has heard what this machine has (`POST /machine`)
+        self._announce_after = 0.0  # (monotonic) when to try telling it again
 
     # --- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -157,6 +168,8 @@ class Orchestrator:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # A COMMAND that exits wakes the loop: its conversation's next message may start now.
+        signal.signal(signal.SIGCHLD, lambda signum, frame: self._wake.set())
         self.log(
             "start",
             f"orchestrator up: {self.cfg.url or 'endpoints ' + self.api.endpoints['claim']} via "
@@ -188,6 +201,8 @@ class Orchestrator:
         return 0
 
     def _cycle(self) -> None:
+        if not self._announced and time.monotonic() >= self._announce_after:
+            self._announce()
         self._tend()
         self.drain()
         if self.stopping:
@@ -195,7 +210,8 @@ class Orchestrator:
         if self.cfg.transport == "listen":
             room = self._room()
             if room > 0:
-                for m in self.api.claim(min(room, 100), wait_seconds=LONG_POLL_SECONDS):
+                wait = SHORT_POLL_SECONDS if self._waiting_behind() else LONG_POLL_SECONDS
+                for m in self.api.claim(min(room, 100), wait_seconds=wait):
                     self._process(m)
                 return
             self._sleep(0.5)
@@ -207,6 +223,28 @@ class Orchestrator:
             self._wait_wake(REALTIME_BACKSTOP_SECONDS)
         else:
             self._wait_wake(self.cfg.poll_interval * random.uniform(0.8, 1.2))
+
+    def _announce(self) -> None:
+        """Tell the service what this machine has (its repositories and labels), once per run,
+        before the first claim: routing sends a start about a repository to a machine that has it.
+        It never holds back the claims: a service that cannot take it now is told again a minute
+        later (meanwhile a start about a repository this machine lacks is given back)."""
+        try:
+            said = self.api.machine([r.wire() for r in self.cfg.repositories], self.cfg.labels)
+        except Unreachable as exc:
+            self._announce_after = time.monotonic() + ANNOUNCE_RETRY_SECONDS
+            self.log("machine", f"could not tell the service what this machine has ({exc}); trying again")
+            return
+        self._announced = True
+        if said is None:
+            if self.cfg.repositories or self.cfg.labels:
+                self.log("machine", "the service does not take a machine's repositories (an older version)")
+        elif "error" in said:
+            self.log("machine", f"the service refused this machine's repositories: {said.get('detail')}")
+        else:
+            names = ", ".join(r["fullName"] for r in said.get("repositories", [])) or "none"
+            labels = ", ".join(said.get("labels", [])) or "none"
+            self.log("machine", f"told the service: repositories {names}; labels {labels}")
 
     def drain(self) -> None:
         """Claim until empty (or until the machine has as much waiting here as it can start)."""
@@ -242,6 +280,10 @@ class Orchestrator:
             entry = self.journal.get(message_id(waiting[0]))
             if entry is None or entry.state != "inboxed":  # (inboxed: not acked yet, never started)
                 self._start_next(conv, waiting[0])
+
+    def _waiting_behind(self) -> bool:
+        """Whether a message waits for its conversation's running COMMAND to exit."""
+        return any(self._busy(c) and self.conversations.pending(c) for c in self._waiting.values())
 
     def _room(self) -> int:
         """How many messages to claim now. Messages of a conversation whose COMMAND runs go to its
@@ -286,8 +328,39 @@ class Orchestrator:
                 "duplicate", f"{name} was already handed over here; acked again", messageId=m["messageId"]
             )
             return
+        missing = self._missing(m) if m.get("kind") == "start" else None
+        if missing is not None:
+            self._give_back(m, name, missing)
+            return
         self.journal.record(m)
         self._hand_over(m, name)
+
+    def _missing(self, m: dict[str, Any]) -> str | None:
+        """The repository a message names that this machine has no checkout of (`host/owner/name`),
+        or None."""
+        repository = m.get("repository")
+        if not isinstance(repository, dict) or not repository.get("fullName"):
+            return None
+        key = repository_key(str(repository.get("hostname") or ""), str(repository["fullName"]))
+        return None if key in self._repos else key
+
+    def _give_back(self, m: dict[str, Any], name: str, key: str) -> None:
+        """A start about a repository this machine does not have (its --repo list changed since
+        the service routed it): released with the reason, and the service routes it again."""
+        reason = f"{REPOSITORY_MISSING}: this machine has no checkout of {key}"
+        while True:
+            try:
+                status = self.api.release(m["queueId"], m["claimToken"], reason)
+                self._came_back()
+                break
+            except Unreachable as exc:
+                self._went_away(str(exc))
+                if self.stopping:
+                    return  # unacked: its lease ends, and it comes back here to be given back again
+                time.sleep(self._next_backoff())
+        self.log(
+            "gave_back", f"{name}: no checkout of {key} here; given back ({status})", messageId=m["messageId"]
+        )
 
     def _hand_over(self, m: dict[str, Any], name: str) -> None:
         """A journaled message: a stop is acked, then acted on; any other goes into its
@@ -361,8 +434,9 @@ class Orchestrator:
         mid = m["messageId"]
         name = _name(m)
         self.journal.mark(mid, "starting")
+        repo = self._repository(conv, m)
         try:
-            workdir = self._workdir(conv, m)
+            workdir = self._workdir(conv, repo)
         except WorktreeError as exc:
             self.journal.mark(mid, "delivered")
             self.log("error", f"could not make the worktree for {name}: {exc}", messageId=mid)
@@ -372,7 +446,7 @@ class Orchestrator:
             path.unlink(missing_ok=True)
             return
         self._write_transcript(conv, m)
-        env = self._environment(m, conv, workdir)
+        env = self._environment(m, conv, workdir, repo)
         spec = Launch(
             marker=self._marker(mid),
             message=path,
@@ -389,13 +463,14 @@ class Orchestrator:
         self.running[mid] = Running(proc, m, conv, name)
         self.log("started", f"started {name} (pid {proc.pid})", messageId=mid, pid=proc.pid)
 
-    def _environment(self, m: dict[str, Any], conv: Conversation, workdir: Path) -> dict[str, str]:
+    def _environment(
+        self, m: dict[str, Any], conv: Conversation, workdir: Path, repo: LocalRepo | None = None
+    ) -> dict[str, str]:
         """COMMAND's environment: its message's and conversation's `DEVPILOT_*`, the basics and the
         --pass-env names, never the machine's token or anything else of this process's."""
         mid = m["messageId"]
         issue = m.get("issue") or {}
         prompt = m.get("prompt") or {}
-        repository = m.get("repository") or {}
         own = {
             "DEVPILOT_MESSAGE_ID": mid,
             "DEVPILOT_SESSION_ID": m["sessionId"],
@@ -411,8 +486,8 @@ class Orchestrator:
             "DEVPILOT_WORKDIR": str(workdir),
             "DEVPILOT_RESPONDED_FILE": str(private_dir(self.cfg.state_dir / "responded") / mid),
         }
-        if repository.get("fullName"):
-            own["DEVPILOT_REPOSITORY"] = str(repository["fullName"])
+        if repo is not None:
+            own["DEVPILOT_REPOSITORY"] = repo.full_name
         agent = speaks_in(m)
         if agent:
             # What `devpilot-orchestrator activity` and `plan` need to speak in this agent session,
@@ -430,12 +505,38 @@ class Orchestrator:
             del env[k]  # the machine's token never reaches COMMAND, even when passed on purpose
         return env
 
-    def _workdir(self, conv: Conversation, m: dict[str, Any]) -> Path:
-        """Where the conversation's COMMANDs run: the checkout the orchestrator was started in, or,
-        with --worktree, the conversation's own worktree of it."""
+    def _repository(self, conv: Conversation, m: dict[str, Any]) -> LocalRepo | None:
+        """The repository the conversation works in: the one its start named (remembered in the
+        conversation's folder, as follow-ups name none), else this machine's only --repo, else
+        none (the directory the orchestrator runs in)."""
+        remembered = conv.folder / "repository"
+        named = m.get("repository")
+        if isinstance(named, dict) and named.get("fullName"):
+            key = repository_key(str(named.get("hostname") or ""), str(named["fullName"]))
+            if key in self._repos:
+                remembered.write_text(key, encoding="utf-8")
+                return self._repos[key]
+        try:
+            key = remembered.read_text(encoding="utf-8").strip()
+        except OSError:
+            key = ""
+        if key in self._repos:
+            return self._repos[key]
+        return self.cfg.repositories[0] if len(self.cfg.repositories) == 1 else None
+
+    def _checkout(self, repo: LocalRepo | None) -> Path:
+        return repo.path if repo is not None else self.cfg.workdir
+
+    def _workdir(self, conv: Conversation, repo: LocalRepo | None) -> Path:
+        """Where the conversation's COMMANDs run: its repository's path (or the directory the
+        orchestrator was started in), or, with --worktree, the conversation's own worktree of it."""
+        base = self._checkout(repo)
         if not self.cfg.worktree:
-            return self.cfg.workdir
-        return worktrees.ensure(self.cfg.workdir, self._worktree_path(conv), f"devpilot/{conv.folder.name}")
+            return base
+        top = worktrees.toplevel(base)
+        if top is None:
+            raise WorktreeError(f"{base} is not a git checkout")
+        return worktrees.ensure(top, self._worktree_path(conv), f"devpilot/{conv.folder.name}")
 
     def _worktree_path(self, conv: Conversation) -> Path:
         return self.cfg.state_dir / "worktrees" / conv.folder.name
@@ -537,7 +638,7 @@ class Orchestrator:
         """The conversation is over: its worktree (if any) is removed unless work is uncommitted."""
         if not self.cfg.worktree:
             return
-        kept = worktrees.remove(self.cfg.workdir, self._worktree_path(conv))
+        kept = worktrees.remove(self._checkout(self._repository(conv, {})), self._worktree_path(conv))
         if kept is None:
             self.log("worktree", f"removed the worktree of {conv.key}")
         else:

@@ -1,5 +1,5 @@
 """`devpilot-orchestrator --url URL [--token TOKEN] [--transport poll|listen|realtime] [--pass-env NAME]...
-[--worktree] -- COMMAND...` and `devpilot-orchestrator activity [--type T] [--select OPTION]... [--auth-url URL]
+[--repo [HOST/]OWNER/NAME=PATH]... [--label NAME]... [--worktree] -- COMMAND...` and `devpilot-orchestrator activity [--type T] [--select OPTION]... [--auth-url URL]
 BODY` (run by COMMAND).
 
 The token comes from DEVPILOT_ORCHESTRATOR_TOKEN (preferred: the process list shows --token).
@@ -17,10 +17,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from orchestrator import login, worktrees
+from orchestrator import login, repositories, worktrees
 from orchestrator.agent import TOKEN_ENV, Config, Orchestrator, default_state_dir
 from orchestrator.client import Api, Rejected, Unreachable
 from orchestrator.conversations import append_line
+from shared.models import LABEL
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,8 +63,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--worktree",
         action="store_true",
-        help="run each conversation in its own git worktree of the checkout this runs in, removed when "
-        "the conversation ends",
+        help="run each conversation in its own git worktree (of its repository, or of the checkout this "
+        "runs in), removed when the conversation ends",
+    )
+    p.add_argument(
+        "--repo",
+        action="append",
+        default=[],
+        metavar="[HOST/]OWNER/NAME=PATH",
+        help="a repository checked out on this machine, and where (repeatable; HOST defaults to github.com; "
+        "`--repo .`: this checkout, named by its origin remote). The service routes a start about a "
+        "repository to a machine that has it, and COMMAND runs in its path",
+    )
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a label of this machine (repeatable): an issue with a Linear label of that name goes only to "
+        "machines that have it",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... (gets the message JSON on stdin)")
     return p
@@ -229,11 +247,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if TOKEN_ENV in args.pass_env:
         parser.error(f"--pass-env {TOKEN_ENV}: COMMAND never gets the machine's token")
     workdir = Path.cwd()
+    try:
+        repos = [repositories.parse(spec, workdir) for spec in args.repo]
+    except repositories.RepoSpecError as exc:
+        parser.error(str(exc))
+    labels = [label.strip() for label in args.label]
+    if not all(LABEL.match(label) for label in labels):
+        parser.error("--label: 1 to 64 printable characters")
     if args.worktree:
         top = worktrees.toplevel(workdir)
-        if top is None:
-            parser.error("--worktree: run the orchestrator inside the git checkout COMMAND works on")
-        workdir = top
+        if top is None and not repos:
+            parser.error(
+                "--worktree: run the orchestrator inside the git checkout COMMAND works on, or give --repo"
+            )
+        workdir = top or workdir
     endpoints: dict[str, str] | None = None
     if args.endpoints:
         try:
@@ -265,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass_env=args.pass_env,
         worktree=args.worktree,
         workdir=workdir,
+        repositories=repos,
+        labels=labels,
     )
     return Orchestrator(cfg).run()
 

@@ -25,6 +25,7 @@ ROUTES = {
     "activities": "/activities",
     "realtimeToken": "/realtime-token",
     "plan": "/plan",
+    "machine": "/machine",
 }
 
 
@@ -75,6 +76,25 @@ class Api:
             return code  # type: ignore[no-any-return]
         r.raise_for_status()
         raise Unreachable(f"unexpected ack answer {r.status_code}")
+
+    def release(self, queue_id: str, claim_token: str, reason: str) -> str:
+        """Give a claimed message back now, with the reason: `released`, or the error code."""
+        r = self._post("release", {"queueId": queue_id, "claimToken": claim_token, "reason": reason})
+        if r.status_code == 200:
+            return "released"
+        return str(r.json().get("error", r.status_code))
+
+    def machine(self, repositories: list[dict[str, str]], labels: list[str]) -> dict[str, Any] | None:
+        """Say what this machine has (`POST /machine`); it replaces what it said before. The
+        service's answer, or its refusal; None: the service has no such route (an older version),
+        or the endpoints map names none."""
+        if "machine" not in self.endpoints:
+            return None
+        r = self._post("machine", {"repositories": repositories, "labels": labels})
+        if r.status_code == 404:
+            return None
+        body: dict[str, Any] = r.json()
+        return body  # (a refusal: {"error", "detail"})
 
     def realtime_token(self) -> dict[str, Any] | None:
         r = self._post("realtimeToken", {})

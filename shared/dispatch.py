@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from shared import orchestrators, queue
 from shared.db import Pool, Tx, transaction
-from shared.models import TaskDispatchMessage
+from shared.models import REPOSITORY_MISSING, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query
@@ -169,6 +169,16 @@ class Dispatch:
     def release(
         self, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID, reason: str | None
     ) -> queue.Released:
+        """End a claim now. A start given back because the machine does not have the repository it
+        names (reason `repository_missing…`) is routed again, after the commit; any other release is
+        a failed attempt, retried after the backoff."""
+        if reason is not None and reason.startswith(REPOSITORY_MISSING):
+            from shared import routing
+
+            again = routing.release_elsewhere(self.pool, orchestrator_id, queue_id, claim_token, reason)
+            if again is not None:
+                self._route_after_commit(again[1])
+                return again[0]
         released = queue.release(
             self.pool, self.settings, orchestrator_id, queue_id, claim_token, reason=reason
         )

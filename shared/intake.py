@@ -231,7 +231,7 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
             seen = tx.one(query("delivery_session"), keys)
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
-        received = _apply(tx, hook, plan, recorded["routed"], key)
+        received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
         if not received.recorded:
             tx.execute(
                 query("finish_delivery"),
@@ -244,9 +244,12 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
         return received
 
 
-def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -> Received:
+def _apply(
+    tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str, *, mixed: bool = False
+) -> Received:
     """What the event does, in the intake transaction. `routed`: the machine the routing policy
-    chose for the plan's user (chosen by `record_delivery`), or None; `key`: the delivery's key."""
+    chose for the plan's user (chosen by `record_delivery`), or None; `key`: the delivery's key;
+    `mixed`: the user's machines differ in what they have, so a start needs its repository first."""
     org = hook.org_id
     if org is None or plan.kind == "ignore":
         if org and plan.unroutable_notice and plan.agent_session_id:
@@ -273,6 +276,9 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -
                 key,
                 speaks_as=holder.speaks_as,
             )
+        answered = _answer(tx, org, plan)
+        if answered is not None:
+            return answered
     if (
         plan.kind in ("dispatch", "prompt")
         and plan.agent_session_id is not None
@@ -281,7 +287,7 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -
     ):
         # Linear must be asked whose machine takes it (no creator), or an earlier message of the
         # conversation is still waiting for that answer: routed after the commit, in order.
-        return _route_later(tx, org, plan, key)
+        return _route_later(tx, org, plan, key, "assignee" if plan.user_id is None else "repository")
 
     cancelled: list[UUID] = []
     if plan.cancel_issue_id:
@@ -292,6 +298,8 @@ def _apply(tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str) -
             reason=f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed",
         )
     if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id and routed is not None:
+        if mixed:  # which of the user's machines depends on the repository: Linear is asked first
+            return _route_later(tx, org, plan, key, "repository", cancelled)
         return _dispatch(tx, org, plan, routed, plan.issue, "start", cancelled, key)
     if cancelled:
         return Received({"status": "cancelled", "sessionId": str(cancelled[0])})
@@ -340,8 +348,11 @@ def _dispatch(
     return Received(answer, _notices(enq), recorded=delivery_key is not None)
 
 
-def _route_later(tx: Tx, org: str, plan: Intent, key: str) -> Received:
-    """A start (or a follow-up behind one) routed after the commit, once Linear has been asked."""
+def _route_later(
+    tx: Tx, org: str, plan: Intent, key: str, need: str, cancelled: list[UUID] | None = None
+) -> Received:
+    """A start (or a follow-up behind one) routed after the commit, once Linear has been asked
+    (`need`: whose machine, or which of the user's machines has the issue's repository)."""
     assert plan.issue is not None
     message = DispatchPayload(
         issue=plan.issue,
@@ -349,7 +360,26 @@ def _route_later(tx: Tx, org: str, plan: Intent, key: str) -> Received:
         kind="start" if plan.kind == "dispatch" else "prompt",
         prompt=plan.prompt,
     )
-    rid = routing.request(tx, org_id=org, message=message, delivery_key=key)
+    user = plan.user_id if need == "repository" else None
+    rid = routing.request(tx, org_id=org, message=message, delivery_key=key, need=need, linear_user_id=user)
+    answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
+    if cancelled:
+        answer["cancelledSessionId"] = str(cancelled[0])
+    return Received(answer, route_ids=[rid])
+
+
+def _answer(tx: Tx, org: str, plan: Intent) -> Received | None:
+    """A `prompted` with the `select` signal in an agent session that was asked which repository
+    (and that no machine holds yet): the person's pick completes the waiting routing request, which
+    is routed after the commit. None: nothing was asked (the choice answers the agent)."""
+    prompt = plan.prompt
+    if prompt is None or prompt.signal != "select" or plan.agent_session_id is None:
+        return None
+    meta = prompt.signal_metadata or {}
+    picked = prompt.body or str(meta.get("value") or meta.get("label") or "")
+    rid = routing.answer(tx, org, plan.agent_session_id, picked)
+    if rid is None:
+        return None
     return Received({"status": "routing", "routeId": str(rid)}, route_ids=[rid])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -45,6 +46,25 @@ class Repository(Wire):
 
     hostname: str
     full_name: str
+
+
+DEFAULT_HOST = "github.com"
+HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?(:[0-9]{1,5})?$")
+# `owner/name`, or a group path (`group/subgroup/name`, as GitLab has them)
+FULL_NAME = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){1,5}$")
+LABEL = re.compile(r"^[^\x00-\x1f\x7f]{1,64}$")  # a machine's label (compared with Linear's, any case)
+
+
+def repository_key(hostname: str, full_name: str) -> str:
+    """How a repository is compared (routing, the machine's own list): `host/owner/name`, lower
+    case (GitHub's names are not case-sensitive)."""
+    return f"{hostname.strip().lower()}/{full_name.strip().removesuffix('.git').lower()}"
+
+
+# `POST /release` with a reason that starts with this: the machine does not have the repository the
+# start names (its list changed since it was routed); the service routes the start again instead of
+# retrying it on that machine.
+REPOSITORY_MISSING = "repository_missing"
 
 
 class DispatchPayload(Wire):

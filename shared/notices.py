@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from shared import crypto, linear_actions, linear_auth
+from shared import crypto, linear_actions, linear_api, linear_auth
 from shared.db import Pool, Tx, lend, require_tx, take_in_rounds
 from shared.settings import Settings
 from shared.sql import query
@@ -200,49 +200,49 @@ def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, 
     sent = failed = 0
     went_out: list[str] = []
     tokens = linear_auth.Tokens(pool, settings)
-    with httpx.Client(timeout=settings.linear_timeout_seconds) as http:
-        for row in rows:
-            row = dict(row)
-            error: str | None = None
-            linear_id: str | None = None
-            waits = False  # no working connection: back to the outbox, attempt not counted
-            try:
-                linear_id = _attempt(row, _Poster(http, settings, tokens, row["org_id"]))
-            except _Waits as exc:
-                error, waits = str(exc), True
-            except linear_actions.Refused as exc:
-                error = str(exc)[:500]
-            except crypto.InvalidToken:
-                error = "stored Linear token cannot be decrypted (key changed?)"
-            except linear_auth.RefreshFailed as exc:
-                error = f"refreshing the Linear token failed: {exc}"
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-                error = f"{type(exc).__name__}: {exc}"[:300]
-            with lend(pool) as conn:
-                if waits:
-                    conn.execute(query("notice_wait"), {"id": row["id"], "error": error})
-                elif error is None and row["kind"] == "session_create":
-                    conn.execute(
-                        query("notice_session_created"), {"id": row["id"], "agent_session_id": linear_id}
-                    )
-                    sent += 1
-                    went_out.append(str(linear_id))
-                elif error is None:
-                    conn.execute(query("notice_sent"), {"id": row["id"], "linear_id": linear_id})
-                    sent += 1
-                    if row["agent_session_id"]:
-                        went_out.append(row["agent_session_id"])
-                else:
-                    conn.execute(
-                        query("notice_failed"),
-                        {"id": row["id"], "error": error, **settings.retry_params()},
-                    )
-                    failed += 1
-                    log.warning(
-                        '{"event":"notice_failed","noticeId":"%s","attempt":%d}', row["id"], row["attempts"]
-                    )
-                    if row["kind"] == "session_create":
-                        _gave_up_opening(conn, row, error)
+    http = linear_api.client(settings)  # (the process's: its connections are reused)
+    for row in rows:
+        row = dict(row)
+        error: str | None = None
+        linear_id: str | None = None
+        waits = False  # no working connection: back to the outbox, attempt not counted
+        try:
+            linear_id = _attempt(row, _Poster(http, settings, tokens, row["org_id"]))
+        except _Waits as exc:
+            error, waits = str(exc), True
+        except linear_actions.Refused as exc:
+            error = str(exc)[:500]
+        except crypto.InvalidToken:
+            error = "stored Linear token cannot be decrypted (key changed?)"
+        except linear_auth.RefreshFailed as exc:
+            error = f"refreshing the Linear token failed: {exc}"
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        with lend(pool) as conn:
+            if waits:
+                conn.execute(query("notice_wait"), {"id": row["id"], "error": error})
+            elif error is None and row["kind"] == "session_create":
+                conn.execute(
+                    query("notice_session_created"), {"id": row["id"], "agent_session_id": linear_id}
+                )
+                sent += 1
+                went_out.append(str(linear_id))
+            elif error is None:
+                conn.execute(query("notice_sent"), {"id": row["id"], "linear_id": linear_id})
+                sent += 1
+                if row["agent_session_id"]:
+                    went_out.append(row["agent_session_id"])
+            else:
+                conn.execute(
+                    query("notice_failed"),
+                    {"id": row["id"], "error": error, **settings.retry_params()},
+                )
+                failed += 1
+                log.warning(
+                    '{"event":"notice_failed","noticeId":"%s","attempt":%d}', row["id"], row["attempts"]
+                )
+                if row["kind"] == "session_create":
+                    _gave_up_opening(conn, row, error)
     return SendResult(sent, failed), went_out
 
 

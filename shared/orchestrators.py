@@ -91,6 +91,8 @@ class Listed:
     created_at: datetime
     last_seen_at: datetime | None
     revoked_at: datetime | None
+    repositories: list[dict[str, str]]  # as it said last (`shared.machines`)
+    labels: list[str]
 
 
 def list_all(pool: Pool) -> list[Listed]:

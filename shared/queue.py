@@ -414,6 +414,7 @@ class Released:
     available_at: datetime | None = None
     dead_lettered: bool = False
     notice_ids: tuple[UUID, ...] = ()
+    rerouted: bool = False  # given back to be routed again (`release_to_route_again`)
 
 
 def end_claim_params(settings: Settings, now: datetime | None = None) -> dict[str, Any]:
@@ -458,6 +459,33 @@ def release(
         if miss["live_token"] is not None or miss["session_status"] in ("queued", "delivered"):
             return Released("claim_superseded")
         return Released("not_found")
+
+
+def release_to_route_again(
+    tx: Tx, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID, reason: str
+) -> list[tuple[DispatchPayload, str | None]] | None:
+    """In the caller's transaction: end the live claim of this token on a `start` and delete it,
+    with the messages queued behind it, their sessions `cancelled` (`reason`): each message (in
+    order) and its user, for the caller to route again. The agent session's turn is taken first,
+    so a stop either cancels the start before this or finds the routing requests written in its
+    place. None, having written nothing: the token holds no live claim of a start of this machine."""
+    tx = require_tx(tx, "release_to_route_again")
+    params: dict[str, Any] = {
+        "queue_id": queue_id,
+        "orchestrator_id": orchestrator_id,
+        "claim_token": claim_token,
+    }
+    peek = tx.one(query("release_start_peek"), params)
+    if peek is None:
+        return None
+    tx.execute(query("agent_session_turn_alone"), dict(peek))
+    locked = tx.one(query("release_start_lock"), params)
+    if locked is None:
+        return None
+    rows = tx.all(
+        query("release_start_remove"), {**params, **dict(peek), "seq": locked["seq"], "reason": reason}
+    )
+    return [(DispatchPayload.model_validate(r["payload"]), r["linear_user_id"]) for r in rows]
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,10 @@ class Settings(BaseModel):
     linear_signin_client_secret: str | None = Field(
         default=None, validation_alias="LINEAR_SIGNIN_CLIENT_SECRET"
     )
+    # The least confidence of Linear's repository suggestion that routes a start without asking.
+    repository_confidence: float = Field(
+        default=0.7, ge=0, le=1, validation_alias="DEVPILOT_REPOSITORY_CONFIDENCE"
+    )
     metrics_enabled: bool = Field(default=False, validation_alias="DEVPILOT_METRICS")
     # An empty poll is logged at debug level unless this is set: an idle fleet's polls are most of
     # its requests, and on Cloud Run and Lambda every line is billed log ingestion.

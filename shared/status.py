@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from shared.db import Pool, lend
+from shared.models import DEFAULT_HOST
 from shared.sql import query
 
 
@@ -33,6 +34,8 @@ class OrchestratorRow:
     oldest_due_s: float | None
     attempts: int
     last_seen_at: datetime | None
+    repositories: list[str] = field(default_factory=list)  # `owner/name` (host too, if not GitHub)
+    labels: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class Snapshot:
                         "oldestDueSeconds": o.oldest_due_s,
                         "attempts": o.attempts,
                         "lastSeenAt": o.last_seen_at,
+                        "repositories": o.repositories,
+                        "labels": o.labels,
                     }
                     for o in self.orchestrators
                 ],
@@ -112,6 +117,11 @@ class Snapshot:
         return out
 
 
+def _shown(repository: dict[str, str]) -> str:
+    host, name = repository.get("hostname", ""), repository.get("fullName", "")
+    return name if host == DEFAULT_HOST else f"{host}/{name}"
+
+
 def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -> Snapshot:
     with lend(pool) as conn, conn.transaction():
         conn.execute(query("read_only"))
@@ -127,6 +137,8 @@ def snapshot(pool: Pool, *, failed_limit: int = 20, with_history: bool = True) -
                 r["oldest_due_s"],
                 int(r["attempts"]),
                 r["last_seen_at"],
+                [_shown(x) for x in r["repositories"]],
+                list(r["labels"]),
             )
             for r in conn.execute(query("status_per_orchestrator"))
         ]

@@ -137,7 +137,7 @@ def test_lambda_deploy_creates_then_updates(
     for secret in ("adm-token", "lin-secret", ENV["DATABASE_URL"]):
         assert secret not in printed
     endpoints = json.loads(endpoints_file.read_text())
-    assert set(endpoints) == {"claim", "ack", "release", "activities", "realtimeToken", "plan"}
+    assert set(endpoints) == {"claim", "ack", "release", "activities", "realtimeToken", "plan", "machine"}
     assert (
         json.dumps(endpoints) in printed and endpoints["claim"] == functions["devpilot-claim"]["FunctionUrl"]
         if "FunctionUrl" in functions["devpilot-claim"]

@@ -499,7 +499,7 @@ def test_cross_org_isolation(api: Api) -> None:
 
 def test_orchestrator_routes_reject_bad_tokens(api: Api) -> None:
     api.register()
-    for path in ["/claim", "/ack", "/release", "/realtime-token"]:
+    for path in ["/claim", "/ack", "/release", "/realtime-token", "/machine"]:
         for headers in [{}, {"Authorization": "Bearer wrong"}, api.admin()]:
             r = api.http.post(path, json={}, headers=headers)
             assert r.status_code == 401 and r.json()["error"] == "unauthorized", (path, headers)

@@ -430,3 +430,47 @@ def test_an_agent_sessions_start_is_taken_in_one_round_trip(db_url: str) -> None
         assert _told(pool, "as-nobody") == [{"kind": "failed", "body": intake.UNROUTABLE}]
     finally:
         pool.close()
+
+
+def test_a_user_whose_machines_are_alike_stays_on_the_one_statement(db_url: str, settings: Settings) -> None:
+    """Routing by repository costs the webhook nothing while a user's machines have the same
+    repositories (one machine, or several alike): the start is still one round trip, to the most
+    recently seen machine. Once they differ, the one statement writes nothing, and the intake
+    transaction writes a routing request (need `repository`) with the delivery, answered
+    `routing`; the webhook itself never asks Linear (the stand-in is not even there)."""
+    from shared.machines import Repo, describe
+
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        backend, web = Repo("github.com", "acme/backend"), Repo("github.com", "acme/web")
+        laptop = register(pool, org_id="org-a", linear_user_id="user-1", name="laptop")
+        describe(pool, laptop.id, [backend, web], [])
+        answer, trips = _round_trips(pool, lambda: _receive(pool, issue_event(issue_id="iss-1"), "d-1"))
+        assert (answer["status"], answer["orchestratorId"], trips) == ("dispatched", str(laptop.id), 1)
+        box = register(pool, org_id="org-a", linear_user_id="user-1", name="box")
+        describe(pool, box.id, [web, backend], [])
+        with pool.connection() as conn:  # the box is the most recently seen
+            conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (box.id,))
+        answer, trips = _round_trips(pool, lambda: _receive(pool, issue_event(issue_id="iss-2"), "d-2"))
+        assert (answer["status"], answer["orchestratorId"], trips) == ("dispatched", str(box.id), 1)
+
+        describe(pool, box.id, [backend], [])  # now they differ
+        event = issue_event(issue_id="iss-3")
+        answer, trips = _round_trips(pool, lambda: _receive(pool, event, "d-3"))
+        assert answer == {"status": "routing", "routeId": answer["routeId"]} and trips > 1
+        with pool.connection() as conn:
+            request = conn.execute(
+                "SELECT need, linear_user_id, issue_id, done_at, delivery_key FROM routing_requests"
+            ).fetchone()
+            sessions = conn.execute("SELECT count(*) AS n FROM dispatch_sessions").fetchone()
+        assert request == {
+            "need": "repository",
+            "linear_user_id": "user-1",
+            "issue_id": "iss-3",
+            "done_at": None,
+            "delivery_key": "delivery:d-3",
+        }
+        assert sessions == {"n": 2}
+        assert _receive(pool, event, "d-3") == {"status": "duplicate", "sessionId": None}
+    finally:
+        pool.close()

@@ -347,3 +347,39 @@ def test_the_sweep_rescues_work_left_on_a_revoked_machine(api: Api) -> None:
     assert statuses(api)[alone["sessionId"]] == "cancelled"
     assert sweep(api.pool, Settings()).rescued == 0  # nothing left to rescue
     assert_invariant(api.pool)
+
+
+def test_the_sweep_moves_a_start_about_a_repository_only_to_a_machine_that_has_it(api: Api) -> None:
+    """A start routed by repository stays on its quiet machine rather than move to a live one that
+    lacks the repository (which would only give it back); once a live one has it, it moves there.
+    A start that names no repository moves as before."""
+    from shared.db import transaction
+    from shared.models import DispatchPayload, IssueRef, Repository
+    from shared.queue import enqueue_dispatch
+
+    reroute = Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)
+    laptop_id, _ = api.register(user="user-1", name="laptop")
+    desk_id, desk = api.register(user="user-1", name="desktop")
+    backend = {"hostname": "github.com", "fullName": "acme/backend"}
+    assert (
+        api.post_as(
+            desk, "/machine", {"repositories": [{"hostname": "github.com", "fullName": "acme/web"}]}
+        ).status_code
+        == 200
+    )
+    with transaction(api.pool) as tx:
+        about = enqueue_dispatch(
+            tx, org_id="org-a", orchestrator_id=UUID(laptop_id), linear_user_id="user-1",
+            message=DispatchPayload(issue=IssueRef(id="iss-repo"), repository=Repository.model_validate(backend)),
+        )  # fmt: skip
+        plain = enqueue_dispatch(
+            tx, org_id="org-a", orchestrator_id=UUID(laptop_id), linear_user_id="user-1",
+            message=DispatchPayload(issue=IssueRef(id="iss-plain")),
+        )  # fmt: skip
+    seen(api, laptop_id, 700)
+    seen(api, desk_id, 1)
+    assert sweep(api.pool, reroute).rerouted == 1
+    assert (_holder(api, str(about.session_id)), _holder(api, str(plain.session_id))) == (laptop_id, desk_id)
+    assert api.post_as(desk, "/machine", {"repositories": [backend]}).status_code == 200
+    seen(api, desk_id, 1)
+    assert sweep(api.pool, reroute).rerouted == 1 and _holder(api, str(about.session_id)) == desk_id

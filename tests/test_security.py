@@ -74,7 +74,9 @@ def test_fuzzed_webhooks_never_5xx_and_write_only_when_accepted(api: Api, body: 
 
 
 @FUZZ
-@given(path=st.sampled_from(["/claim", "/ack", "/release", "/realtime-token"]), body=JSON | SHAPED)
+@given(
+    path=st.sampled_from(["/claim", "/ack", "/release", "/realtime-token", "/machine"]), body=JSON | SHAPED
+)
 def test_fuzzed_orchestrator_bodies_never_5xx_or_write(api: Api, path: str, body: Any) -> None:
     if not hasattr(api, "_fuzz_token"):
         api._fuzz_token = api.register()[1]  # type: ignore[attr-defined]
@@ -99,6 +101,7 @@ ROUTES = [
     ("POST", "/ack"),
     ("POST", "/release"),
     ("POST", "/realtime-token"),
+    ("POST", "/machine"),
     ("POST", "/activities"),
 ]
 ADMIN_ROUTES = [

@@ -12,19 +12,20 @@
 -- nothing, and the intake decides again (`enqueue` in queue.sql).
 -- For an event of an agent session (`agent_session_id`; NULL for any other), it first takes that
 -- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own.
+-- `mixed`: the user's machines differ in what they have (`route`): the start needs its repository.
 WITH turn AS (
 -- include: agent_session_turn
+), routed AS (
+    SELECT r.id, r.mixed
+    FROM (SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user) want, LATERAL (
+-- include: route
+    ) r
 )
 INSERT INTO webhook_deliveries (delivery_key, content_key)
 SELECT %(key)s, %(content_key)s
 WHERE (SELECT count(*) FROM turn) >= 0  -- (true: it makes the turn come before the insert)
 ON CONFLICT DO NOTHING
-RETURNING delivery_key, (
-    SELECT r.id
-    FROM (SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user) want, LATERAL (
--- include: route
-    ) r
-) AS routed;
+RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixed FROM routed), false) AS mixed;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).
@@ -101,7 +102,12 @@ LIMIT 1;
 -- orchestrator registered for (org, Linear user), most recently seen first, then the newest
 -- registration. For each row of `want` (org_id, route_user): a LATERAL subquery. Served by
 -- orchestrators_route_idx.
-SELECT id FROM orchestrators
+-- `mixed`: the user's active machines do not all have the same repositories and labels (their
+-- `routing_shape`). Such a start needs the repository first (Linear is asked, after commit): the
+-- statements that route write nothing for it, and the intake transaction writes a routing request.
+-- The window aggregate reads the same index scan (every machine of the user, a handful), so the
+-- one statement of a user whose machines are alike reads nothing more than it did.
+SELECT id, min(routing_shape) OVER () <> max(routing_shape) OVER () AS mixed FROM orchestrators
 WHERE org_id = want.org_id AND linear_user_id = want.route_user AND revoked_at IS NULL
 ORDER BY last_seen_at DESC NULLS LAST, created_at DESC, id
 LIMIT 1

@@ -33,8 +33,37 @@ who AS (
 )
 
 -- name: orchestrator_list
-SELECT id, org_id, linear_user_id, name, created_at, last_seen_at, revoked_at
-FROM orchestrators ORDER BY created_at, id;
+SELECT o.id, o.org_id, o.linear_user_id, o.name, o.created_at, o.last_seen_at, o.revoked_at,
+       coalesce(i.repositories, '[]') AS repositories, coalesce(i.labels, '{}') AS labels
+FROM orchestrators o LEFT JOIN machine_inventories i ON i.orchestrator_id = o.id
+ORDER BY o.created_at, o.id;
+
+-- name: machine_describe
+-- What a machine has, as its orchestrator said last (`POST /machine`): it replaces what it said
+-- before, and the digest routing compares (`route`, intake.sql) is written on the machine's row in
+-- the same statement. Only an active machine. (The update of the machine's row takes no lock an
+-- enqueue's FOR KEY SHARE waits for.)
+WITH o AS (
+    UPDATE orchestrators SET routing_shape = %(routing_shape)s
+    WHERE id = %(id)s AND revoked_at IS NULL
+    RETURNING id, name
+), inv AS (
+    INSERT INTO machine_inventories (orchestrator_id, repositories, repository_keys, labels)
+    SELECT o.id, %(repositories)s, %(repository_keys)s::text[], %(labels)s::text[] FROM o
+    ON CONFLICT (orchestrator_id) DO UPDATE
+    SET repositories = EXCLUDED.repositories, repository_keys = EXCLUDED.repository_keys,
+        labels = EXCLUDED.labels, updated_at = now()
+    RETURNING repositories, labels
+)
+SELECT o.id, o.name, inv.repositories, inv.labels FROM o, inv;
+
+-- name: machine_inventory
+-- What a machine said it has, its row locked until the caller's transaction ends (which then
+-- changes it with `machine_describe`, so two changes never undo each other).
+SELECT i.repositories, i.repository_keys, i.labels
+FROM machine_inventories i JOIN orchestrators o ON o.id = i.orchestrator_id AND o.revoked_at IS NULL
+WHERE i.orchestrator_id = %(id)s
+FOR UPDATE OF i;
 
 -- name: orchestrator_revoke
 -- Idempotent: revoking twice keeps the first revocation time. The NOTIFY (sent on commit) wakes a
@@ -59,6 +88,9 @@ WITH serial AS (
 UPDATE orchestrators o SET revoked_at = coalesce(o.revoked_at, now())
 FROM locked WHERE o.id = locked.id
 RETURNING o.id, o.revoked_at, pg_notify('devpilot_dispatch', o.id::text) AS woken;
+
+-- name: orchestrator_org
+SELECT org_id FROM orchestrators WHERE id = %(id)s;
 
 -- name: orchestrator_active
 -- The machine is active, and (with `token_hash`) still holds that token: a long-poll authenticated

@@ -139,7 +139,9 @@ WITH
 -- name: route_enqueue_rows
 -- A fragment, the CTEs of `route_and_enqueue_for_delivery` and
 -- `route_and_start_agent_session_for_delivery`:
--- * `want`, `routed`: the routing policy's choice for `route_user` (`route`, intake.sql).
+-- * `want`, `routed`: the routing policy's choice for `route_user` (`route`, intake.sql). When
+--   the user's machines differ in what they have (`mixed`), nothing is written (no `machine`, and
+--   no delivery record): the intake transaction then writes a routing request for the start.
 -- * `turn`: for an agent session, its turn (`agent_session_turn`, intake.sql), taken before the
 --   machine's lock as the intake transaction takes it, so a stop that comes meanwhile waits for
 --   this start's commit and then cancels it. This statement reads nothing a turn orders: the
@@ -155,7 +157,7 @@ WITH
 want AS (
     SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user
 ), routed AS (
-    SELECT r.id FROM want, LATERAL (
+    SELECT r.id, r.mixed FROM want, LATERAL (
 -- include: route
     ) r
 ), turn AS (
@@ -163,7 +165,7 @@ want AS (
 ), machine AS (
     SELECT id, name, listening_until > now() AS listening
     FROM orchestrators
-    WHERE id = (SELECT id FROM routed) AND revoked_at IS NULL
+    WHERE id = (SELECT id FROM routed WHERE NOT mixed) AND revoked_at IS NULL
       AND (SELECT count(*) FROM turn) >= 0  -- (true: it makes the turn come before the lock)
     FOR KEY SHARE
 ), d AS (
@@ -461,6 +463,44 @@ SELECT (SELECT count(*) FROM ending) AS matched,
        (SELECT count(*) FROM failed) AS failed,
        (SELECT array_agg(id) FROM notices) AS notice_ids;
 
+-- name: release_start_peek
+-- Before `release_start_lock`: the agent session of a row this machine holds (to take its turn).
+SELECT org_id, agent_session_id FROM dispatch_queue
+WHERE id = %(queue_id)s AND orchestrator_id = %(orchestrator_id)s;
+
+-- name: release_start_lock
+-- CLAIMED, locked: the live claim of this token on a `start` of this machine, or no row (the
+-- compare-and-set of `release`; after a wait for the lock, the row's newest version is judged).
+SELECT q.id, q.seq FROM dispatch_queue q
+WHERE q.id = %(queue_id)s AND q.orchestrator_id = %(orchestrator_id)s
+  AND q.claim_token = %(claim_token)s AND q.lease_expires_at IS NOT NULL
+  AND EXISTS (SELECT 1 FROM dispatch_sessions s WHERE s.id = q.session_id AND s.kind = 'start')
+FOR UPDATE;
+
+-- name: release_start_remove
+-- CLAIMED -> deleted, session `cancelled`, after `release_start_lock` in the same transaction: a
+-- start given back because its machine does not have the repository it names (`release` with the
+-- reason `repository_missing`) is routed again, not retried on that machine. The messages queued
+-- behind it (its agent session's, later in order, on this machine: follow-ups sent while it
+-- waited; unclaimable while it was undelivered) go with it, as a revoke's move takes them, locked
+-- in queue order. Returns each one's message and user, in order, for the routing requests the
+-- caller writes in this transaction.
+WITH doomed AS (
+    SELECT q.id FROM dispatch_queue q
+    WHERE q.id = %(queue_id)s
+       OR (q.org_id = %(org_id)s AND q.agent_session_id = %(agent_session_id)s
+           AND q.seq > %(seq)s AND q.orchestrator_id = %(orchestrator_id)s)
+    ORDER BY q.seq
+    FOR UPDATE
+), removed AS (
+    DELETE FROM dispatch_queue dq USING doomed WHERE dq.id = doomed.id
+    RETURNING dq.session_id, dq.payload, dq.seq
+),
+-- include: cancel_removed
+SELECT r.payload, s.linear_user_id, (SELECT count(*) FROM cancelled) AS cancelled
+FROM removed r JOIN dispatch_sessions s ON s.id = r.session_id
+ORDER BY r.seq;
+
 -- name: sweep
 -- CLAIMED with an expired lease -> AVAILABLE (with backoff) or deleted (at the limit). One
 -- set-based statement over expired leases. Rows an ack (or release, or another sweep) is touching
@@ -574,7 +614,8 @@ JOIN dispatch_queue f ON f.org_id = r.org_id AND f.agent_session_id = r.agent_se
 -- one of them gets it. The prompts queued behind a moving start (its agent session's, later seq,
 -- on the same machine) move with it: no machine has that conversation yet, and they cannot have
 -- been claimed while the start was undelivered, so the machine that gets the start gets them, in
--- order, and the quiet one never hears of a conversation it was never given.
+-- order, and the quiet one never hears of a conversation it was never given. A start that names a
+-- repository moves only to a machine that has it.
 WITH quiet AS (
     SELECT o.id, t.id AS target
     FROM orchestrators o
@@ -591,6 +632,12 @@ WITH quiet AS (
     FROM quiet
     JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
     JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+    -- a start routed by repository moves only to a machine that has it (else it waits for its own)
+    WHERE q.payload->'repository'->>'fullName' IS NULL OR EXISTS (
+        SELECT 1 FROM machine_inventories i
+        WHERE i.orchestrator_id = quiet.target
+          AND i.repository_keys @> ARRAY[lower(q.payload->'repository'->>'hostname') || '/'
+                                        || lower(q.payload->'repository'->>'fullName')])
     LIMIT %(batch)s
     FOR UPDATE OF q SKIP LOCKED
 ), moving AS (
@@ -627,14 +674,14 @@ WITH want AS (
         AS w(n, org_id, route_user, delivery_key, content_key, session_id, issue_id,
              issue_identifier, payload)
 ), routed AS (
-    SELECT want.n, r.id
+    SELECT want.n, r.id, r.mixed
     FROM want LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
 ), machine AS (
     SELECT routed.n, o.id, o.name, o.listening_until > now() AS listening
     FROM routed JOIN orchestrators o ON o.id = routed.id
-    WHERE o.revoked_at IS NULL
+    WHERE o.revoked_at IS NULL AND NOT routed.mixed
     FOR KEY SHARE OF o
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)

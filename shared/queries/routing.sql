@@ -12,8 +12,10 @@
 -- name: routing_request_insert
 -- In the webhook's transaction: the request commits with the delivery's record or not at all, so
 -- a session Linear was answered 200 for is never lost.
-INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key)
-VALUES (%(org_id)s, %(agent_session_id)s, %(issue_id)s, %(need)s, %(message)s, %(delivery_key)s)
+INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
+                              linear_user_id)
+VALUES (%(org_id)s, %(agent_session_id)s, %(issue_id)s, %(need)s, %(message)s, %(delivery_key)s,
+        %(linear_user_id)s)
 RETURNING id;
 
 -- name: routing_open_for_agent_session
@@ -47,7 +49,7 @@ WITH due AS (
 UPDATE routing_requests r SET lease_expires_at = now() + interval '30 seconds', attempts = r.attempts + 1
 FROM due WHERE r.id = due.id
 RETURNING r.id, r.org_id, r.agent_session_id, r.issue_id, r.need, r.message, r.delivery_key,
-          r.attempts, r.seq;
+          r.attempts, r.seq, r.linear_user_id, r.candidates, r.choice;
 
 -- name: routing_lock_open
 -- In the routing transaction, after the agent session's turn: the request, locked, if it is still
@@ -98,3 +100,56 @@ RETURNING id;
 SELECT r.id FROM (SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user) want, LATERAL (
 -- include: route
 ) r;
+
+-- name: user_machines
+-- The user's active machines and what each has, most recently seen first (as `route` orders
+-- them): what routing by repository chooses among. Served by orchestrators_route_idx.
+SELECT o.id, o.name, o.routing_shape, coalesce(i.repositories, '[]') AS repositories,
+       coalesce(i.repository_keys, '{}') AS repository_keys, coalesce(i.labels, '{}') AS labels
+FROM orchestrators o LEFT JOIN machine_inventories i ON i.orchestrator_id = o.id
+WHERE o.org_id = %(org_id)s AND o.linear_user_id = %(route_user)s AND o.revoked_at IS NULL
+ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id;
+
+-- name: repository_machine
+-- In the routing transaction: the machine a start routed by repository goes to: the user's most
+-- recently seen active machine among `ids` (the label rule's; NULL: any) that has the repository
+-- `repository` (a key, `host/owner/name`; NULL: any). No row: none has it (any more).
+SELECT o.id, o.name FROM orchestrators o
+WHERE o.org_id = %(org_id)s AND o.linear_user_id = %(route_user)s AND o.revoked_at IS NULL
+  AND (%(ids)s::uuid[] IS NULL OR o.id = ANY(%(ids)s::uuid[]))
+  AND (%(repository)s::text IS NULL OR EXISTS (
+        SELECT 1 FROM machine_inventories i
+        WHERE i.orchestrator_id = o.id AND i.repository_keys @> ARRAY[%(repository)s::text]))
+ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id
+LIMIT 1;
+
+-- name: routing_ask
+-- OPEN -> OPEN, asked: in the routing transaction, the person is asked which repository (Linear's
+-- `select` elicitation, into the outbox with it). The request stays open but is not due until the
+-- answer comes (`routing_answer`); the candidates asked about are kept to read the answer by.
+WITH asked AS (
+    UPDATE routing_requests
+    SET asked_at = now(), candidates = %(candidates)s, choice = NULL, available_at = 'infinity',
+        lease_expires_at = NULL, last_error = NULL
+    WHERE id = %(id)s AND done_at IS NULL
+    RETURNING org_id, agent_session_id, issue_id
+)
+INSERT INTO linear_notices (org_id, kind, agent_session_id, issue_id, body, content, signal, signal_metadata)
+SELECT org_id, 'dispatched', agent_session_id, issue_id, %(body)s,
+       jsonb_build_object('type', 'elicitation', 'body', %(body)s::text), 'select', %(options)s
+FROM asked
+WHERE agent_session_id IS NOT NULL AND devpilot_notifies(org_id)
+RETURNING id;
+
+-- name: routing_answer
+-- In the intake transaction of a `prompted` with the `select` signal (after the agent session's
+-- turn): the person's choice completes the request that asked, which is due again at once. No row:
+-- nothing of this agent session was asked (the choice answers the agent, as any follow-up).
+UPDATE routing_requests SET choice = %(choice)s, available_at = now()
+WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
+  AND asked_at IS NOT NULL
+RETURNING id;
+
+-- name: session_routing_note
+-- In the routing transaction: how the new session's machine was chosen, for its page.
+UPDATE dispatch_sessions SET routing_note = %(note)s WHERE id = %(id)s;

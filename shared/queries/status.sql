@@ -5,6 +5,9 @@
 -- Per orchestrator: live rows by state, how long the oldest due row has waited, attempts so far.
 -- Reads the queue through its orchestrator index; the hot table holds only live work.
 SELECT o.id, o.org_id, o.linear_user_id, o.name, o.last_seen_at, o.revoked_at,
+       coalesce((SELECT i.repositories FROM machine_inventories i WHERE i.orchestrator_id = o.id), '[]')
+           AS repositories,
+       coalesce((SELECT i.labels FROM machine_inventories i WHERE i.orchestrator_id = o.id), '{}') AS labels,
        count(q.id) FILTER (WHERE q.lease_expires_at IS NULL) AS queued,
        count(q.id) FILTER (WHERE q.lease_expires_at IS NOT NULL) AS claimed,
        extract(epoch FROM now() - min(q.available_at)

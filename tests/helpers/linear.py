@@ -25,7 +25,8 @@ from graphql import (
     validate,
 )
 from graphql.execution.values import get_variable_values
-from graphql.language import FieldNode, OperationDefinitionNode
+from graphql.language import DocumentNode, FieldNode, OperationDefinitionNode
+from graphql.utilities import value_from_ast_untyped
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
@@ -39,13 +40,20 @@ def schema() -> GraphQLSchema:
 
 def schema_errors(body: dict[str, Any]) -> list[str]:
     """What is wrong with a GraphQL request by Linear's schema (empty: nothing)."""
-    doc = parse(body["query"])
-    errors = [e.message for e in validate(schema(), doc)]
+    doc, errors = _document(body["query"])
     if errors:
-        return errors
+        return list(errors)
     [op] = [d for d in doc.definitions if isinstance(d, OperationDefinitionNode)]
     coerced = get_variable_values(schema(), op.variable_definitions or [], body.get("variables") or {})
     return [e.message for e in coerced] if isinstance(coerced, list) else []
+
+
+@cache
+def _document(query: str) -> tuple[DocumentNode, tuple[str, ...]]:
+    """A document and what is wrong with it by the schema, once per document text (the service
+    sends the same few documents, each with its own variables, which are checked every time)."""
+    doc = parse(query)
+    return doc, tuple(e.message for e in validate(schema(), doc))
 
 
 def payload_errors(type_name: str, value: Any, path: str = "") -> list[str]:
@@ -76,10 +84,20 @@ def _shape_errors(gql_type: Any, value: Any, path: str) -> list[str]:
 
 def root_field(body: dict[str, Any]) -> str:
     """The first field the operation asks for (`agentActivityCreate`, `issue`, ...)."""
-    [op] = [d for d in parse(body["query"]).definitions if isinstance(d, OperationDefinitionNode)]
+    return _root(body).name.value
+
+
+def root_arguments(body: dict[str, Any]) -> dict[str, Any]:
+    """The first field's arguments, as the operation gives them (its variables resolved)."""
+    variables = body.get("variables") or {}
+    return {a.name.value: value_from_ast_untyped(a.value, variables) for a in _root(body).arguments or []}
+
+
+def _root(body: dict[str, Any]) -> FieldNode:
+    [op] = [d for d in _document(body["query"])[0].definitions if isinstance(d, OperationDefinitionNode)]
     first = op.selection_set.selections[0]
     assert isinstance(first, FieldNode)
-    return first.name.value
+    return first
 
 
 def person(
@@ -115,10 +133,13 @@ PLAN_STATUSES = ("pending", "inProgress", "completed", "canceled")  # Linear's p
 class Linear:
     """Records every valid GraphQL call; fails the first `fail` calls with HTTP 500. Answers the
     mutations the service sends, and `issue(id)` from `issues` (what a test says of each issue:
-    its assignee, delegate and state; an issue not in it has none, and is in Todo), and keeps what
-    the mutations change (`issues`, `sessions`). `refuse[field] = message` makes Linear refuse
-    every call of that root field with that error (`refusals` counts them), as Linear answers a
-    mutation it will not do: HTTP 200, `errors`, no data.
+    its assignee, delegate and state; an issue not in it has none, and is in Todo) and `labels`
+    (its label names), and keeps what the mutations change (`issues`, `sessions`).
+    `issueRepositorySuggestions` answers from `suggestions` (per issue id, `{"owner/name" or
+    "host/owner/name": confidence}`), restricted to the candidates asked about, as Linear does.
+    `refuse[field] = message` makes Linear refuse every call of that root field with that error
+    (`refusals` counts them), as Linear answers a mutation it will not do: HTTP 200, `errors`, no
+    data.
 
     Its directory of users (`people`, id -> `person(...)`) answers the `users` lookup the service
     makes when an operator registers a machine (recorded in `lookups`, not `calls`); None (the
@@ -137,6 +158,8 @@ class Linear:
         self.sessions: dict[str, dict[str, Any]] = {}  # agent sessions: externalUrls, plan, issueId
         self.refuse: dict[str, str] = {}
         self.refusals: dict[str, int] = {}
+        self.labels: dict[str, list[str]] = {}
+        self.suggestions: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
         schema()  # built before the first request, not inside its time budget
         server.expect_request("/graphql", method="POST").respond_with_handler(self.handle)
@@ -169,6 +192,7 @@ class Linear:
                     "state": {"id": state["id"], "type": state["type"]},
                     "team": {"id": "team-1", "states": {"nodes": started}},
                     "agentSessions": {"nodes": sessions},
+                    "labels": {"nodes": [{"name": name} for name in self.labels.get(issue_id, [])]},
                 }
             }
         if field == "issueUpdate":
@@ -188,7 +212,19 @@ class Linear:
             sid = f"as-opened-{n}"
             self.sessions[sid] = dict(variables["input"])
             return {field: {"success": True, "agentSession": {"id": sid}}}
+        if field == "issueRepositorySuggestions":
+            return {field: {"suggestions": self._suggest(variables)}}
         raise AssertionError(f"the stand-in Linear does not answer {field}")
+
+    def _suggest(self, variables: dict[str, Any]) -> list[dict[str, Any]]:
+        table = self.suggestions.get(variables["issueId"], {})
+        out = []
+        for c in variables["candidateRepositories"]:
+            host, name = c["hostname"], c["repositoryFullName"]
+            confidence = table.get(f"{host}/{name}", table.get(name) if host == "github.com" else None)
+            if confidence is not None:
+                out.append({"repositoryFullName": name, "hostname": host, "confidence": confidence})
+        return sorted(out, key=lambda s: -s["confidence"])
 
     def checked(self, body: dict[str, Any]) -> Response | None:
         """The 400 Linear would answer to a document its schema refuses (and it is recorded)."""
@@ -233,7 +269,7 @@ class Linear:
                 return Response(json.dumps(refusal), content_type="application/json")
             self.calls.append(body)
             n = len(self.calls)
-            data = self.answer(field, body.get("variables") or {}, n)
+            data = self.answer(field, {**(body.get("variables") or {}), **root_arguments(body)}, n)
         return Response(json.dumps({"data": data}), content_type="application/json")
 
     def mutations(self, field: str) -> list[dict[str, Any]]:
@@ -253,6 +289,10 @@ class Linear:
     def reads(self, field: str) -> list[dict[str, Any]]:
         """The variables of each call that asked for `field` (a read such as `issue`)."""
         return [c.get("variables") or {} for c in self.calls if root_field(c) == field]
+
+    def asked(self, field: str) -> list[dict[str, Any]]:
+        """The arguments of each call that asked for `field`, as Linear reads them."""
+        return [root_arguments(c) for c in self.calls if root_field(c) == field]
 
 
 class LinearOAuth(Linear):
