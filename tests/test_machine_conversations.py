@@ -346,7 +346,13 @@ def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_a
             timeout=10,
             what="worktrees removed",
         )
-        listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
-        assert listed.count("\n") == 1  # only the checkout itself
+
+        def worktrees() -> str:
+            return subprocess.run(
+                ["git", "worktree", "list"], cwd=repo, capture_output=True, text=True
+            ).stdout
+
+        # only the checkout itself (git forgets a worktree a moment after its folder has gone)
+        wait_for(lambda: worktrees().count("\n") == 1, timeout=10, what=f"git forgetting them: {worktrees()}")
     finally:
         assert o.stop() == 0

@@ -62,10 +62,10 @@ class Orch:
             str(self.started_file),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
-        self.runs = 0
+        self._log_mark = 0  # where this run's lines begin in the log
 
     def start(self) -> None:
-        self.runs += 1
+        self._log_mark = len(self.log())
         log = open(self.log_file, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
             self.args,
@@ -84,7 +84,7 @@ class Orch:
         ends it by the default action, -15, on a busy host)."""
         assert self.proc is not None
         deadline = time.monotonic() + 30
-        while self.proc.poll() is None and self.log().count("orchestrator up") < self.runs:
+        while self.proc.poll() is None and "orchestrator up" not in self.log()[self._log_mark :]:
             assert time.monotonic() < deadline, "the orchestrator never said it was up"
             time.sleep(0.05)
         if self.proc.poll() is None:
