@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +50,7 @@ from shared.settings import Settings
 from tests.helpers.api import SECRET, issue_event
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.serving import free_port, start_serve, wait_healthy
-from tests.test_orchestrator import Orch
+from tests.test_orchestrator import Orch, wait_for
 from tests.test_reliability import assert_invariant
 
 DEADLINE = 3.0  # the product's default request deadline, which these runs keep
@@ -216,7 +216,7 @@ class Rig:
     def warm_up(self) -> None:
         self.senders.start()
         self.prober.start()
-        until(lambda: len(self.senders.answers) >= 8, 30, "the first deliveries")
+        wait_for(lambda: len(self.senders.answers) >= 8, 30, "the first deliveries")
 
     def serving_again(self, since: float, timeout: float = 30) -> float:
         """Seconds from `since` until a webhook sent after it was answered 200."""
@@ -228,7 +228,7 @@ class Rig:
                 ]
             return min(done) - since if done else None
 
-        until(lambda: found() is not None, timeout, "a webhook answered 200 after the fault")
+        wait_for(lambda: found() is not None, timeout, "a webhook answered 200 after the fault")
         took = found()
         assert took is not None
         return took
@@ -282,10 +282,10 @@ class Rig:
 
     def check_data(self) -> dict[str, Any]:
         answers = self.senders.answers
-        until(lambda: delivered(self.pool) >= len(answers), 90, "every session delivered")
+        wait_for(lambda: delivered(self.pool) >= len(answers), 90, "every session delivered")
         # A machine with nothing to claim may still be backing off (up to 30 s, jittered, after a
         # long outage): it says it is back at its next poll.
-        until(
+        wait_for(
             lambda: all(
                 m.log().count('"event":"away"') == m.log().count('"event":"back"') for m in self.machines
             ),
@@ -333,15 +333,6 @@ class Rig:
             "claimed_again": sum(n - 1 for n in claims.values()),  # a claim whose answer was lost
             "machine_away": sum(m.log().count('"event":"away"') for m in self.machines),
         }
-
-
-def until(cond: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def delivered(pool: Pool) -> int:
@@ -594,9 +585,9 @@ def test_commit_whose_answer_is_lost_is_503_and_the_retry_finds_it(db_url: str, 
             queue_id = r.senders.answers["lost-ack"]["queueId"]
             cut = r.proxy.cut_reply(uuid.UUID(queue_id).hex.encode())  # (as psycopg sends a UUID array)
             machine.signal(signal.SIGCONT)
-            until(cut.fired.is_set, 30, "the ack's answer cut")
+            wait_for(cut.fired.is_set, 30, "the ack's answer cut")
             mid = r.senders.answers["lost-ack"]["messageId"]
-            until(lambda: mid in {s["messageId"] for s in machine.starts()}, 30, "the start after the ack")
+            wait_for(lambda: mid in {s["messageId"] for s in machine.starts()}, 30, "the start after the ack")
             events = [json.loads(line) for line in machine.log().splitlines() if line.startswith("{")]
             assert any(e["event"] == "away" and "503" in e["msg"] for e in events), events[-5:]
             figures["ack"] = {"first": 503, "again": "acked"}
@@ -643,7 +634,7 @@ def test_stall_of_a_minute_under_16_senders_and_20_machines_stays_bounded(
 
 def serve_worker(master: int) -> int:
     """The Granian worker process of a `devpilot serve` (its one child)."""
-    until(lambda: Path(f"/proc/{master}/task/{master}/children").read_text().split(), 10, "the worker")
+    wait_for(lambda: Path(f"/proc/{master}/task/{master}/children").read_text().split(), 10, "the worker")
     return int(Path(f"/proc/{master}/task/{master}/children").read_text().split()[0])
 
 
