@@ -75,7 +75,10 @@ class Health:
             if self._conn is None or self._conn.closed:
                 self._conn = None
                 self._open_soon()
-                self._state.wait_for(lambda: self._conn is not None, timeout=max(0.0, until - monotonic()))
+                # (Until it is open, or the attempt failed: a refused connection says so at once.)
+                self._state.wait_for(
+                    lambda: self._conn is not None or not self._opening, timeout=max(0.0, until - monotonic())
+                )
             return self._conn
 
     def _open_soon(self) -> None:

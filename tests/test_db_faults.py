@@ -428,6 +428,20 @@ def test_a_connection_attempt_that_times_out_leaves_no_socket(db_url: str) -> No
         proxy.close()
 
 
+def test_healthz_says_unavailable_at_once_when_the_database_refuses() -> None:
+    """A database that refuses connections is said at once, not at the end of the probe's deadline;
+    and the probe after it tries again (one attempt at a time, off the probe's path)."""
+    from shared.health import Health
+    from tests.helpers.faultproxy import free_tcp_port
+
+    health = Health(f"postgresql://postgres@127.0.0.1:{free_tcp_port()}/none", 2, 0.5)
+    for _ in range(2):
+        t0 = time.monotonic()
+        assert not health.ok()
+        assert time.monotonic() - t0 < 0.25
+    health.close()
+
+
 def test_the_idle_transaction_limit_must_outlast_linears_timeout() -> None:
     with pytest.raises(ValueError, match="IDLE_IN_TRANSACTION"):
         Settings(DEVPILOT_LINEAR_TIMEOUT_SECONDS=10, DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS=10_000)
