@@ -176,6 +176,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
         made.append(runtime.Runtime(settings, database, pool, wakeups))
         runtime.install(made[0])
         wakeups.start()
+        made[0].health.start()  # /healthz's own connection, ready before the first probe
 
         def sweeper() -> None:
             while not stop.wait(sweep_every):
@@ -214,6 +215,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
         stop.set()
         for rt in made:
             rt.wakeups.stop()
+            rt.health.close()
             rt.pool.close()
 
     def drop_metrics() -> None:  # by the master as it stops; by its workers if it was SIGKILLed

@@ -39,7 +39,7 @@ from functions.web import (
     require_orchestrator,
     start_notes,
 )
-from shared import crypto
+from shared import crypto, deadline
 from shared.orchestrators import UNAUTHORIZED, Orchestrator
 from shared.settings import SettingsError
 
@@ -106,8 +106,11 @@ def _answer(routing: MapAdapter, endpoints: Endpoints, request: flask.Request) -
         route, ep = endpoints[key]
         name = route.name
         rt = get_runtime()
-        caller, scope = _authorise(ep.auth, request, rt)
-        resp = _view(route, ep)(Call(request, rt, args, caller, scope))
+        # Every database block of the request shares one deadline (a long-poll extends it by its
+        # wait; the sweep sets its own): past it, 503 db_unavailable below.
+        with deadline.bound(rt.settings.request_deadline_seconds):
+            caller, scope = _authorise(ep.auth, request, rt)
+            resp = _view(route, ep)(Call(request, rt, args, caller, scope))
     except ApiError as exc:
         resp = error(exc.status, exc.code, exc.detail, exc.headers)
     except HTTPException as exc:  # no such path, or not this method

@@ -1,19 +1,15 @@
-"""`healthz` (GET /healthz): 200 when the database answers, 503 with Retry-After when not."""
+"""`healthz` (GET /healthz): 200 when the database answers, 503 with Retry-After when not, within
+DEVPILOT_HEALTHZ_DEADLINE_SECONDS whatever the database does (its own connection, never the
+pool's: `shared.health`)."""
 
 from __future__ import annotations
 
 import flask
-import psycopg
-import psycopg_pool
 
 from functions.web import Call, error, reply
-from shared.sql import query
 
 
 def healthz(call: Call) -> flask.Response:
-    try:
-        with call.rt.pool.connection(timeout=3.0) as conn:
-            conn.execute(query("ping"))
-    except (psycopg.Error, psycopg_pool.PoolTimeout):
+    if not call.rt.health.ok():
         return error(503, "db_unavailable", "the database did not answer", {"Retry-After": "5"})
     return reply({"ok": True})

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from shared.db import Pool, open_pool
 from shared.dispatch import Dispatch
 from shared.embedded import Database, resolve
+from shared.health import Health
 from shared.settings import Settings, get_settings
 from shared.wakeups import Wakeups
 
@@ -25,9 +26,12 @@ class Runtime:
     pool: Pool
     wakeups: Wakeups
     service: Dispatch = field(init=False)
+    health: Health = field(init=False)  # /healthz's own connection, opened on first use
 
     def __post_init__(self) -> None:
         self.service = Dispatch(self.pool, self.settings, self.wakeups)
+        s = self.settings
+        self.health = Health(self.database.url, s.connect_timeout_seconds, s.healthz_deadline_seconds)
 
 
 _lock = threading.Lock()

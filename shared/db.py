@@ -4,6 +4,9 @@
 run inside the caller's transaction (`enqueue_dispatch`, `cancel_issue`, ...) take a `Tx` as their
 first argument: a `psycopg.Connection`, a pool or `None` is a mypy error, and at run time
 `require_tx` refuses them (and an ended `Tx`) with TypeError before anything is written.
+
+Every connection lent from the pool is bounded by a deadline (`lend`, `shared.deadline`,
+`shared.watchdog`): when the database does not answer, the caller hears OperationalError in time.
 """
 
 from __future__ import annotations
@@ -12,19 +15,88 @@ import select
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, LiteralString
+from time import monotonic
+from typing import Any, LiteralString, Self, cast
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
+from shared import deadline
 from shared.settings import Settings
 from shared.sql import query
+from shared.watchdog import WATCHDOG
 
 Conn = psycopg.Connection[DictRow]
-Pool = ConnectionPool[Conn]
+
+
+class Connection(psycopg.Connection[DictRow]):
+    """psycopg's connection, less one leak: an attempt to connect that fails (a timeout above all)
+    keeps its socket open until Python's cyclic garbage collector happens to run, because the error
+    raised holds the frames that hold the attempt (psycopg issue #565 is the same family). In an
+    outage the pool's workers try again every few seconds, and the sockets piled up past the pool's
+    bound (tests/test_db_faults.py's minute-long stall counted 19 against 12). Dropping the
+    tracebacks of the error's chain frees the attempt, and closes its socket, at once."""
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        try:
+            return super().connect(conninfo, **kwargs)
+        except psycopg.Error as exc:
+            seen: set[int] = set()
+            link: BaseException | None = exc
+            while link is not None and id(link) not in seen:
+                seen.add(id(link))
+                link.__traceback__ = None
+                link = link.__context__ or link.__cause__
+            raise
+
+
+def usable(conn: Conn, until: float) -> bool:
+    """Whether a pooled connection may be lent, without a round trip in the usual case.
+
+    An idle pooled connection is sent nothing unasked (none of them LISTENs), so a socket with
+    something to read means the server spoke first: the goodbye of a terminated backend, a restart,
+    a pooler closing. Only then is the connection pinged (psycopg_pool's own check), within the
+    caller's deadline. A ping on every checkout would be one more round trip per statement, on
+    every request, for the rare case this already catches.
+    """
+    if conn.closed:  # (a broken connection is closed too)
+        return False
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+    if not poller.poll(0):
+        return True
+    try:
+        with WATCHDOG.watching(conn, until) as watch:
+            ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        return False
+    return not watch.cut
+
+
+class Pool(ConnectionPool[Conn]):
+    """psycopg_pool's pool, whose check before lending a connection makes no pause.
+
+    psycopg_pool's own `check` sleeps between two failed checks (1 s, then 2 s, ...), so after a
+    restart or a `pg_terminate_backend`, with every idle connection dead, a request found a dead
+    one, slept a second, found the next, slept two: it reached its deadline and answered 503 while
+    fresh connections were ready. Here a dead connection is thrown away at once (the pool opens
+    another) and the next one looked at; when none is left, `getconn` waits for a new one within
+    the same timeout. (`connection()` goes through here too.)
+    """
+
+    def getconn(self, timeout: float | None = None) -> Conn:
+        until = monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            conn = super().getconn(timeout=until - monotonic())
+            if usable(conn, until):
+                return conn
+            conn.close()
+            self.putconn(conn)
 
 
 class Tx:
@@ -90,18 +162,38 @@ def require_tx(tx: object, caller: str) -> Tx:
 
 @contextmanager
 def lend(pool: Pool) -> Iterator[Conn]:
-    """A pooled connection for one block, then back to the pool.
+    """A pooled connection for one block, then back to the pool, within the current deadline.
+
+    The deadline (`shared.deadline`: the request's, or the pool's default for work no request
+    bounds) covers the wait for a connection and every statement sent on it: the watchdog cuts the
+    connection when it passes (`shared.watchdog`), and the block's statement fails with
+    OperationalError at once, whatever the server does. A connection that was cut, or that comes
+    back mid-transaction (its block failed in a way that left the transaction open), is closed
+    before the pool sees it: the server rolls back a transaction whose connection went away, where
+    a rollback sent to a server that does not answer would hang; the pool replaces it.
 
     psycopg_pool's `connection()` also ends the connection's transaction on the way out (commit, or
     rollback on an exception): a call into the driver on every request that never has anything to
     end here, since every pooled connection is autocommit and every transaction an explicit
-    `transaction()` block, ended by that block. A connection handed back otherwise (broken, or
-    mid-transaction) is rolled back or replaced by the pool's `putconn`, as with `connection()`.
+    `transaction()` block, ended by that block.
     """
-    conn = pool.getconn()
+    settings = _POOL_SETTINGS.get(pool)
+    until = deadline.until(settings.sweep_deadline_seconds if settings else DEFAULT_DEADLINE_SECONDS)
+    left = until - monotonic()
+    if left <= 0:
+        raise deadline.Passed("the request's deadline for the database passed before it was asked")
+    conn = pool.getconn(timeout=left)
+    try:
+        watch = WATCHDOG.watch(conn, until)
+    except BaseException:
+        pool.putconn(conn)
+        raise
     try:
         yield conn
     finally:
+        cut = WATCHDOG.release(watch)
+        if cut or conn.pgconn.transaction_status != TransactionStatus.IDLE:
+            conn.close()  # (the pool discards a closed connection and opens another)
         pool.putconn(conn)
 
 
@@ -110,7 +202,7 @@ def transaction(source: Pool | Conn) -> Iterator[Tx]:
     """Open a transaction: commits when the block ends normally, rolls back on an exception.
 
     Behind a transaction-mode pooler session settings do not stick, so on a pool opened for one
-    (DEVPILOT_TRANSACTION_POOLER) the statement timeout is set per transaction instead.
+    (DEVPILOT_TRANSACTION_POOLER) the server-side limits are set per transaction instead.
     """
     if isinstance(source, ConnectionPool):
         with lend(source) as conn, _open(conn, _POOL_SETTINGS.get(source)) as tx:
@@ -129,7 +221,7 @@ def statement(pool: Pool) -> Iterator[Tx]:
     two round trips fewer than a `transaction()` block (no BEGIN, no COMMIT). The `Tx` refuses a
     second statement (TypeError), so what must be atomic cannot be split across two by mistake.
     Behind a transaction-mode pooler the statement runs inside a `transaction()` block instead,
-    where the statement timeout is set (`_open`).
+    where the server-side limits are set (`_open`).
     """
     settings = _POOL_SETTINGS.get(pool)
     with lend(pool) as conn:
@@ -150,7 +242,7 @@ def _open(conn: Conn, settings: Settings | None, *, single: bool = False) -> Ite
         tx = Tx(conn, _MINT, single=single)
         try:
             if settings is not None and settings.database_transaction_pooler:
-                conn.execute(query("set_local_timeout"), {"ms": settings.statement_timeout_ms})
+                conn.execute(query("set_local_timeouts"), _limits(settings))
             yield tx
         finally:
             tx._active = False
@@ -179,54 +271,71 @@ def take_in_rounds(
             return
 
 
-def check_on_checkout(conn: Conn) -> None:
-    """The pool's check before lending a connection, without a round trip in the usual case.
-
-    An idle pooled connection is sent nothing unasked (none of them LISTENs), so a socket with
-    something to read means the server spoke first: the goodbye of a terminated backend, a restart,
-    a pooler closing. Only then is the connection pinged (psycopg_pool's own check), and a dead one
-    is replaced before any request sees it. A ping on every checkout would be one more round trip
-    per statement, on every request, for the rare case this already catches.
-    """
-    if conn.closed:  # (a broken connection is closed too)
-        raise psycopg.OperationalError("connection is closed")
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
-    if poller.poll(0):
-        ConnectionPool.check_connection(conn)
+def _limits(settings: Settings) -> dict[str, int]:
+    return {
+        "statement_ms": settings.statement_timeout_ms,
+        "lock_ms": settings.lock_timeout_ms,
+        "idle_ms": settings.idle_in_transaction_timeout_ms,
+    }
 
 
 def connect(url: str, *, autocommit: bool = True, pooler: bool = False) -> Conn:
     """One direct connection (migrations, LISTEN, tests)."""
-    return psycopg.connect(
+    return Connection.connect(
         url, autocommit=autocommit, row_factory=dict_row, prepare_threshold=None if pooler else 5
     )
+
+
+# How long the pool keeps retrying to open one connection before it gives that slot up (and opens
+# one afresh when a request next waits). psycopg_pool doubles its delay between attempts without a
+# cap (1, 2, 4, 8 ... s) for five minutes by default: after a long outage its next attempt could
+# come minutes after the database is back. Ten seconds keep the delay under five.
+RECONNECT_SECONDS = 10.0
+DEFAULT_DEADLINE_SECONDS = 30.0  # a pool opened without settings (never, in the service)
+
+
+def session_options(url: str, settings: Settings) -> str:
+    """The server-side limits for every session of the pool, sent in the startup packet (libpq's
+    `options`): no round trip of their own, and in force before the first statement. Appended to
+    any `options` the URL already has."""
+    given = str(conninfo_to_dict(url).get("options") or "")
+    ours = (
+        f"-c statement_timeout={settings.statement_timeout_ms} "
+        f"-c lock_timeout={settings.lock_timeout_ms} "
+        f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms}"
+    )
+    return f"{given} {ours}".strip()
 
 
 def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int | None = None) -> Pool:
     """The pool every handler shares, opened explicitly (and waited on, so a bad URL fails here).
 
     Connections are autocommit so every transaction is an explicit `transaction()` block; a broken
-    connection is detected on checkout (`check_on_checkout`) and replaced, so the pool recovers from
-    a restart or a pg_terminate_backend by itself.
+    connection is detected on checkout (`Pool.getconn`) and replaced, so the pool recovers from a
+    restart or a pg_terminate_backend by itself. Opening a connection is bounded by
+    DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS (a server that accepts and never answers holds a pool
+    worker that long, not for ever).
     """
-    kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        "row_factory": dict_row,
+        "connect_timeout": max(2, round(settings.connect_timeout_seconds)),
+    }
     if settings.database_transaction_pooler:
-        kwargs["prepare_threshold"] = None  # PgBouncer/Supavisor transaction mode: no prepared statements
+        # PgBouncer/Supavisor transaction mode: no prepared statements, and no session settings
+        # (the limits are set per transaction instead, `_open`).
+        kwargs["prepare_threshold"] = None
+    else:
+        kwargs["options"] = session_options(url, settings)
 
-    def configure(conn: Conn) -> None:
-        if not settings.database_transaction_pooler:
-            conn.execute(query("set_session_timeouts"), {"ms": settings.statement_timeout_ms})
-
-    pool: Pool = ConnectionPool(
+    pool = Pool(
         url,
-        connection_class=psycopg.Connection[DictRow],
+        connection_class=cast(type[Conn], Connection),
         kwargs=kwargs,
         min_size=min_size,
         max_size=max_size or settings.database_pool_max,
-        configure=configure,
-        check=check_on_checkout,
-        timeout=10.0,
+        timeout=10.0,  # (what `pool.connection()` waits; the service's `lend()` waits its deadline)
+        reconnect_timeout=RECONNECT_SECONDS,
         open=False,
         name="devpilot",
     )

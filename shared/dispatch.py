@@ -16,7 +16,7 @@ from uuid import UUID, uuid4
 
 from psycopg.types.json import Jsonb
 
-from shared import orchestrators, queue
+from shared import deadline, orchestrators, queue
 from shared.db import Pool, Tx, transaction
 from shared.models import REPOSITORY_MISSING, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
@@ -127,14 +127,16 @@ class Dispatch:
 
         if wait_seconds <= 0 or self.wakeups is None:
             return take()
-        deadline = time.monotonic() + wait_seconds
-        with self.wakeups.waiter(str(orchestrator_id)) as woken:
+        ends = time.monotonic() + wait_seconds
+        # The request's database deadline, moved on by the wait: a claim made at the end of the
+        # wait has as long as a plain poll's.
+        with deadline.extended(wait_seconds), self.wakeups.waiter(str(orchestrator_id)) as woken:
             self.wakeups.wait_until_listening(timeout=min(2.0, wait_seconds))
             # Enqueues NOTIFY only a machine that says it is waiting; said before the first look.
             orchestrators.mark_listening(self.pool, orchestrator_id, wait_seconds, RECHECK_SECONDS)
             messages = take()
             while not messages:
-                left = deadline - time.monotonic()
+                left = ends - time.monotonic()
                 if left <= 0:
                     break
                 woken.wait(min(left, RECHECK_SECONDS))
@@ -191,14 +193,24 @@ class Dispatch:
         webhook deliveries past their retention."""
         from shared import enroll, intake, notices, routing
 
-        result = queue.sweep(self.pool, self.settings)
-        routed = routing.run(self.pool, self.settings)
+        # The sweep's deadline is its own (DEVPILOT_SWEEP_DEADLINE_SECONDS), for each of its
+        # database steps, whether a scheduler's request or `devpilot serve`'s timer runs it. The
+        # posts to Linear between them are bounded by Linear's own timeout, so the notices' and the
+        # router's database blocks each get that deadline afresh (None: the pool's default, the
+        # same figure).
+        within = self.settings.sweep_deadline_seconds
+        with deadline.bound(within):
+            result = queue.sweep(self.pool, self.settings)
+        with deadline.bound(None):
+            routed = routing.run(self.pool, self.settings)
         if routed.routed or routed.retried:
             log.info('{"event":"routing","routed":%d,"retried":%d}', routed.routed, routed.retried)
-        sent = notices.send_pending(self.pool, self.settings)
+        with deadline.bound(None):
+            sent = notices.send_pending(self.pool, self.settings)
         if sent.sent or sent.failed:
             log.info('{"event":"notices","sent":%d,"failed":%d}', sent.sent, sent.failed)
-        pruned = intake.prune_deliveries(self.pool, self.settings)
+        with deadline.bound(within):
+            pruned = intake.prune_deliveries(self.pool, self.settings)
         if pruned:
             log.info('{"event":"deliveries_pruned","count":%d}', pruned)
         forgotten = enroll.forget_stale(self.pool)

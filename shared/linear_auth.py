@@ -204,6 +204,14 @@ class Tokens:
         """Renew under the org's row lock. `stale` is the ciphertext the caller found wanting: if the
         row holds another by the time the lock is ours, someone renewed it already: use that."""
         with transaction(self.pool) as tx:
+            # The lock may wait for another instance's refresh, which waits for Linear: this
+            # transaction's limits are Linear's timeout and a margin, not the hot path's.
+            wait_ms = round(self.settings.linear_timeout_seconds * 1000) + 2000
+            limits = {"statement_ms": wait_ms, "lock_ms": wait_ms}
+            tx.execute(
+                query("set_local_timeouts"),
+                {**limits, "idle_ms": self.settings.idle_in_transaction_timeout_ms},
+            )
             row = tx.one(query("credentials_lock"), {"org_id": org_id})
             if row is None or row["disconnected_at"] is not None:
                 token = None

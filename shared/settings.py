@@ -32,11 +32,40 @@ class Settings(BaseModel):
     # `devpilot serve`'s worker processes, each with its own pool (DEVPILOT_POOL_MAX connections)
     # and its own LISTEN connection; one of them runs the in-process sweep.
     serve_workers: int = Field(default=1, ge=1, le=64, validation_alias="DEVPILOT_SERVE_WORKERS")
+    # Opening one database connection (libpq's connect_timeout: whole seconds, at least 2).
     connect_timeout_seconds: float = Field(
-        default=10.0, gt=0, le=120, validation_alias="DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS"
+        default=5.0, gt=0, le=120, validation_alias="DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS"
     )
+    # When the database does not answer (docs/reliability.md): the client-side deadlines, each
+    # covering the wait for a pooled connection and every statement sent on it; past one, the
+    # request answers 503 db_unavailable and its connection is cut (shared.watchdog).
+    # A request's database work, the webhook's included: within Linear's 5 s with room to spare.
+    # A long-poll's is its waitSeconds plus this.
+    request_deadline_seconds: float = Field(
+        default=3.0, gt=0, le=60, validation_alias="DEVPILOT_REQUEST_DEADLINE_SECONDS"
+    )
+    # Each step of the sweep (re-queue, retention), and each database block of work that no
+    # request bounds (Linear posts after a commit, the CLI).
+    sweep_deadline_seconds: float = Field(
+        default=30.0, gt=0, le=3600, validation_alias="DEVPILOT_SWEEP_DEADLINE_SECONDS"
+    )
+    # /healthz: its own connection, pinged within this whatever the database does (the rest of the
+    # second the contract gives it is for the answer itself, on a loaded host).
+    healthz_deadline_seconds: float = Field(
+        default=0.5, gt=0, le=10, validation_alias="DEVPILOT_HEALTHZ_DEADLINE_SECONDS"
+    )
+    # Server-side limits on the service's sessions (bench/statements.py measures the slowest
+    # statement they must leave room for; docs/reliability.md states the margins). The statement
+    # limit sits under the request deadline, so a slow statement is cancelled by the server (its
+    # connection kept) before the client has to cut the connection.
     statement_timeout_ms: int = Field(
-        default=5000, ge=100, le=600_000, validation_alias="DEVPILOT_STATEMENT_TIMEOUT_MS"
+        default=2000, ge=100, le=600_000, validation_alias="DEVPILOT_STATEMENT_TIMEOUT_MS"
+    )
+    lock_timeout_ms: int = Field(default=1500, ge=10, le=600_000, validation_alias="DEVPILOT_LOCK_TIMEOUT_MS")
+    # Longer than the longest wait inside a transaction: a Linear token refresh holds the org's
+    # credentials row across Linear's answer (DEVPILOT_LINEAR_TIMEOUT_SECONDS).
+    idle_in_transaction_timeout_ms: int = Field(
+        default=10_000, ge=100, le=3_600_000, validation_alias="DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS"
     )
 
     linear_webhook_secret: str | None = Field(default=None, validation_alias="LINEAR_WEBHOOK_SECRET")
@@ -130,6 +159,15 @@ class Settings(BaseModel):
     def _cap_not_below_base(self) -> Settings:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("DEVPILOT_BACKOFF_CAP_SECONDS must be >= DEVPILOT_BACKOFF_BASE_SECONDS")
+        return self
+
+    @model_validator(mode="after")
+    def _idle_outlasts_linear(self) -> Settings:
+        if self.idle_in_transaction_timeout_ms <= self.linear_timeout_seconds * 1000:
+            raise ValueError(
+                "DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS must exceed DEVPILOT_LINEAR_TIMEOUT_SECONDS: a "
+                "token refresh waits for Linear inside its transaction"
+            )
         return self
 
     @field_validator("delivery_retention_hours")

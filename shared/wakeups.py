@@ -18,9 +18,13 @@ from contextlib import contextmanager
 
 import psycopg
 
+from shared.db import Connection
 from shared.sql import query
+from shared.watchdog import WATCHDOG
 
 log = logging.getLogger("devpilot.wakeups")
+CHECK_EVERY = 10.0  # seconds between the listening connection's pings
+CHECK_DEADLINE = 5.0  # a ping (or the LISTEN) not answered by then: the connection is cut, and opened again
 
 
 class Wakeups:
@@ -77,15 +81,24 @@ class Wakeups:
         delay = 0.5
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(query("listen"))
+                with Connection.connect(self._url, autocommit=True, connect_timeout=5) as conn:
+                    with WATCHDOG.watching(conn, time.monotonic() + CHECK_DEADLINE):
+                        conn.execute(query("listen"))
                     self._listening.set()
                     # Anything committed while we were not listening: let every waiter re-check.
                     self._wake_all()
                     delay = 0.5
+                    checked = time.monotonic()
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=1.0):
                             self._wake(note.payload)
+                        if time.monotonic() - checked >= CHECK_EVERY:
+                            # A listener only reads: a link that went silent (a stalled server, a
+                            # half-open connection after a failover) would look like a quiet one
+                            # for ever. A ping within a deadline tells them apart.
+                            with WATCHDOG.watching(conn, time.monotonic() + CHECK_DEADLINE):
+                                conn.execute(query("ping"))
+                            checked = time.monotonic()
             except psycopg.Error as exc:
                 if self._stop.is_set():  # stopping: the connection going away is expected
                     return

@@ -22,7 +22,7 @@ from shared.migrate import migrate
 from shared.models import DispatchPayload, IssueRef
 from shared.queue import _session_params, ack, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
-from tests.helpers.data import MakeOrch, Orch, enqueue_one, fill_queue, issue, row_counts
+from tests.helpers.data import MakeOrch, Orch, bulk, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
 
 ROOT = Path(__file__).parent.parent
@@ -371,12 +371,13 @@ def _a_busy_org(pool: Pool, make_orchestrator: MakeOrch) -> Orch:
     """A machine with 20,000 queued rows, in an org with 5,000 other people's machines."""
     o = make_orchestrator()
     fill_queue(pool, o, 20_000)
+    bulk(
+        pool,
+        "INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)"
+        " SELECT %(org)s, 'someone-' || i, 'm', sha256(i::text::bytea) FROM generate_series(1, 5000) i",
+        {"org": o.org_id},
+    )
     with pool.connection() as conn:
-        conn.execute(
-            "INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)"
-            " SELECT %s, 'someone-' || i, 'm', sha256(i::text::bytea) FROM generate_series(1, 5000) i",
-            (o.org_id,),
-        )
         conn.execute("ANALYZE orchestrators")
     return o
 
@@ -509,8 +510,9 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
 
     o = make_orchestrator()
     fill_queue(pool, o, 50_000)
-    with pool.connection() as conn:  # the messages of 1,000 other agent sessions of the same org
-        conn.execute("UPDATE dispatch_queue SET agent_session_id = 'as-other-' || (seq % 1000)")
+    # the messages of 1,000 other agent sessions of the same org
+    bulk(pool, "UPDATE dispatch_queue SET agent_session_id = 'as-other-' || (seq % 1000)")
+    with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_queue")
     params = {"org_id": o.org_id, "agent_session_id": "as-1", "reason": "stopped"}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:

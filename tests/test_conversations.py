@@ -22,7 +22,7 @@ from shared.db import Pool
 from shared.queue import AckItem, ack_many, claim
 from shared.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
-from tests.helpers.data import row_counts
+from tests.helpers.data import bulk, row_counts
 from tests.helpers.linear import Linear
 
 LINEAR_TOKEN = "lin_app_token_for_conversations"
@@ -374,22 +374,24 @@ def test_an_empty_poll_is_still_an_index_probe(api: Api) -> None:
     the claim index, never a look at other machines' rows or the order check."""
     oid, token = api.register(user="user-1")
     busy, _ = api.register(user="user-2")
+    bulk(
+        api.pool,
+        """
+        WITH s AS (
+            INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id, agent_session_id, kind)
+            SELECT 'org-a', %(o)s, 'queued', 'bulk', 'as-bulk-' || (g %% 5000), 'prompt'
+            FROM generate_series(1, 20000) g RETURNING id, agent_session_id
+        )
+        INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, agent_session_id)
+        SELECT s.id, %(o)s, 'org-a', '{"issue": {"id": "bulk"}}', s.agent_session_id FROM s
+        """,
+        {"o": busy},
+    )
+    bulk(
+        api.pool,
+        "UPDATE dispatch_sessions ds SET queue_id = q.id FROM dispatch_queue q WHERE q.session_id = ds.id",
+    )
     with api.pool.connection() as conn:
-        conn.execute(
-            """
-            WITH s AS (
-                INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id, agent_session_id, kind)
-                SELECT 'org-a', %(o)s, 'queued', 'bulk', 'as-bulk-' || (g %% 5000), 'prompt'
-                FROM generate_series(1, 20000) g RETURNING id, agent_session_id
-            )
-            INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload, agent_session_id)
-            SELECT s.id, %(o)s, 'org-a', '{"issue": {"id": "bulk"}}', s.agent_session_id FROM s
-            """,
-            {"o": busy},
-        )
-        conn.execute(
-            "UPDATE dispatch_sessions ds SET queue_id = q.id FROM dispatch_queue q WHERE q.session_id = ds.id"
-        )
         conn.execute("ANALYZE dispatch_queue")
         plan = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("claim"),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,11 @@ import pytest
 from rich.console import Console
 
 from devpilot.status_view import render
+from shared.db import Pool, transaction
+from shared.sql import query
 from shared.status import snapshot
 from tests.helpers.api import ADMIN, Api, issue_event
+from tests.helpers.data import MakeOrch, enqueue_one
 
 ROOT = Path(__file__).parent.parent
 
@@ -217,3 +222,49 @@ def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path) -> None:
         print(f"dashboard screenshot: {shot}")
     finally:
         driver.quit()
+
+
+def test_history_is_each_minutes_count_of_undelivered_sessions(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    """The one-pass history (shared/queries/status.sql) against its definition: at the end of each
+    minute, the sessions created before then and not finished by then (queued, or last changed
+    after it); and the mean webhook-to-ack time of those acked in the minute."""
+    o = make_orchestrator()
+    for n in range(3):
+        enqueue_one(pool, o, n)
+    rng = random.Random(4)
+    with transaction(pool) as tx:
+        tx.execute("UPDATE dispatch_sessions SET created_at = now() - interval '75 minutes'")
+        for _ in range(300):  # minutes from now, some on a minute's boundary
+            created = rng.choice([rng.uniform(-120, 0), float(rng.randint(-120, 0))])
+            changed = created + rng.choice([0.0, rng.uniform(0, 40), float(rng.randint(0, 40))])
+            status = rng.choice(["delivered", "failed", "cancelled"])
+            tx.execute(
+                "INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, created_at, updated_at,"
+                " delivered_at) VALUES (%(org)s, %(o)s, %(status)s, now() + %(c)s * interval '1 minute',"
+                " now() + %(u)s * interval '1 minute',"
+                " CASE WHEN %(status)s = 'delivered' THEN now() + %(u)s * interval '1 minute' END)",
+                {"org": o.org_id, "o": o.id, "status": status, "c": created, "u": min(changed, 0.0)},
+            )
+    with pool.connection() as conn, conn.transaction():  # (one now() for both reads)
+        history = conn.execute(query("status_history")).fetchall()
+        sessions = conn.execute(
+            "SELECT status, created_at, updated_at, delivered_at FROM dispatch_sessions"
+        ).fetchall()
+    assert len(history) == 60
+    for h in history:
+        end = h["minute"] + timedelta(minutes=1)
+        undelivered = [
+            s
+            for s in sessions
+            if s["created_at"] < end and (s["status"] == "queued" or s["updated_at"] >= end)
+        ]
+        assert h["depth"] == len(undelivered), h["minute"]
+        acked = [s for s in sessions if s["delivered_at"] and h["minute"] <= s["delivered_at"] < end]
+        if acked:
+            mean = sum((s["delivered_at"] - s["created_at"]).total_seconds() for s in acked) / len(acked)
+            assert h["latency_s"] == pytest.approx(mean)
+        else:
+            assert h["latency_s"] is None
+    assert any(h["depth"] > 3 for h in history) and any(h["latency_s"] for h in history)

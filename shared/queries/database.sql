@@ -8,15 +8,13 @@ SELECT 1;
 -- Inside a transaction: it may not write (operators' snapshots).
 SET TRANSACTION READ ONLY;
 
--- name: set_session_timeouts
--- On a direct connection, once per connection: no statement runs longer than the setting, and no
--- transaction sits idle holding locks near the queue.
-SELECT set_config('statement_timeout', %(ms)s::text, false),
-       set_config('idle_in_transaction_session_timeout', '30000', false);
-
--- name: set_local_timeout
--- Behind a transaction-mode pooler session settings do not stick: per transaction instead.
-SELECT set_config('statement_timeout', %(ms)s::text, true);
+-- name: set_local_timeouts
+-- The server-side limits for this transaction only: behind a transaction-mode pooler, where session
+-- settings do not stick, the ones a direct connection gets at its start (shared.db.session_options);
+-- and where one transaction must wait longer than the hot path may (a token refresh waits on Linear).
+SELECT set_config('statement_timeout', %(statement_ms)s::text, true),
+       set_config('lock_timeout', %(lock_ms)s::text, true),
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true);
 
 -- name: migrations_lock
 -- Serialises concurrent `devpilot migrate` runs for the rest of the transaction.

@@ -32,18 +32,44 @@ SELECT ran_at, requeued, dead_lettered FROM sweep_runs ORDER BY id DESC LIMIT 1;
 -- name: status_history
 -- Minute by minute over the last hour, derived from the sessions themselves: how many were
 -- undelivered at the end of each minute, and the mean webhook-to-ack time of those acked in it.
-WITH minutes AS (
-    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
-                           date_trunc('minute', now()), interval '1 minute') AS m
+-- One pass over the sessions: a session is undelivered at the end of each minute from the one it
+-- was created in up to the one before its last change (queued: up to now), so the depth is the
+-- running sum of +1 at its first minute and -1 at its last change's. (The minute-by-minute count
+-- it replaces read the table 60 times: 1.2 s at 100,000 sessions, bench/statements.py.)
+WITH bounds AS (
+    SELECT date_trunc('minute', now()) - interval '59 minutes' AS lo, date_trunc('minute', now()) AS hi
+),
+minutes AS (
+    SELECT generate_series(b.lo, b.hi, interval '1 minute') AS m FROM bounds b
+),
+open_in_window AS (
+    SELECT greatest(date_trunc('minute', s.created_at), b.lo) AS opened,
+           CASE WHEN s.status <> 'queued' THEN date_trunc('minute', s.updated_at) END AS closed
+    FROM dispatch_sessions s, bounds b
+    WHERE s.created_at < b.hi + interval '1 minute'
+      AND (s.status = 'queued' OR s.updated_at >= b.lo + interval '1 minute')
+),
+per_minute AS (
+    SELECT m, sum(d) AS d
+    FROM (SELECT opened AS m, 1 AS d FROM open_in_window
+          UNION ALL
+          SELECT closed, -1 FROM open_in_window WHERE closed IS NOT NULL) steps
+    GROUP BY m
+),
+acked AS (
+    SELECT date_trunc('minute', s.delivered_at) AS m,
+           avg(extract(epoch FROM s.delivered_at - s.created_at))::float AS latency_s
+    FROM dispatch_sessions s, bounds b
+    WHERE s.delivered_at >= b.lo AND s.delivered_at < b.hi + interval '1 minute'
+    GROUP BY 1
 )
-SELECT m.m AS minute,
-       (SELECT count(*) FROM dispatch_sessions s
-         WHERE s.created_at < m.m + interval '1 minute'
-           AND (s.status = 'queued' OR s.updated_at >= m.m + interval '1 minute')) AS depth,
-       (SELECT avg(extract(epoch FROM s.delivered_at - s.created_at))::float FROM dispatch_sessions s
-         WHERE s.delivered_at >= m.m AND s.delivered_at < m.m + interval '1 minute') AS latency_s
-FROM minutes m
-ORDER BY m.m;
+SELECT mm.m AS minute,
+       (sum(coalesce(p.d, 0)) OVER (ORDER BY mm.m))::bigint AS depth,
+       a.latency_s
+FROM minutes mm
+LEFT JOIN per_minute p ON p.m = mm.m
+LEFT JOIN acked a ON a.m = mm.m
+ORDER BY mm.m;
 
 -- name: status_totals
 SELECT status, count(*) AS n FROM dispatch_sessions GROUP BY status;

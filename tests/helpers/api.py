@@ -211,7 +211,9 @@ def agent_session_event(
 class Served:
     def __init__(self, db_url: str, settings: Settings, pool: Pool) -> None:
         self.wakeups = Wakeups(db_url)
-        runtime.install(runtime.Runtime(settings, Database(db_url, embedded=False), pool, self.wakeups))
+        self.runtime = runtime.Runtime(settings, Database(db_url, embedded=False), pool, self.wakeups)
+        runtime.install(self.runtime)
+        self.runtime.health.start()  # (as `devpilot serve` does: ready before the first probe)
         self.server = make_server("127.0.0.1", 0, wsgi, threaded=True, request_handler=QuietHandler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -220,4 +222,5 @@ class Served:
     def close(self) -> None:
         self.server.shutdown()
         self.wakeups.stop()
+        self.runtime.health.close()
         runtime.install(None)

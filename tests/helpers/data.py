@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, LiteralString
 from uuid import UUID
 
 from shared.db import Pool, transaction
@@ -70,6 +71,15 @@ def fill_queue(pool: Pool, orch: Orch, n: int) -> None:
         tx.execute("SET LOCAL statement_timeout = 0")
         tx.execute(FILL_SQL, {"org": orch.org_id, "orch": orch.id, "n": n})
         tx.execute(SYNC_SESSIONS_SQL)
+
+
+def bulk(pool: Pool, statement: LiteralString, params: dict[str, Any] | None = None) -> None:
+    """Test data written in bulk, in a transaction of its own that the pool's statement timeout
+    (2 s, made for the service's statements) does not cut short on a loaded machine, as
+    `fill_queue`'s."""
+    with transaction(pool) as tx:
+        tx.execute("SET LOCAL statement_timeout = 0")
+        tx.execute(statement, params)
 
 
 def write_notice(pool: Pool, org: str, agent_session: str, body: str) -> UUID:

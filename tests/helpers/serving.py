@@ -42,10 +42,12 @@ def start_serve(
     extra_env: dict[str, str] | None = None,
     *,
     stderr: int | None = subprocess.DEVNULL,
+    sweep_every: float = 0,
 ) -> subprocess.Popen[str]:
-    """Started, not waited on (a test that kills it restarts it at once)."""
+    """Started, not waited on (a test that kills it restarts it at once). No in-process sweep
+    unless `sweep_every` says how often."""
     return subprocess.Popen(
-        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", "0"],
+        [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", str(sweep_every)],
         cwd=ROOT,
         env={
             **os.environ,

@@ -1,0 +1,143 @@
+"""The slowest statement of each kind the service sends, on a large table: the figure the server-side
+limits (DEVPILOT_STATEMENT_TIMEOUT_MS, DEVPILOT_LOCK_TIMEOUT_MS) must leave room above.
+
+`python -m bench.statements [--rows N]` (default 1,000,000: the bench's largest scale, 100 machines
+of 10,000 queued rows each, 1 % of them with expired leases). Every named statement of
+`shared/queries` that the run sends is timed as the client sees it (send to last row, so the round
+trip is in it), with the server's limits off so that a slow one shows its true time. The run sends
+what the service sends: webhooks of every kind through the intake, long claims and batch acks,
+a release, the sweep over the expired leases (its batches of 1,000), the retention prune, the
+operators' snapshot, and the revoke of a machine holding 10,000 queued starts (all cancelled in one
+transaction: the largest single write the service makes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import core
+from bench.db import BenchServer
+from bench.loadgen import assignment, edit
+from shared import intake, linear, queue, status
+from shared.db import open_pool
+from shared.orchestrators import hash_token, register, revoke
+from shared.queue import AckItem
+from shared.settings import Settings
+from shared.sql import load
+
+# The service's settings with the server's limits and the client's deadlines out of the way.
+UNBOUND = Settings(
+    DEVPILOT_POOL_MAX=4,
+    DEVPILOT_STATEMENT_TIMEOUT_MS=600_000,
+    DEVPILOT_LOCK_TIMEOUT_MS=600_000,
+    DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS=600_000,
+    DEVPILOT_SWEEP_DEADLINE_SECONDS=3600,
+    DEVPILOT_REQUEST_DEADLINE_SECONDS=60,
+)
+
+
+RESULT = Path(__file__).parent / "results" / "statements.json"
+
+
+class Timings:
+    """Wraps `psycopg.Cursor.execute` to time each named statement (looked up by its text)."""
+
+    def __init__(self) -> None:
+        self.names = {text: name for name, text in load().items()}
+        self.ms: dict[str, list[float]] = defaultdict(list)
+        self._original = psycopg.Cursor.execute
+
+    def __enter__(self) -> Timings:
+        original, names, ms = self._original, self.names, self.ms
+
+        def timed(cur: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(cur, query, params, **kw)
+            finally:
+                name = names.get(query) if isinstance(query, str) else None
+                if name is not None:
+                    ms[name].append((time.perf_counter() - t0) * 1000)
+
+        psycopg.Cursor.execute = timed  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        psycopg.Cursor.execute = self._original  # type: ignore[method-assign]
+
+    def slowest(self) -> list[dict[str, Any]]:
+        rows = [
+            {
+                "statement": name,
+                "max_ms": round(max(v), 1),
+                "median_ms": round(sorted(v)[len(v) // 2], 2),
+                "n": len(v),
+            }
+            for name, v in self.ms.items()
+        ]
+        return sorted(rows, key=lambda r: -r["max_ms"])
+
+
+def hook(body: dict[str, Any]) -> linear.Webhook:
+    return linear.parse(json.dumps(body).encode())
+
+
+def run(url: str, rows: int) -> list[dict[str, Any]]:
+    orchs = core.fill(url, rows, orchestrators=100, expired_fraction=0.01)
+    pool = open_pool(url, UNBOUND, max_size=4)
+    try:
+        with Timings() as t:
+            # webhooks: starts (alone), an assignment moved (the intake transaction), ignored edits
+            for i in range(50):
+                user = f"u{i % 100}"
+                intake.receive(pool, hook(assignment(f"st-{i}", f"B-{i}", user)), f"d-{i}")
+                intake.receive(pool, hook(edit(f"st-{i}", user)), f"e-{i}")
+                moved = {**assignment(f"st-{i}", f"B-{i}", f"u{(i + 1) % 100}"), "action": "update"}
+                moved["updatedFrom"] = {"assigneeId": user}
+                intake.receive(pool, hook(moved), f"m-{i}")
+            # machines at work: a poll, long claims and batch acks, a release
+            for o in orchs[:10]:
+                queue.poll(pool, hash_token(o.token), max=10, lease_seconds=600)
+                got = queue.claim(pool, o.id, max=100, lease_seconds=600)
+                queue.ack_many(pool, o.id, [AckItem(m.queue_id, m.claim_token) for m in got[:-1]])
+                last = got[-1]
+                queue.release(pool, UNBOUND, o.id, last.queue_id, last.claim_token, reason="bench")
+            # the sweep over every expired lease, the retention prune, the operators' snapshot
+            queue.sweep(pool, UNBOUND, now=datetime.now(UTC) + timedelta(seconds=1))
+            intake.prune_deliveries(pool, UNBOUND, now=datetime.now(UTC) + timedelta(days=30))
+            status.snapshot(pool)
+            # a machine revoked with its 10,000 queued starts (its user has no other machine)
+            register(pool, org_id="bench", linear_user_id="late", name="late")
+            revoke(pool, orchs[-1].id)
+        return t.slowest()
+    finally:
+        pool.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.statements")
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    server = BenchServer()
+    try:
+        slowest = run(server.fresh("statements"), args.rows)
+    finally:
+        server.close()
+    print(f"slowest statements at {args.rows:,} queued rows (ms, client side, limits off):")
+    for r in slowest[: args.top]:
+        print(f"  {r['statement']:<32} max {r['max_ms']:>8}  median {r['median_ms']:>7}  n={r['n']}")
+    RESULT.write_text(json.dumps({"rows": args.rows, "slowest": slowest}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
