@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shared import linear_api
+
 Post = Callable[[str, dict[str, Any]], dict[str, Any]]  # GraphQL document, variables -> `data`
 
 KINDS = ("issue_started", "delegate", "external_urls", "plan", "session_create")
@@ -50,8 +52,8 @@ ISSUE_SESSIONS = """query DevpilotIssueAgentSessions($id: String!) {
 }"""
 
 
-class Refused(Exception):
-    """Linear refused the step (its answer is the message): retried, then given up."""
+# Linear refused the step (its answer is the message): retried, then given up.
+Refused = linear_api.Refused
 
 
 def is_alias(agent_session_id: str | None) -> bool:

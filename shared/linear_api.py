@@ -44,34 +44,53 @@ class Unavailable(Exception):
     """Linear could not be asked, or did not answer the question: try again later."""
 
 
+class Refused(Exception):
+    """Linear answered, and not with what was asked (an HTTP error, `errors`, no data): its words."""
+
+
+def ask(
+    http: httpx.Client,
+    settings: Settings,
+    tokens: linear_auth.Tokens,
+    org_id: str,
+    document: str,
+    variables: dict[str, Any],
+) -> dict[str, Any]:
+    """The `data` of one GraphQL request with the org's token (from `tokens`, which a caller may
+    share across many requests): a 401 refreshes the token once and asks again. Raises NotConnected
+    (no connection, or Linear refused the refresh) or Refused; a failure to reach Linear is httpx's."""
+    token = tokens.get(org_id)
+    if token is None:
+        raise NotConnected("no Linear connection for this org (or it was disconnected)")
+    body = {"query": document, "variables": variables}
+    r = _post(http, settings, body, token)
+    if r.status_code == 401:  # expired or revoked: refresh once, then ask again
+        token = tokens.refused(org_id)
+        if token is None:
+            raise NotConnected("Linear refused the refresh: the org is disconnected")
+        r = _post(http, settings, body, token)
+    if r.status_code != 200:
+        raise Refused(f"Linear answered HTTP {r.status_code}: {r.text[:300]}")
+    answer = r.json()
+    if not isinstance(answer, dict) or answer.get("errors") or not isinstance(answer.get("data"), dict):
+        raise Refused(
+            f"Linear refused: {str(answer.get('errors') if isinstance(answer, dict) else answer)[:300]}"
+        )
+    data: dict[str, Any] = answer["data"]
+    return data
+
+
 def graphql(pool: Pool, settings: Settings, org_id: str, document: str, variables: dict[str, Any]) -> Any:
-    """The `data` of one GraphQL request, sent with the org's token. Raises NotConnected or
+    """`ask`, for a step that reads once and tries again later: raises NotConnected or
     Unavailable; never anything else for Linear's answers."""
     import httpx  # (here, not at the top: see shared.linear_auth)
 
     try:
-        tokens = linear_auth.Tokens(pool, settings)
-        token = tokens.get(org_id)
-        if token is None:
-            raise NotConnected(org_id)
-        body = {"query": document, "variables": variables}
-        http = client(settings)
-        r = _post(http, settings, body, token)
-        if r.status_code == 401:  # expired or revoked: refresh once, then ask again
-            token = tokens.refused(org_id)
-            if token is None:
-                raise NotConnected(org_id)
-            r = _post(http, settings, body, token)
-        if r.status_code != 200:
-            raise Unavailable(f"Linear answered HTTP {r.status_code}")
-        answer = r.json()
-    except (httpx.HTTPError, ValueError, crypto.InvalidToken, linear_auth.RefreshFailed) as exc:
-        raise Unavailable(f"{type(exc).__name__}: {exc}"[:300]) from None
-    if not isinstance(answer, dict) or answer.get("errors") or not isinstance(answer.get("data"), dict):
-        raise Unavailable(
-            f"Linear refused: {str(answer.get('errors') if isinstance(answer, dict) else answer)[:300]}"
+        return ask(
+            client(settings), settings, linear_auth.Tokens(pool, settings), org_id, document, variables
         )
-    return answer["data"]
+    except (Refused, httpx.HTTPError, ValueError, crypto.InvalidToken, linear_auth.RefreshFailed) as exc:
+        raise Unavailable(f"{type(exc).__name__}: {exc}"[:300]) from None
 
 
 def _post(http: Any, settings: Settings, body: dict[str, Any], token: str) -> Any:

@@ -137,21 +137,13 @@ def send_pending(
     return total
 
 
-def _post(http: httpx.Client, settings: Settings, post: dict[str, Any], token: str) -> httpx.Response:
-    return http.post(
-        settings.linear_api_url,
-        json=post,
-        headers={"Authorization": linear_auth.authorization(token), "Content-Type": "application/json"},
-    )
-
-
 class _Waits(Exception):
     """No working connection for the org: the post goes back to the outbox, its attempt not counted."""
 
 
 class _Poster:
-    """Posts GraphQL for one org with its token: a 401 refreshes the token once and tries again;
-    Linear's refusal (an error answer, or no success) raises `linear_actions.Refused` with its words."""
+    """Posts GraphQL for one org (`linear_api.ask`): no working connection is `_Waits`; Linear's
+    refusal is `linear_api.Refused` (`linear_actions.Refused`), with its words."""
 
     def __init__(
         self, http: httpx.Client, settings: Settings, tokens: linear_auth.Tokens, org_id: str
@@ -159,24 +151,10 @@ class _Poster:
         self.http, self.settings, self.tokens, self.org_id = http, settings, tokens, org_id
 
     def __call__(self, document: str, variables: dict[str, Any]) -> dict[str, Any]:
-        token = self.tokens.get(self.org_id)
-        if token is None:
-            raise _Waits("no Linear connection for this org (or it was disconnected)")
-        post = {"query": document, "variables": variables}
-        r = _post(self.http, self.settings, post, token)
-        if r.status_code == 401:  # expired or revoked: refresh once, then try again
-            token = self.tokens.refused(self.org_id)
-            if token is None:
-                raise _Waits("Linear refused the refresh: the org is disconnected")
-            r = _post(self.http, self.settings, post, token)
-        if r.status_code != 200:
-            raise linear_actions.Refused(f"Linear answered HTTP {r.status_code}: {r.text[:300]}")
-        answer = r.json()
-        if not isinstance(answer, dict) or answer.get("errors") or not isinstance(answer.get("data"), dict):
-            errors = answer.get("errors") if isinstance(answer, dict) else answer
-            raise linear_actions.Refused(f"Linear refused: {str(errors)[:300]}")
-        data: dict[str, Any] = answer["data"]
-        return data
+        try:
+            return linear_api.ask(self.http, self.settings, self.tokens, self.org_id, document, variables)
+        except linear_api.NotConnected as exc:
+            raise _Waits(str(exc)) from None
 
 
 def _attempt(row: dict[str, Any], post: _Poster) -> str:

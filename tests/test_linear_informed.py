@@ -85,12 +85,12 @@ def test_a_delivered_start_moves_the_issue_links_the_page_and_delegates(api: Api
     _, token = api.register(user="creator-1", name="alice-laptop")
     api.webhook(agent_session_event(creator="creator-1", session_id="as-1", issue_id="issue-todo"))
     m = deliver(api, token)
-    until(lambda: app.mutations("issueUpdate") and len(app.mutations("issueUpdate")) == 2)
-    until(lambda: app.mutations("agentSessionUpdate"))
+    until(lambda: app.called("issueUpdate") and len(app.called("issueUpdate")) == 2)
+    until(lambda: app.called("agentSessionUpdate"))
     # The team's first started state is the lowest position (In Progress), not the first listed.
-    assert {"id": "issue-todo", "input": {"stateId": "st-progress"}} in app.mutations("issueUpdate")
-    assert {"id": "issue-todo", "input": {"delegateId": APP_USER}} in app.mutations("issueUpdate")
-    assert app.mutations("agentSessionUpdate") == [
+    assert {"id": "issue-todo", "input": {"stateId": "st-progress"}} in app.called("issueUpdate")
+    assert {"id": "issue-todo", "input": {"delegateId": APP_USER}} in app.called("issueUpdate")
+    assert app.called("agentSessionUpdate") == [
         {
             "id": "as-1",
             "input": {"externalUrls": [{"label": "devpilot", "url": f"{PUBLIC}/sessions/{m['sessionId']}"}]},
@@ -108,9 +108,9 @@ def test_a_delivered_start_moves_the_issue_links_the_page_and_delegates(api: Api
             len([p for p in posts(api) if p["kind"] in ("issue_started", "delegate") and p["sent_at"]]) == 8
         )
     )
-    assert len(app.mutations("issueUpdate")) == 2  # nothing more was changed
+    assert len(app.called("issueUpdate")) == 2  # nothing more was changed
     assert [p["linear_id"] for p in posts(api) if p["kind"] == "issue_started"][1:] == ["unchanged"] * 3
-    assert {c["id"] for c in app.reads("issue")} >= {"issue-st-review", "issue-st-done", "issue-st-canceled"}
+    assert {c["id"] for c in app.called("issue")} >= {"issue-st-review", "issue-st-done", "issue-st-canceled"}
 
 
 def test_a_plan_posted_by_command_arrives_as_agent_session_update(api: Api, linear: Linear) -> None:
@@ -146,8 +146,8 @@ def test_a_plan_posted_by_command_arrives_as_agent_session_update(api: Api, line
         [*cli, "--file", "-"], input=second_plan, env=env, capture_output=True, text=True, timeout=30
     )
     assert second.returncode == 0, second.stderr
-    until(lambda: len([u for u in linear.mutations("agentSessionUpdate") if "plan" in u["input"]]) == 2)
-    plans = [u for u in linear.mutations("agentSessionUpdate") if "plan" in u["input"]]
+    until(lambda: len([u for u in linear.called("agentSessionUpdate") if "plan" in u["input"]]) == 2)
+    plans = [u for u in linear.called("agentSessionUpdate") if "plan" in u["input"]]
     assert plans == [
         {
             "id": "as-plan",
@@ -196,8 +196,8 @@ def test_a_plain_assignment_gets_its_agent_session_and_the_replies_go_to_it(api:
     until(lambda: app.refusals.get("agentSessionCreateOnIssue"))
     assert app.activities() == []
     del app.refuse["agentSessionCreateOnIssue"]
-    until(lambda: app.mutations("agentSessionCreateOnIssue"), sweep=api)
-    [opened] = app.mutations("agentSessionCreateOnIssue")
+    until(lambda: app.called("agentSessionCreateOnIssue"), sweep=api)
+    [opened] = app.called("agentSessionCreateOnIssue")
     assert opened == {
         "input": {
             "issueId": "issue-plain",

@@ -272,7 +272,7 @@ class Linear:
             data = self.answer(field, {**(body.get("variables") or {}), **root_arguments(body)}, n)
         return Response(json.dumps({"data": data}), content_type="application/json")
 
-    def mutations(self, field: str) -> list[dict[str, Any]]:
+    def called(self, field: str) -> list[dict[str, Any]]:
         """The variables of each accepted call of a root field, in order."""
         return [c.get("variables") or {} for c in self.calls if root_field(c) == field]
 
@@ -285,10 +285,6 @@ class Linear:
 
     def activities(self) -> list[dict[str, Any]]:
         return [c["variables"]["input"] for c in self.calls if root_field(c) == "agentActivityCreate"]
-
-    def reads(self, field: str) -> list[dict[str, Any]]:
-        """The variables of each call that asked for `field` (a read such as `issue`)."""
-        return [c.get("variables") or {} for c in self.calls if root_field(c) == field]
 
     def asked(self, field: str) -> list[dict[str, Any]]:
         """The arguments of each call that asked for `field`, as Linear reads them."""
