@@ -48,6 +48,8 @@ def me(call: Call) -> flask.Response:
                 "transport": m.transport,
                 "queued": m.queued,
                 "queuedIssues": m.issues,
+                "repositories": m.repositories,
+                "labels": m.labels,
                 "this": m.id == machine.id,
             }
             for m in people.machines(call.rt.pool, person)
@@ -83,18 +85,19 @@ def _page(call: Call, person: people.Person, session: str, message: str = "") ->
             f"<td>{escape(m.last_seen_at.isoformat(timespec='seconds')) if m.last_seen_at else 'never'}</td>"
             f'<td class="transport">{escape(m.transport)}</td><td class="queued">{m.queued}'
             f"{' (' + escape(', '.join(m.issues)) + ')' if m.issues else ''}</td>"
+            f'<td class="has">{escape(", ".join(m.has)) or "—"}</td>'
             f'<td><form method="post" action="/me/orchestrators/{escape(str(m.id))}/revoke">'
             f'<input type="hidden" name="csrf" value="{csrf}"><button type="submit">Revoke</button></form></td></tr>'
             for m in people.machines(call.rt.pool, person)
         )
-        or '<tr><td colspan="5" class="muted">none yet: run <code>devpilot-orchestrator login</code></td></tr>'
+        or '<tr><td colspan="6" class="muted">none yet: run <code>devpilot-orchestrator login</code></td></tr>'
     )
     said = f'<p class="bad">{escape(message)}</p>' if message else ""
     return page(
         "Your machines",
         f"""{said}<p>{escape(person.name or person.linear_user_id)} in
 <b>{escape(person.workspace_name or person.org_id)}</b></p>
-<table id="machines"><tr><th>machine</th><th>last seen</th><th>how</th><th>queued</th><th></th></tr>{rows}</table>
+<table id="machines"><tr><th>machine</th><th>last seen</th><th>how</th><th>queued</th><th>has</th><th></th></tr>{rows}</table>
 <form method="post" action="/me/logout"><input type="hidden" name="csrf" value="{csrf}">
 <p><button type="submit">Sign out</button></p></form>""",
     )

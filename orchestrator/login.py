@@ -331,12 +331,23 @@ def whoami(args: argparse.Namespace) -> int:
     print(f"workspace: {me.get('workspaceName') or me['orgId']} ({me['orgId']})")
     print(f"person: {me.get('personName') or me['linearUserId']} ({me['linearUserId']})")
     print(f"machine: {me['name']} ({me['orchestratorId']})")
+    this: dict[str, Any] = next((m for m in me.get("orchestrators", []) if m.get("this")), {})
+    print(f"has: {_has(this) or 'nothing said yet (--repo, --label)'}")
     return 0
+
+
+def _has(m: dict[str, Any]) -> str:
+    """What a machine said it has: repositories (`host/owner/name`, github.com left out), labels."""
+    names = [
+        r["fullName"] if r.get("hostname") in (None, "github.com") else f"{r['hostname']}/{r['fullName']}"
+        for r in m.get("repositories") or []
+    ]
+    return ", ".join([*names, *(f"label {label}" for label in m.get("labels") or [])])
 
 
 def machines(args: argparse.Namespace) -> int:
     me = _asked(args)
-    print(f"{'':2}{'machine':<24} {'last seen':<24} {'how':<10} queued")
+    print(f"{'':2}{'machine':<24} {'last seen':<24} {'how':<10} {'queued':<16} has")
     for m in me["orchestrators"]:
         queued = f"{m['queued']}" + (f" ({', '.join(m['queuedIssues'])})" if m.get("queuedIssues") else "")
         mark = "* " if m.get("this") else "  "  # (this machine)
@@ -346,7 +357,7 @@ def machines(args: argparse.Namespace) -> int:
             if seen
             else "never"
         )
-        print(f"{mark}{m['name']:<24} {when:<24} {m['transport']:<10} {queued}")
+        print(f"{mark}{m['name']:<24} {when:<24} {m['transport']:<10} {queued:<16} {_has(m)}".rstrip())
     return 0
 
 

@@ -108,6 +108,17 @@ class Machine:
     listening: bool  # a long-poll of it is waiting now; else it polls (or was never seen)
     queued: int
     issues: list[str] = field(default_factory=list)  # what is queued, first ten, in queue order
+    repositories: list[dict[str, str]] = field(default_factory=list)  # as it said last (`/machine`)
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def has(self) -> list[str]:
+        """What it said it has, as one list: `host/owner/name` (github.com left out), then labels."""
+        names = [
+            r["fullName"] if r.get("hostname") in (None, "github.com") else f"{r['hostname']}/{r['fullName']}"
+            for r in self.repositories
+        ]
+        return [*names, *(f"label {label}" for label in self.labels)]
 
     @property
     def transport(self) -> str:
@@ -129,6 +140,8 @@ def machines(pool: Pool, person: Person) -> list[Machine]:
             r["listening"],
             int(r["queued"]),
             list(r["issues"] or []),
+            list(r["repositories"] or []),
+            list(r["labels"] or []),
         )
         for r in rows
     ]

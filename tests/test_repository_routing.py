@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
+from functions.pages import ME_COOKIE
+from shared import people
+from shared.db import transaction
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.linear import Linear, root_field
 
@@ -127,6 +130,13 @@ def test_a_machine_says_what_it_has_and_saying_it_again_replaces_it(api: Api) ->
     api.post_as(token, "/machine", {"repositories": [WEB], "labels": ["gpu"]})
     page = api.http.get("/dashboard", headers=api.admin()).text
     assert '<td class="has">acme/web, label gpu</td>' in page  # the operators' page shows it too
+    # and the person's own view: /me (its JSON, what `whoami` and `machines` print; its page)
+    [mine] = api.http.get("/me", headers={"Authorization": f"Bearer {token}"}).json()["orchestrators"]
+    assert (mine["repositories"], mine["labels"]) == ([WEB], ["gpu"])
+    with transaction(api.pool) as tx:
+        session = people.start_session(tx, "org-a", "user-1")
+    own = api.http.get("/me", headers={"Cookie": f"{ME_COOKIE}={session}"}).text
+    assert '<td class="has">acme/web, label gpu</td>' in own
     for bad in (
         {"repositories": [{"hostname": "github.com", "fullName": "no-slash"}]},
         {"repositories": [{"hostname": "not a host", "fullName": "acme/x"}]},

@@ -158,17 +158,20 @@ DELETE FROM people_sessions WHERE token_hash = %(token_hash)s;
 
 -- name: person_machines
 -- One person's active machines, most recently seen first: whether a long-poll of it is waiting
--- now (listening) or it only polls, and what is queued for it (the first issues, in queue order).
+-- now (listening) or it only polls, what is queued for it (the first issues, in queue order), and
+-- what it said it has (its repositories and labels, `POST /machine`).
 SELECT o.id, o.name, o.created_at, o.last_seen_at,
        coalesce(o.listening_until > now(), false) AS listening,
        count(q.id) AS queued,
        (array_agg(coalesce(s.issue_identifier, s.issue_id) ORDER BY q.seq)
-            FILTER (WHERE q.id IS NOT NULL))[1:10] AS issues
+            FILTER (WHERE q.id IS NOT NULL))[1:10] AS issues,
+       coalesce(i.repositories, '[]') AS repositories, coalesce(i.labels, '{}') AS labels
 FROM orchestrators o
+LEFT JOIN machine_inventories i ON i.orchestrator_id = o.id
 LEFT JOIN dispatch_queue q ON q.orchestrator_id = o.id
 LEFT JOIN dispatch_sessions s ON s.id = q.session_id
 WHERE o.org_id = %(org_id)s AND o.linear_user_id = %(linear_user_id)s AND o.revoked_at IS NULL
-GROUP BY o.id
+GROUP BY o.id, i.orchestrator_id
 ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id;
 
 -- name: person_owns
