@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from orchestrator import commands, environment, worktrees
+from orchestrator import commands
 from orchestrator.client import Api, Rejected, Unreachable
 from orchestrator.commands import Launch, launch
 from orchestrator.conversations import (
@@ -37,52 +37,15 @@ from orchestrator.conversations import (
 )
 from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
+from orchestrator.messages import is_uuid, speaks_in
+from orchestrator.messages import name as _name
 from orchestrator.repositories import LocalRepo
+from orchestrator.workplace import TOKEN_ENV, Workplace
 from orchestrator.worktrees import WorktreeError
-from shared import agent_tokens
 from shared.models import REPOSITORY_MISSING, repository_key
 
 Transport = Literal["poll", "listen", "realtime"]
-TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"  # the variable's name, not its value  # nosec B105
-
-
-def _name(m: dict[str, Any]) -> str:
-    return str((m.get("issue") or {}).get("identifier") or m["messageId"])
-
-
-def request_text(m: dict[str, Any]) -> str:
-    """What COMMAND is asked (`DEVPILOT_PROMPT`): on a follow-up, the person's message; on an agent
-    session's start, Linear's promptContext (the issue, the thread, the guidance); on a plain
-    assignment, the issue itself."""
-    prompt = m.get("prompt") or {}
-    if m.get("kind") != "start":
-        return str(prompt.get("body") or "")
-    if prompt.get("context"):
-        return str(prompt["context"])
-    issue = m.get("issue") or {}
-    head = ": ".join(str(x) for x in (issue.get("identifier"), issue.get("title")) if x)
-    return "\n\n".join(
-        x for x in (head, str(issue.get("description") or ""), str(prompt.get("body") or "")) if x
-    )
-
-
-def speaks_in(m: dict[str, Any]) -> str | None:
-    """Where the agent's replies to this message go: its agent session, or, for a plain assignment
-    (a start without one), `devpilot:<sessionId>`, the agent session the service opens in Linear
-    for it once delivered (the service holds the replies until Linear has named it)."""
-    agent = m.get("agentSessionId")
-    if agent:
-        return str(agent)
-    return f"devpilot:{m['sessionId']}" if m.get("kind", "start") == "start" and m.get("sessionId") else None
-
-
-def is_uuid(value: object) -> bool:
-    if not isinstance(value, str) or len(value) != 36:
-        return False
-    try:
-        return str(uuid.UUID(value)) == value.lower()
-    except ValueError:
-        return False
+__all__ = ["TOKEN_ENV", "Config", "Orchestrator", "default_state_dir"]
 
 
 LONG_POLL_SECONDS = 20
@@ -153,6 +116,15 @@ class Orchestrator:
         # Conversations that may have messages waiting in their inbox (all of them at start-up).
         self._waiting: dict[Path, Conversation] = {c.folder: c for c in self.conversations.all()}
         self._repos = {r.key: r for r in cfg.repositories}
+        self.workplace = Workplace(
+            token=cfg.token,
+            state_dir=cfg.state_dir,
+            workdir=cfg.workdir,
+            worktree=cfg.worktree,
+            repositories=cfg.repositories,
+            pass_env=cfg.pass_env,
+            endpoints=self.api.endpoints,
+        )
         self._announced = False  # the service has heard what this machine has (`POST /machine`)
         self._announce_after = 0.0  # (monotonic) when to try telling it again
 
@@ -434,9 +406,9 @@ class Orchestrator:
         mid = m["messageId"]
         name = _name(m)
         self.journal.mark(mid, "starting")
-        repo = self._repository(conv, m)
+        repo = self.workplace.repository(conv, m)
         try:
-            workdir = self._workdir(conv, repo)
+            workdir = self.workplace.directory(conv, repo)
         except WorktreeError as exc:
             self.journal.mark(mid, "delivered")
             self.log("error", f"could not make the worktree for {name}: {exc}", messageId=mid)
@@ -446,7 +418,7 @@ class Orchestrator:
             path.unlink(missing_ok=True)
             return
         self._write_transcript(conv, m)
-        env = self._environment(m, conv, workdir, repo)
+        env = self.workplace.environment(m, conv, workdir, repo)
         spec = Launch(
             marker=self._marker(mid),
             message=path,
@@ -462,84 +434,6 @@ class Orchestrator:
         self.journal.mark(mid, "started")
         self.running[mid] = Running(proc, m, conv, name)
         self.log("started", f"started {name} (pid {proc.pid})", messageId=mid, pid=proc.pid)
-
-    def _environment(
-        self, m: dict[str, Any], conv: Conversation, workdir: Path, repo: LocalRepo | None = None
-    ) -> dict[str, str]:
-        """COMMAND's environment: its message's and conversation's `DEVPILOT_*`, the basics and the
-        --pass-env names, never the machine's token or anything else of this process's."""
-        mid = m["messageId"]
-        issue = m.get("issue") or {}
-        prompt = m.get("prompt") or {}
-        own = {
-            "DEVPILOT_MESSAGE_ID": mid,
-            "DEVPILOT_SESSION_ID": m["sessionId"],
-            "DEVPILOT_QUEUE_ID": m["queueId"],
-            "DEVPILOT_ISSUE_ID": str(issue.get("id") or ""),
-            "DEVPILOT_ISSUE_IDENTIFIER": str(issue.get("identifier") or ""),
-            "DEVPILOT_ISSUE_URL": str(issue.get("url") or ""),
-            "DEVPILOT_KIND": str(m.get("kind") or "start"),
-            "DEVPILOT_PROMPT": request_text(m),
-            "DEVPILOT_SIGNAL": str(prompt.get("signal") or ""),
-            "DEVPILOT_TRANSCRIPT": str(conv.transcript),
-            "DEVPILOT_INBOX": str(conv.inbox),
-            "DEVPILOT_WORKDIR": str(workdir),
-            "DEVPILOT_RESPONDED_FILE": str(private_dir(self.cfg.state_dir / "responded") / mid),
-        }
-        if repo is not None:
-            own["DEVPILOT_REPOSITORY"] = repo.full_name
-        agent = speaks_in(m)
-        if agent:
-            # What `devpilot-orchestrator activity` and `plan` need to speak in this agent session,
-            # and only it.
-            own.update(
-                {
-                    "DEVPILOT_AGENT_SESSION_ID": agent,
-                    "DEVPILOT_ACTIVITIES_URL": self.api.endpoints.get("activities", ""),
-                    "DEVPILOT_PLAN_URL": self.api.endpoints.get("plan", ""),
-                    "DEVPILOT_AGENT_TOKEN": agent_tokens.mint(self.cfg.token, m["orchestratorId"], agent),
-                }
-            )
-        env = environment.for_command(os.environ, self.cfg.pass_env, own)
-        for k in [k for k, v in env.items() if k == TOKEN_ENV or v == self.cfg.token]:
-            del env[k]  # the machine's token never reaches COMMAND, even when passed on purpose
-        return env
-
-    def _repository(self, conv: Conversation, m: dict[str, Any]) -> LocalRepo | None:
-        """The repository the conversation works in: the one its start named (remembered in the
-        conversation's folder, as follow-ups name none), else this machine's only --repo, else
-        none (the directory the orchestrator runs in)."""
-        remembered = conv.folder / "repository"
-        named = m.get("repository")
-        if isinstance(named, dict) and named.get("fullName"):
-            key = repository_key(str(named.get("hostname") or ""), str(named["fullName"]))
-            if key in self._repos:
-                remembered.write_text(key, encoding="utf-8")
-                return self._repos[key]
-        try:
-            key = remembered.read_text(encoding="utf-8").strip()
-        except OSError:
-            key = ""
-        if key in self._repos:
-            return self._repos[key]
-        return self.cfg.repositories[0] if len(self.cfg.repositories) == 1 else None
-
-    def _checkout(self, repo: LocalRepo | None) -> Path:
-        return repo.path if repo is not None else self.cfg.workdir
-
-    def _workdir(self, conv: Conversation, repo: LocalRepo | None) -> Path:
-        """Where the conversation's COMMANDs run: its repository's path (or the directory the
-        orchestrator was started in), or, with --worktree, the conversation's own worktree of it."""
-        base = self._checkout(repo)
-        if not self.cfg.worktree:
-            return base
-        top = worktrees.toplevel(base)
-        if top is None:
-            raise WorktreeError(f"{base} is not a git checkout")
-        return worktrees.ensure(top, self._worktree_path(conv), f"devpilot/{conv.folder.name}")
-
-    def _worktree_path(self, conv: Conversation) -> Path:
-        return self.cfg.state_dir / "worktrees" / conv.folder.name
 
     def _write_transcript(self, conv: Conversation, m: dict[str, Any]) -> None:
         """The conversation so far, before its COMMAND starts: every message this machine had,
@@ -636,13 +530,9 @@ class Orchestrator:
 
     def _end(self, conv: Conversation) -> None:
         """The conversation is over: its worktree (if any) is removed unless work is uncommitted."""
-        if not self.cfg.worktree:
-            return
-        kept = worktrees.remove(self._checkout(self._repository(conv, {})), self._worktree_path(conv))
-        if kept is None:
-            self.log("worktree", f"removed the worktree of {conv.key}")
-        else:
-            self.log("worktree", f"kept the worktree of {conv.key} at {self._worktree_path(conv)}: {kept}")
+        said = self.workplace.end(conv)
+        if said:
+            self.log("worktree", said)
 
     def _busy(self, conv: Conversation) -> bool:
         """Whether a COMMAND of this conversation runs: one this process started, or one an
