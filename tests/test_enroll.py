@@ -181,6 +181,7 @@ def test_login_with_a_browser_end_to_end(
         f"workspace: Acme Robotics ({ACME['id']})",
         "person: Alice Example (u-alice)",
         f"machine: laptop-7 ({json.loads(saved.read_text())['orchestratorId']})",
+        "has: nothing said yet (--repo, --label)",
     ]
 
 
