@@ -3,7 +3,8 @@
     bench/.venv/bin/python -m bench.routing [--rounds 3] [--n 2000] [--latency-n 100] [--linear-ms 0]
 
 1. **The one-machine path is unchanged**: the webhook's one statement for a start
-   (`route_and_enqueue_for_delivery`) as this commit has it (its routing read also compares the
+   (`route_and_start_agent_session_for_delivery`; an issue's start is the group commit's statement
+   since issue 48) as this commit has it (its routing read also compares the
    user's machines) against the statement of the commit before routing by repository
    (e1de21c, read from git), run alternately round by round on one database, one client, by the
    library (`statement()`): mean µs per start, for a user with one machine and with two alike.
@@ -73,8 +74,8 @@ def one_statement(db_url: str, rounds: int, n: int) -> dict[str, Any]:
 
     settings = Settings()
     versions = {
-        "now": query("route_and_enqueue_for_delivery"),
-        "base": base_statement("route_and_enqueue_for_delivery"),
+        "now": query("route_and_start_agent_session_for_delivery"),
+        "base": base_statement("route_and_start_agent_session_for_delivery"),
     }
     out: dict[str, dict[str, list[float]]] = {}
     with open_pool(db_url, settings, min_size=1, max_size=1) as pool:
@@ -112,7 +113,7 @@ def _start_params(user: str, key: str) -> dict[str, Any]:
         "session_id": uuid.uuid4(),
         "issue_id": key,
         "issue_identifier": "B-1",
-        "agent_session_id": None,
+        "agent_session_id": f"agent-session:{key}",
         "kind": "start",
         "payload": Jsonb({"issue": {"id": key}, "kind": "start"}),
         "now": None,

@@ -3,8 +3,9 @@
 Either all of it commits (the delivery's keys, cancelled sessions, the new message's session and
 queue row, the Linear notice that says so) or none of it does, so a crash mid-request leaves
 Linear's retry to find nothing recorded and try again. A start with nothing to cancel first (an
-issue created with an assignee, an agent session `created`) is first tried as one statement that
-is a transaction of its own: one round trip instead of four. So is an event that does nothing
+issue created with an assignee, an existing issue assigned with nothing undelivered, an agent
+session `created`) is first tried as one statement that is a transaction of its own: one round trip
+instead of four (issues through the group commit, several in one statement). So is an event that does nothing
 (an issue edited without its assignee changing: Linear sends an update for every change to an
 issue), whose delivery alone is recorded.
 
@@ -75,9 +76,10 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str 
     during it, so a few rounds end it; the last round's MachineRevoked reaches the caller, with
     nothing written, and the route answers 503: Linear retries the delivery.
 
-    A start with nothing to cancel first (an issue created with an assignee, an agent session
-    `created`) is first tried as one statement that is its own transaction (`_start_at_once`): its
-    first round. Only when that writes nothing is it decided in the transaction."""
+    A start that may have nothing to cancel first (an issue created with an assignee or assigned,
+    an agent session `created`) is first tried as one statement that is its own transaction
+    (`_start_at_once`): its first round. Only when that writes nothing (an issue with an undelivered
+    dispatch to cancel, among other reasons) is it decided in the transaction."""
     plan = intent(hook, own_client_id)
     key, content_key = hook.delivery_keys(delivery)
     if _does_nothing(hook, plan):
@@ -104,11 +106,12 @@ ROUNDS = 3
 
 
 def _start_alone(hook: Webhook, plan: Intent, key: str, content_key: str) -> Start | None:
-    """A start for a user's machine with nothing to cancel first: an issue created with an
-    assignee, or an agent session `created`. None for any other event."""
-    if plan.kind != "dispatch" or plan.cancel_issue_id is not None:
+    """A start for a user's machine that may have nothing to cancel first: an issue created with an
+    assignee or assigned (its one statement finds out, and writes nothing when it has), or an agent
+    session `created`. None for any other event."""
+    if plan.kind != "dispatch" or hook.org_id is None or plan.issue is None or plan.user_id is None:
         return None
-    if hook.org_id is None or plan.issue is None or plan.user_id is None:
+    if plan.cancel_issue_id not in (None, plan.issue.id):
         return None
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
@@ -120,7 +123,8 @@ def _start_at_once(pool: Pool, start: Start) -> Received | None:
     """The start as one statement, its own transaction: the delivery recorded, the agent session's
     turn taken, the machine chosen and the message queued (with Linear's first notice) in one round
     trip, where the transaction below takes four. None: it wrote nothing (a delivery seen before,
-    the machine chosen revoked meanwhile, or an agent session's user without a machine).
+    the machine chosen revoked meanwhile, an agent session's user without a machine, or an issue
+    with an undelivered dispatch to cancel first or whose turn another transaction has).
 
     An issue's start goes through the pool's group commit (`_issue_starts`): issues that arrive
     while another batch is being written are written together, in one statement and one commit."""
@@ -215,8 +219,11 @@ def _notices(enq: Enqueued) -> list[UUID]:
 def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
     keys = {"key": key, "content_key": content_key}
     routing = plan.kind in ("dispatch", "prompt") and plan.issue is not None and hook.org_id is not None
-    # The events of one agent session that do something take turns (`agent_session_turn`).
+    # The events of one agent session that do something take turns (`agent_session_turn`), and so
+    # do the assignment events of one issue (`issue_turn`: a cancel is decided, and the group
+    # commit's statement tries the same turn).
     turn = hook.org_id is not None and plan.kind not in ("ignore", "disconnect")
+    issue_turn = plan.cancel_issue_id if turn and plan.agent_session_id is None else None
     with transaction(pool) as tx:
         recorded = tx.one(
             query("record_delivery"),
@@ -225,6 +232,7 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
                 "org_id": hook.org_id,
                 "route_user": plan.user_id if routing else None,
                 "agent_session_id": plan.agent_session_id if turn else None,
+                "issue_id": issue_turn,
             },
         )
         if recorded is None:

@@ -139,8 +139,9 @@ RouteOutcome = Routed | Literal["no_machine"] | None
 
 @dataclass(frozen=True)
 class Start:
-    """A start with nothing to cancel first, as one webhook asks for it (`route_and_enqueue`,
-    `route_and_enqueue_many`): the org, the Linear user, the message, the delivery's two keys."""
+    """A start as one webhook asks for it (`route_and_enqueue`, `route_and_enqueue_many`): the org,
+    the Linear user, the message, the delivery's two keys. An agent session's has nothing to cancel
+    first; an issue's statement finds out whether it has (and then writes nothing)."""
 
     org_id: str
     linear_user_id: str
@@ -161,26 +162,28 @@ def route_and_enqueue(
     now: datetime | None = None,
 ) -> RouteOutcome:
     """The webhook intake of a start with nothing to cancel first (an issue created with an
-    assignee, an agent session `created`) in one statement: records the delivery (its two keys),
-    takes an agent session's turn, chooses the user's machine by the routing policy and queues the
-    message for it as `enqueue_dispatch` does, with Linear's "Queued for" notice for an agent
-    session (`Enqueued.notice_id`); or records a plain issue's delivery as ignored when the user
-    has no active machine. `tx` is required, as for every write to the queue; a
-    `shared.db.statement()` makes the statement its own transaction (one round trip in all).
+    assignee or assigned with nothing undelivered, an agent session `created`) in one statement:
+    records the delivery (its two keys), takes the agent session's or the issue's turn, chooses the
+    user's machine by the routing policy and queues the message for it as `enqueue_dispatch` does,
+    with Linear's "Queued for" notice for an agent session (`Enqueued.notice_id`); or records a
+    plain issue's delivery as ignored when the user has no active machine. `tx` is required, as for
+    every write to the queue; a `shared.db.statement()` makes the statement its own transaction
+    (one round trip in all). An issue's start is `route_and_enqueue_many` of one.
 
     None: nothing was written. The delivery was seen before (or a concurrent copy committed it),
-    the machine chosen was revoked while this waited for it, or an agent session's user has no
-    machine; the caller decides in a full intake transaction, which tells those apart."""
+    the machine chosen was revoked while this waited for it, an agent session's user has no
+    machine, or an issue has something undelivered to cancel first (or another transaction has
+    its turn); the caller decides in a full intake transaction, which tells those apart."""
     tx = require_tx(tx, "route_and_enqueue")
     if not isinstance(message, DispatchPayload):
         raise TypeError("route_and_enqueue() message must be a DispatchPayload")
     if message.kind != "start":
         raise ValueError("route_and_enqueue is for a start")
-    in_session = message.agent_session_id is not None
-    # (An issue's statement has no notice in it: Linear is not told about a plain issue.)
-    name = "route_and_start_agent_session_for_delivery" if in_session else "route_and_enqueue_for_delivery"
+    if message.agent_session_id is None:
+        start = Start(org_id, linear_user_id, message, delivery_key, content_key)
+        return _route_and_enqueue_many(tx, [start], session_id, now)[0]
     row = tx.one(
-        query(name),
+        query("route_and_start_agent_session_for_delivery"),
         {
             **_session_params(message, session_id, now),
             "org_id": org_id,
@@ -188,8 +191,7 @@ def route_and_enqueue(
             "linear_user_id": linear_user_id,
             "delivery_key": delivery_key,
             "content_key": content_key,
-            "record_unrouted": not in_session,  # (an agent session's user hears why: the caller tells)
-            "notice_queued": in_session,
+            "notice_queued": True,
         },
     )
     return _route_outcome(row)
@@ -214,20 +216,30 @@ def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
     """`route_and_enqueue` for several issues in one statement (its own transaction, given by
     `shared.db.statement()`): each element's outcome exactly as `route_and_enqueue` would answer
     it alone, in order, and all of them committed together. A copy of an earlier element (its
-    delivery key or content key again) is not written: it is answered None, as a delivery seen
-    before, and its caller's intake transaction then finds the first one's record."""
+    delivery key or content key again), or a second element of the same issue, is not written: it
+    is answered None, and its caller's intake transaction then finds the first one's record (a
+    copy: `duplicate`) or its dispatch (the same issue: cancelled, and dispatched again)."""
     tx = require_tx(tx, "route_and_enqueue_many")
+    return _route_and_enqueue_many(tx, starts, None, None)
+
+
+def _route_and_enqueue_many(
+    tx: Tx, starts: list[Start], session_id: UUID | None, now: datetime | None
+) -> list[RouteOutcome]:
     for st in starts:
         if st.message.kind != "start" or st.message.agent_session_id is not None:
             raise ValueError("route_and_enqueue_many is for an issue's start")
-    seen: set[str] = set()
+    seen: set[object] = set()
     firsts: list[int] = []  # the elements written; a key twice in one statement would match twice
     for i, st in enumerate(starts):
-        if st.delivery_key not in seen and st.content_key not in seen:
+        # (An issue's turn is re-entrant within the transaction: two elements of one issue would
+        # both have it, and neither would see the other's dispatch.)
+        keys = (st.delivery_key, st.content_key, (st.org_id, st.message.issue.id))
+        if not seen.intersection(keys):
             firsts.append(i)
-        seen.update((st.delivery_key, st.content_key))
+        seen.update(keys)
     batch = [starts[i] for i in firsts]
-    values = [_session_params(st.message, None, None) for st in batch]  # (as the one statement's)
+    values = [_session_params(st.message, session_id, None) for st in batch]
     rows = tx.all(
         query("route_and_enqueue_many_for_delivery"),
         {
@@ -240,7 +252,7 @@ def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
                 col: [v[col] for v in values]
                 for col in ("session_id", "issue_id", "issue_identifier", "payload")
             },
-            "now": None,
+            "now": now,
         },
     )
     out: list[RouteOutcome] = [None] * len(starts)
@@ -367,6 +379,39 @@ def ack_many(
             query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items, public_url)}
         ).fetchall()
         return _ack_result(conn, orchestrator_id, items, rows)
+
+
+def ack_and_claim(
+    pool: Pool,
+    orchestrator_id: UUID,
+    items: list[AckItem],
+    *,
+    max: int,
+    lease_seconds: int,
+    public_url: str | None = None,
+    now: datetime | None = None,
+) -> tuple[AckResult, list[TaskDispatchMessage]]:
+    """`ack_many(items)` and then `claim(max)` for the same orchestrator in one statement (its own
+    transaction, one round trip): a worker's loop, acking what it finished as it asks for more.
+    Each has its own guarantees, as when called apart; a follow-up behind a start acked in this
+    call is claimed by the next call, in order."""
+    _check_max(max)
+    params = {
+        "orchestrator_id": orchestrator_id,
+        "max": max,
+        "lease_seconds": lease_seconds,
+        "now": now,
+        **_ack_params(items, public_url),
+    }
+    with lend(pool) as conn:
+        rows = conn.execute(query("ack_and_claim"), params).fetchall()
+        head = rows[0]
+        acked = [
+            {"queue_id": q, "claim_token": t, "notice_ids": head["notice_ids"]}
+            for q, t in zip(head["acked_ids"] or [], head["acked_tokens"] or [], strict=True)
+        ]
+        result = _ack_result(conn, orchestrator_id, items, acked)
+    return result, _messages([r for r in rows if r["id"] is not None])
 
 
 def ack_as(

@@ -30,7 +30,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -551,6 +552,30 @@ def test_postgres_stopped_immediately_and_restarted(tmp_path: Path) -> None:
         cluster.close()
 
 
+def after_the_turn(db_url: str, issue_id: str, deliver: Callable[[], Attempt]) -> Attempt:
+    """`deliver()` while another transaction holds the issue's turn (org-a), released once the
+    delivery's intake transaction waits for it: the webhook takes the full transaction."""
+    holder = psycopg.connect(db_url)
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (issue_id,))
+        with ThreadPoolExecutor(1) as ex:
+            attempt = ex.submit(deliver)
+            wait_for(
+                lambda: (
+                    holder.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    ).fetchone()
+                    == (1,)
+                ),
+                30,
+                "the intake transaction to wait for the issue's turn",
+            )
+            holder.rollback()
+            return attempt.result(60)
+    finally:
+        holder.close()
+
+
 def test_commit_whose_answer_is_lost_is_503_and_the_retry_finds_it(db_url: str, tmp_path: Path) -> None:
     """The link cut between COMMIT and its reply (the commit happened; the service cannot know):
     503, and Linear's retry answers `duplicate` with that session. Cut before the COMMIT reaches
@@ -561,13 +586,15 @@ def test_commit_whose_answer_is_lost_is_503_and_the_retry_finds_it(db_url: str, 
         began = time.monotonic()
         figures: dict[str, Any] = {}
         with httpx.Client(base_url=r.url, timeout=LINEAR_WAITS) as http:
-            # A re-assignment: the intake's transaction (BEGIN, the delivery, the cancel, the
-            # enqueue, COMMIT). Cut after its COMMIT went through.
+            # A re-assignment whose issue's turn another transaction has: the intake's transaction
+            # (BEGIN, the delivery once the turn is free, the cancel, the enqueue, COMMIT); with the
+            # turn free and nothing to cancel, it would be one statement. Cut after its COMMIT went
+            # through.
             event = issue_event(
                 "update", issue_id="lost-1", assignee="user-1", updated_from={"assigneeId": "x"}
             )
             cut = r.proxy.cut_reply(b"lost-commit-1", then=b"COMMIT")
-            first = r.senders.deliver(http, "lost-commit-1", event)
+            first = after_the_turn(db_url, "lost-1", lambda: r.senders.deliver(http, "lost-commit-1", event))
             assert cut.fired.is_set() and first.status == 503, first
             answer = r.senders.answers["lost-commit-1"]
             assert answer["status"] == "duplicate" and answer["sessionId"], answer  # found, not made again
@@ -577,7 +604,7 @@ def test_commit_whose_answer_is_lost_is_503_and_the_retry_finds_it(db_url: str, 
                 "update", issue_id="lost-2", assignee="user-1", updated_from={"assigneeId": "x"}
             )
             cut = r.proxy.cut_before(b"lost-commit-2", then=b"COMMIT")
-            first = r.senders.deliver(http, "lost-commit-2", event)
+            first = after_the_turn(db_url, "lost-2", lambda: r.senders.deliver(http, "lost-commit-2", event))
             assert cut.fired.is_set() and first.status == 503, first
             assert r.senders.answers["lost-commit-2"]["status"] == "dispatched"
             figures["before_commit"] = {"first": first.status, "retry": "dispatched"}

@@ -228,3 +228,109 @@ def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_ma
         ).fetchone()
     assert on_revoked is not None and on_revoked["n"] == 0
     assert row_counts(api.pool)["sessions"] == 11 and row_counts(api.pool)["queue"] == 11
+
+
+# --- an existing issue assigned (Issue `update` with `updatedFrom.assigneeId`) ----------------------
+def assigned(issue_id: str, user: str, before: str | None = None) -> dict[str, Any]:
+    """An existing issue assigned to `user` (its assignee was `before`)."""
+    return issue_event("update", issue_id=issue_id, assignee=user, updated_from={"assigneeId": before})
+
+
+def open_dispatches(pool: Pool, issue_id: str) -> list[Any]:
+    with pool.connection() as conn:
+        return [
+            r["orchestrator_id"]
+            for r in conn.execute(
+                "SELECT s.orchestrator_id FROM dispatch_sessions s JOIN dispatch_queue q ON q.session_id = s.id"
+                " WHERE s.issue_id = %s AND s.status = 'queued'",
+                (issue_id,),
+            )
+        ]
+
+
+def test_an_issue_with_something_undelivered_or_whose_turn_is_taken_is_left_to_the_transaction(
+    pool: Pool, make_orchestrator: MakeOrch, db_url: str
+) -> None:
+    """The batch writes an element only when it has the issue's turn and nothing of the issue is
+    undelivered (then an assignment is a creation); otherwise nothing at all for it, not even its
+    delivery, and it does not wait for the turn. Two elements of one issue: the second is left."""
+    make_orchestrator(linear_user_id="u")
+    earlier = start("u", 1)
+    with statement(pool) as tx:
+        assert isinstance(route_and_enqueue_many(tx, [earlier])[0], Routed)
+    busy = start("u", 4)
+    holder = psycopg.connect(db_url)  # another intake transaction has issue 4's turn
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (busy.message.issue.id,)
+    )
+    try:
+        batch = [start("u", 1), start("u", 2), start("u", 3), start("u", 3), busy]
+        with statement(pool) as tx:
+            out = route_and_enqueue_many(tx, batch)
+    finally:
+        holder.close()
+    assert out[0] is None  # issue 1 has an undelivered dispatch: a cancel must be decided
+    assert isinstance(out[1], Routed) and isinstance(out[2], Routed)
+    assert out[3] is None and out[4] is None  # (issue 3 again; issue 4's turn was taken)
+    recorded = deliveries(pool)
+    assert set(recorded) == {earlier.delivery_key, batch[1].delivery_key, batch[2].delivery_key}
+    assert row_counts(pool)["sessions"] == 3
+
+
+def test_existing_issues_assigned_together_commit_together_and_a_reassignment_cancels(
+    api: Api, db_url: str
+) -> None:
+    """Existing issues assigned (nothing to cancel) take the group commit as creations do: one
+    statement. Re-assigned in the same pile-up, an issue with an undelivered start goes to its
+    transaction: the old machine's start is cancelled and the new assignee's machine gets one."""
+    laptop, _ = api.register(user="user-1")
+    other, _ = api.register(user="user-2", name="other")
+    first = api.webhook(issue_event(issue_id="iss-re"), "d-re-0").json()  # created, assigned to user-1
+    assert first["status"] == "dispatched" and first["orchestratorId"] == laptop
+    bodies = [(assigned(f"iss-{i}", "user-1"), f"d-{i}") for i in range(12)]
+    bodies.append((assigned("iss-re", "user-2", "user-1"), "d-re-1"))
+    answers = [a.json() for a in _pile_up(api, db_url, laptop, bodies)]
+    assert [a["status"] for a in answers] == ["dispatched"] * 13
+    assert answers[-1]["orchestratorId"] == other and answers[-1]["cancelledSessionId"] == first["sessionId"]
+    assert "cancelledSessionId" not in answers[0]
+    assert open_dispatches(api.pool, "iss-re") == [uuid.UUID(other)]
+    with api.pool.connection() as conn:
+        commits = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions WHERE issue_id LIKE 'iss-%%' AND issue_id <> 'iss-re'"
+            " GROUP BY created_at ORDER BY n"
+        ).fetchall()
+        cancelled = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (first["sessionId"],))
+        assert cancelled.fetchone()["status"] == "cancelled"  # type: ignore[index]
+    assert [r["n"] for r in commits] == [1, 11]  # the leader alone, then eleven in one statement
+    for body, delivery in bodies:  # retries: duplicates of their own sessions
+        assert api.webhook(body, delivery).json()["status"] == "duplicate"
+
+
+def test_concurrent_assignments_of_one_issue_leave_one_start(api: Api) -> None:
+    """Many people re-assigning one issue at once (each a delivery of its own, between two people's
+    machines, arriving together): every webhook is answered, and the issue is left with exactly one
+    undelivered start, every other one cancelled by the assignment after it. Without the issue's
+    turn, two of them could both find nothing to cancel and both dispatch."""
+    m1, _ = api.register(user="user-1")
+    m2, _ = api.register(user="user-2", name="other")
+    assert m1 != m2
+    for issue_n in range(6):
+        issue_id = f"iss-race-{issue_n}"
+        users = ["user-1", "user-2"] * 6
+        with ThreadPoolExecutor(len(users)) as ex:
+            futures = [
+                ex.submit(api.webhook, assigned(issue_id, u, "someone"), f"d-{issue_id}-{i}")
+                for i, u in enumerate(users)
+            ]
+            answers = [f.result(30) for f in futures]
+        assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+        assert {a.json()["status"] for a in answers} == {"dispatched"}
+        left = open_dispatches(api.pool, issue_id)
+        assert len(left) == 1, left
+        with api.pool.connection() as conn:
+            statuses = conn.execute(
+                "SELECT status, count(*) AS n FROM dispatch_sessions WHERE issue_id = %s GROUP BY status",
+                (issue_id,),
+            ).fetchall()
+        # every start but one was cancelled by the assignment after it
+        assert {r["status"]: r["n"] for r in statuses} == {"queued": 1, "cancelled": len(users) - 1}

@@ -646,3 +646,102 @@ def test_a_lease_ends_exactly_lease_seconds_after_the_claim(pool: Pool, make_orc
     claim(pool, o.id, max=1, lease_seconds=60, now=T0)
     assert sweep(pool, Settings(), now=T0 + timedelta(seconds=60, microseconds=-1)) == queue.SweepResult(0, 0)
     assert sweep(pool, Settings(), now=T0 + timedelta(seconds=60)) == queue.SweepResult(1, 0)
+
+
+# --- ack_and_claim: a worker's loop in one statement ------------------------------------------------
+def test_ack_and_claim_acks_each_item_as_ack_many_does_and_claims_the_next_rows(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    o = make_orchestrator()
+    for n in range(5):
+        enqueue_one(pool, o, n)
+    first = claim(pool, o.id, max=2, lease_seconds=60)
+    items = [
+        AckItem(first[0].queue_id, first[0].claim_token),
+        AckItem(first[1].queue_id, uuid4()),
+        AckItem(uuid4(), first[1].claim_token),
+    ]
+    result, more = queue.ack_and_claim(pool, o.id, items, max=2, lease_seconds=60)
+    assert result.statuses == ["acked", "claim_superseded", "not_found"]
+    assert len(more) == 2 and {m.queue_id for m in more}.isdisjoint({m.queue_id for m in first})
+    assert all(m.attempt == 1 for m in more)
+    assert counts(pool) == (5, 4)
+    rest = [*first[1:], *more]
+    result, last = queue.ack_and_claim(
+        pool, o.id, [AckItem(m.queue_id, m.claim_token) for m in rest], max=10, lease_seconds=60
+    )
+    assert result.statuses == ["acked"] * 3 and len(last) == 1
+    result, none = queue.ack_and_claim(
+        pool, o.id, [AckItem(last[0].queue_id, last[0].claim_token), items[0]], max=10, lease_seconds=60
+    )
+    assert result.statuses == ["acked", "acked"] and none == []  # (the second: a repeated ack)
+    assert counts(pool) == (5, 0)
+    with pool.connection() as conn:
+        statuses = conn.execute(
+            "SELECT status, count(*) AS n FROM dispatch_sessions GROUP BY status"
+        ).fetchall()
+    assert {r["status"]: r["n"] for r in statuses} == {"delivered": 5}
+
+
+def test_ack_and_claim_keeps_a_follow_up_behind_the_start_it_acks(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    """The claim reads the statement's snapshot, where the start being acked still exists: the
+    follow-up behind it is claimed by the next call, never ahead of it."""
+    o = make_orchestrator()
+    with transaction(pool) as tx:
+        for kind in ("start", "prompt"):
+            enqueue_dispatch(
+                tx,
+                org_id=o.org_id,
+                orchestrator_id=o.id,
+                linear_user_id=None,
+                message=DispatchPayload(issue=issue(), agent_session_id="as-1", kind=kind),
+            )
+    [start] = claim(pool, o.id, max=10, lease_seconds=60)
+    assert start.kind == "start"
+    result, got = queue.ack_and_claim(
+        pool, o.id, [AckItem(start.queue_id, start.claim_token)], max=10, lease_seconds=60
+    )
+    assert result.statuses == ["acked"] and got == []
+    _, got = queue.ack_and_claim(pool, o.id, [], max=10, lease_seconds=60)
+    assert [m.kind for m in got] == ["prompt"]
+
+
+def test_workers_looping_on_ack_and_claim_deliver_every_row_exactly_once(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    o = make_orchestrator()
+    with transaction(pool) as tx:
+        for n in range(400):
+            enqueue_dispatch(
+                tx,
+                org_id=o.org_id,
+                orchestrator_id=o.id,
+                linear_user_id=None,
+                message=DispatchPayload(issue=issue(n)),
+            )
+
+    def worker() -> list[UUID]:
+        seen: list[UUID] = []
+        _, got = queue.ack_and_claim(pool, o.id, [], max=7, lease_seconds=60)
+        while got:
+            seen += [m.queue_id for m in got]
+            result, got = queue.ack_and_claim(
+                pool, o.id, [AckItem(m.queue_id, m.claim_token) for m in got], max=7, lease_seconds=60
+            )
+            assert set(result.statuses) == {"acked"}
+        return seen
+
+    with ThreadPoolExecutor(6) as ex:
+        per_worker = [f.result(60) for f in [ex.submit(worker) for _ in range(6)]]
+    claimed = [q for w in per_worker for q in w]
+    assert len(claimed) == len(set(claimed)) == 400, "a row was claimed twice or not at all"
+    assert counts(pool) == (400, 0)
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions WHERE status = 'delivered'"
+        ).fetchone()
+    assert row is not None and row["n"] == 400

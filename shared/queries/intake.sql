@@ -11,10 +11,13 @@
 -- less. The choice commits with the dispatch; an enqueue to a machine revoked meanwhile writes
 -- nothing, and the intake decides again (`enqueue` in queue.sql).
 -- For an event of an agent session (`agent_session_id`; NULL for any other), it first takes that
--- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own.
+-- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own;
+-- for an issue's assignment event (`issue_id`; NULL for any other), the issue's (`issue_turn`).
 -- `mixed`: the user's machines differ in what they have (`route`): the start needs its repository.
 WITH turn AS (
 -- include: agent_session_turn
+), issue AS (
+-- include: issue_turn
 ), routed AS (
     SELECT r.id, r.mixed
     FROM (SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user) want, LATERAL (
@@ -23,7 +26,7 @@ WITH turn AS (
 )
 INSERT INTO webhook_deliveries (delivery_key, content_key)
 SELECT %(key)s, %(content_key)s
-WHERE (SELECT count(*) FROM turn) >= 0  -- (true: it makes the turn come before the insert)
+WHERE (SELECT count(*) FROM turn) + (SELECT count(*) FROM issue) >= 0  -- (true: the turns come first)
 ON CONFLICT DO NOTHING
 RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixed FROM routed), false) AS mixed;
 
@@ -76,6 +79,15 @@ WHERE delivery_key = %(key)s;
 -- after it in the transaction reads a snapshot taken after the turn was granted.
 SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s || '/' || %(agent_session_id)s, 0))
 WHERE %(agent_session_id)s::text IS NOT NULL
+
+-- name: issue_turn
+-- A fragment (in `record_delivery`): serialises the intake transactions of one issue's assignment
+-- events (assigned, re-assigned, unassigned, removed) until commit, so that each one's cancel sees
+-- the dispatch of the one before it; the group commit's statement tries the same turn without
+-- waiting (`devpilot_issue_turn_free`, migration 0012) and leaves an issue whose turn is taken to
+-- this transaction. Every statement after it reads a snapshot taken after the turn was granted.
+SELECT pg_advisory_xact_lock(devpilot_issue_turn_key(%(org_id)s, %(issue_id)s))
+WHERE %(issue_id)s::text IS NOT NULL
 
 -- name: agent_session_holder
 -- The machine that holds an agent session: the active orchestrator its most recent message went to

@@ -112,24 +112,15 @@ s AS (
     RETURNING id, message_id, session_id, orchestrator_id
 )
 
--- name: route_and_enqueue_for_delivery
--- (none) -> AVAILABLE for a webhook delivery that asks for a `start` on a Linear user's machine
--- with nothing to cancel first: an issue created with an assignee. The whole intake in one
--- statement. Run as a transaction of its own (`shared.db.statement`), the delivery's record, the
--- routing choice, the session and its queue row commit together or not at all, with no BEGIN or
--- COMMIT: one round trip where the intake transaction takes four. (`route_enqueue_rows` says what
--- each part does.) Linear is not told about a plain issue, so this statement has no notice: even
--- an INSERT that writes nothing costs Postgres its start-up (the table, its three indexes) on every
--- execution.
-WITH
--- include: route_enqueue_rows
-, told AS (SELECT NULL::uuid AS id WHERE false)
--- include: route_enqueue_answer
-
 -- name: route_and_start_agent_session_for_delivery
--- `route_and_enqueue_for_delivery` for an agent session `created`: the same rows, after the agent
--- session's turn, and with them, for an org Linear is told about, the "Queued for <machine>"
--- thought (`queued_notice`), which commits with the message or not at all.
+-- (none) -> AVAILABLE for a webhook delivery that asks for a `start` on a Linear user's machine
+-- with nothing to cancel first: an agent session `created`. The whole intake in one statement. Run
+-- as a transaction of its own (`shared.db.statement`), the delivery's record, the agent session's
+-- turn, the routing choice, the session and its queue row, and, for an org Linear is told about,
+-- the "Queued for <machine>" thought (`queued_notice`) commit together or not at all, with no
+-- BEGIN or COMMIT: one round trip where the intake transaction takes four. (`route_enqueue_rows`
+-- says what each part does.) An issue's start is written by the group commit's statement
+-- (`route_and_enqueue_many_for_delivery`), which takes the issue's turn.
 WITH
 -- include: route_enqueue_rows
 ,
@@ -137,8 +128,7 @@ WITH
 -- include: route_enqueue_answer
 
 -- name: route_enqueue_rows
--- A fragment, the CTEs of `route_and_enqueue_for_delivery` and
--- `route_and_start_agent_session_for_delivery`:
+-- A fragment, the CTEs of `route_and_start_agent_session_for_delivery`:
 -- * `want`, `routed`: the routing policy's choice for `route_user` (`route`, intake.sql). When
 --   the user's machines differ in what they have (`mixed`), nothing is written (no `machine`, and
 --   no delivery record): the intake transaction then writes a routing request for the start.
@@ -146,13 +136,12 @@ WITH
 --   machine's lock as the intake transaction takes it, so a stop that comes meanwhile waits for
 --   this start's commit and then cancels it. This statement reads nothing a turn orders: the
 --   routing choice is read before the turn in the transaction too, and the machine by its lock.
---   (For an issue, `agent_session_id` is NULL and the turn is nothing.)
 -- * `machine`: that machine's row FOR KEY SHARE if it is still active: as `enqueue`'s `target`, a
 --   revoke that committed while this waited is seen, and nothing is written for the machine.
--- * `d`: the delivery (its two keys, as `record_delivery`) recorded with what it did: dispatched
---   to the new session, or, with `record_unrouted` (a plain issue, which Linear is not told
---   about), ignored when the user has no active machine at all. ON CONFLICT DO NOTHING: a
---   delivery seen before, or a concurrent copy once that commits, writes nothing.
+-- * `d`: the delivery (its two keys, as `record_delivery`) recorded as dispatched to the new
+--   session. ON CONFLICT DO NOTHING: a delivery seen before, or a concurrent copy once that
+--   commits, writes nothing. (A user with no machine: nothing is written, and the intake
+--   transaction tells Linear why.)
 -- * `target`, then `enqueue`'s session `s` and queue row `q`, only for a dispatch.
 want AS (
     SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user
@@ -171,9 +160,7 @@ want AS (
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
     SELECT %(delivery_key)s, %(content_key)s, c.session_id, c.outcome
-    FROM (SELECT %(session_id)s::uuid AS session_id, 'dispatched' AS outcome FROM machine
-          UNION ALL
-          SELECT NULL, 'ignored' WHERE %(record_unrouted)s AND NOT EXISTS (SELECT FROM routed)) c
+    FROM (SELECT %(session_id)s::uuid AS session_id, 'dispatched' AS outcome FROM machine) c
     ON CONFLICT DO NOTHING
     RETURNING outcome
 ), target AS (
@@ -182,11 +169,10 @@ want AS (
 -- include: enqueue_session_rows
 
 -- name: route_enqueue_answer
--- A fragment, the answer of `route_and_enqueue_for_delivery` and
--- `route_and_start_agent_session_for_delivery`, after a CTE `told` (the notice written, if any),
--- with the NOTIFY of `enqueue`. No row: nothing was written (a delivery seen before, a machine
--- revoked meanwhile, or an agent session for a user with no machine). The caller then decides in a
--- full intake transaction, which tells those apart (and tells Linear about the last).
+-- A fragment, the answer of `route_and_start_agent_session_for_delivery`, after a CTE `told` (the
+-- notice written, if any), with the NOTIFY of `enqueue`. No row: nothing was written (a delivery
+-- seen before, a machine revoked meanwhile, or a user with no machine). The caller then decides in
+-- a full intake transaction, which tells those apart (and tells Linear about the last).
 SELECT d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
        (SELECT id FROM told) AS notice_id,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t
@@ -293,6 +279,26 @@ RETURNING q.id, q.session_id, q.orchestrator_id, q.org_id, q.message_id, q.paylo
 WITH who AS (SELECT %(orchestrator_id)s::uuid AS id),
 -- include: ack_rows
 SELECT id AS queue_id, claim_token, (SELECT array_agg(id) FROM notices) AS notice_ids FROM deleted;
+
+-- name: ack_and_claim
+-- An orchestrator's loop in one statement: the rows it finished acked (`ack_rows`: CLAIMED ->
+-- deleted, session `delivered`, each only with its latest claim token) and its next rows claimed
+-- (`claim`: AVAILABLE -> CLAIMED, exactly once, SKIP LOCKED), in one transaction and one round
+-- trip where `ack` and `claim` take two. The claim reads the statement's snapshot, in which the
+-- rows being acked still exist: a follow-up queued behind a start acked here waits for the next
+-- claim (in order per agent session, never ahead of it). One row per claimed message, each
+-- carrying what was acked; exactly one row with no message when nothing was due.
+WITH who AS (SELECT %(orchestrator_id)s::uuid AS id),
+-- include: ack_rows
+,
+-- include: claimable
+, claimed AS (
+-- include: claim_due
+)
+SELECT (SELECT array_agg(id) FROM deleted) AS acked_ids,
+       (SELECT array_agg(claim_token) FROM deleted) AS acked_tokens,
+       (SELECT array_agg(id) FROM notices) AS notice_ids, c.*
+FROM (SELECT 1) AS one LEFT JOIN claimed c ON true;
 
 -- name: ack_as
 -- The ack route's work in one statement (one round trip for an ack): who is calling and that it
@@ -658,24 +664,38 @@ SELECT count(*) AS rerouted,
 FROM sessions;
 
 -- name: route_and_enqueue_many_for_delivery
--- `route_and_enqueue_for_delivery` for several issues at once (arrays, one element per webhook,
--- numbered `n`): each element's rows exactly as that statement writes them, all in one statement
--- that is its own transaction, so the whole batch commits together or not at all, after one
--- round trip and one commit. The caller answers no webhook before the commit. Every element is
--- judged alone: its routing choice (`route`, per element), its machine's lock FOR KEY SHARE (a
--- revoke committed meanwhile is seen, and nothing is written for that element), its delivery
--- ON CONFLICT DO NOTHING. The elements' keys are distinct (`route_and_enqueue_many` leaves copies
+-- (none) -> AVAILABLE: the whole intake of issue starts (an issue created with an assignee, or an
+-- existing issue assigned) for one or several webhooks (arrays, one element per webhook, numbered
+-- `n`), in one statement that is its own transaction (`shared.db.statement`), so the whole batch
+-- commits together or not at all, after one round trip and one commit. The caller answers no
+-- webhook before the commit. Every element is judged alone: its issue's turn (below), its routing
+-- choice (`route`), its machine's lock FOR KEY SHARE (as `enqueue`'s `target`: a revoke committed
+-- meanwhile is seen, and nothing is written for that element), its delivery (two keys, as
+-- `record_delivery`) ON CONFLICT DO NOTHING, recorded as dispatched to the new session, or as
+-- ignored when the user has no active machine (Linear is not told about a plain issue). The elements' keys are distinct (`route_and_enqueue_many` leaves copies
 -- out): a delivery key or content key twice in one batch would match one inserted record twice.
 -- One row per element, in order: `outcome` NULL means nothing was written for it.
+--
+-- An element may be an existing issue's assignment (`updatedFrom.assigneeId`) as well as a
+-- creation: each element first takes its issue's turn without waiting (`free`,
+-- `devpilot_issue_turn_free` of migration 0012) and goes on only when it has it and nothing of the
+-- issue is undelivered, where an assignment is the same work as a creation. Otherwise nothing is
+-- written for it (not even the delivery), and its full intake transaction takes the turn, cancels
+-- and dispatches. The turn is held to the commit, so an assignment of the same issue that comes
+-- meanwhile waits for this one and then finds its dispatch to cancel. The elements' issues are
+-- distinct (`route_and_enqueue_many` leaves a second one out): a turn is re-entrant within one
+-- transaction, so two elements of one issue would both have it.
 WITH want AS (
     SELECT * FROM unnest(%(n)s::int[], %(org_id)s::text[], %(route_user)s::text[],
                          %(delivery_key)s::text[], %(content_key)s::text[], %(session_id)s::uuid[],
                          %(issue_id)s::text[], %(issue_identifier)s::text[], %(payload)s::jsonb[])
         AS w(n, org_id, route_user, delivery_key, content_key, session_id, issue_id,
              issue_identifier, payload)
+), free AS MATERIALIZED (  -- (each issue's turn tried once, before anything is written)
+    SELECT want.n FROM want WHERE devpilot_issue_turn_free(want.org_id, want.issue_id)
 ), routed AS (
     SELECT want.n, r.id, r.mixed
-    FROM want LEFT JOIN LATERAL (
+    FROM want JOIN free ON free.n = want.n LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
 ), machine AS (
