@@ -1,6 +1,6 @@
 """bench/run: every figure in one run, on fresh databases of one server, so the ratios hold.
 
-    bench/run --quick   (about two minutes)      bench/run   (about fourteen)
+    bench/run --quick   (about three minutes)    bench/run   (about seventeen)
 Writes a table to stdout, bench/results/latest.json and bench/results/latest.png.
 
     python -m bench.bench --only paired [--quick]

@@ -42,6 +42,11 @@ def ratio(summary: dict[str, Any]) -> str:
 def kind_rows(paired: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(measure, result, ratio) for each kind of webhook and the blend, from a run's `paired`."""
     rows = []
+    if "kinds" not in paired and "webhooks_vs_library_enqueue_one_statement" in paired:
+        # A run from before the kinds (bench of 7c80c6d and earlier): its webhooks were `created`.
+        one = paired["webhooks_vs_library_enqueue_one_statement"]
+        rate = sorted(h for _, h in one["pairs"])[len(one["pairs"]) // 2]
+        return [(LABELS["created"], f"{rate:,}/s", ratio(one))]
     for kind in (*KINDS, "blend"):
         k = paired.get("kinds", {}).get(kind)
         if k is None:
@@ -96,14 +101,15 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str]]:
     return result
 
 
-def markdown(out: dict[str, Any]) -> str:
-    """The table, with the line above it that says which run it is."""
+def markdown(out: dict[str, Any], name: str = "latest.json") -> str:
+    """The table, with the line above it that says which run it is (`name`: its results file)."""
     m = out.get("machine", {})
     p = out.get("paired", {})
+    postgres = str(m.get("postgres", "?")).split(" ")[0]
     head = (
         f"Last run of `bench/run` ({out.get('started', '?')[:10]}, the code of {out.get('commit') or '?'}; "
-        f"{m.get('cpus', '?')} cores, Python {m.get('python', '?')}, PostgreSQL {m.get('postgres', '?')} "
-        f"on the same machine; `bench/results/latest.json`). Webhooks: {p.get('clients', 16)} senders "
+        f"{m.get('cpus', '?')} cores, Python {m.get('python', '?')}, PostgreSQL {postgres} "
+        f"on the same machine; `bench/results/{name}`). Webhooks: {p.get('clients', 16)} senders "
         f"on `devpilot serve`, each kind for {p.get('kind_seconds', '?')} s in each of {p.get('rounds', '?')} "
         "paired rounds, beside the library's enqueue measured in the same round:"
     )
@@ -114,7 +120,7 @@ def markdown(out: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     path = Path(argv[0]) if argv else RESULTS / "latest.json"
-    print(markdown(json.loads(path.read_text())))
+    print(markdown(json.loads(path.read_text()), path.name))
     return 0
 
 
