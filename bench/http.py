@@ -122,8 +122,9 @@ def machines(s: Serve) -> dict[str, tuple[UUID, str]]:
 PREP_BATCH = 1000  # issue starts written in one statement while preparing
 
 
-def prepare(db_url: str, runs: list[tuple[str, str]], threads: int, seconds: float, machine_a: UUID) -> None:
-    """The state the load generator's `runs` (kind, tag) expect, made before any of them is timed,
+def prepare(db_url: str, runs: list[tuple[str, str, float]], threads: int, machine_a: UUID) -> None:
+    """The state the load generator's `runs` (kind, tag, seconds) by `threads` senders expect, made
+    before any of them is timed,
     through the library: each prepared agent session (prompted) a start delivered to USER_A's
     machine `machine_a`, so that machine holds the conversation; each prepared issue (re-assigned,
     unassigned) an open assignment dispatch to it, as an earlier webhook would have left it.
@@ -132,7 +133,7 @@ def prepare(db_url: str, runs: list[tuple[str, str]], threads: int, seconds: flo
     try:
         sessions = [
             lg.pool_id(tag, kind, "prompted", i)
-            for kind, tag in runs
+            for kind, tag, seconds in runs
             for i in range(lg.prepared(kind, threads, seconds).get("prompted", 0))
         ]
         with transaction(pool) as tx:
@@ -152,7 +153,7 @@ def prepare(db_url: str, runs: list[tuple[str, str]], threads: int, seconds: flo
             left -= {m.agent_session_id for m in got}
         issues = [
             lg.pool_id(tag, kind, pool_name, i)
-            for kind, tag in runs
+            for kind, tag, seconds in runs
             for pool_name, n in lg.prepared(kind, threads, seconds).items()
             if pool_name != "prompted"
             for i in range(n)

@@ -56,8 +56,10 @@ def _over_http(s: BenchServer, secs: float, kind_secs: float, clients: int, r: i
     try:
         machine_a, token = http.machines(server)[loadgen.USER_A]
         # What the re-assignments, unassignments and follow-ups find, made before anything is timed.
-        runs = [(kind, f"r{r}") for kind in WEBHOOK_KINDS] + [("blend", f"warm{r}")]
-        http.prepare(server.db_url, runs, clients, max(kind_secs, WARM_UP_SECONDS), machine_a)
+        runs = [(kind, f"r{r}", kind_secs) for kind in WEBHOOK_KINDS] + [
+            ("blend", f"warm{r}", WARM_UP_SECONDS)
+        ]
+        http.prepare(server.db_url, runs, clients, machine_a)
         http.loadgen("webhook", server.url, http.SECRET, clients, WARM_UP_SECONDS, "blend", f"warm{r}")
         for kind in kind_order(r):
             _checkpoint(s)
