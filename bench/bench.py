@@ -1,7 +1,11 @@
 """bench/run: every figure in one run, on fresh databases of one server, so the ratios hold.
 
-    bench/run --quick   (about two minutes)      bench/run   (about fourteen)
+    bench/run --quick   (about three minutes)    bench/run   (about seventeen)
 Writes a table to stdout, bench/results/latest.json and bench/results/latest.png.
+
+    python -m bench.bench --only paired [--quick]
+The paired rounds alone (every kind of webhook beside the library's enqueue; about five minutes,
+one with --quick), written to bench/results/paired.json, not latest.json.
 """
 
 from __future__ import annotations
@@ -10,15 +14,40 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import coldstart, core, cost, http, instructions, paired, peers
+from bench import table as readme_table
 from bench.db import BenchServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HTTP_CLIENTS = 16  # the HTTP load's concurrency, and the library figures it is compared with
+# Each kind of webhook's window in a paired round (the library's and the claim+ack cycles' are the
+# run's): eight kinds a round, so 3 s and not 5 keeps the full run near a quarter of an hour.
+KIND_SECONDS = {True: 1.0, False: 3.0}  # by --quick
+
+
+def commit() -> str | None:
+    """The commit measured (with `+` when the work tree differs from it), when this is a checkout."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        head = subprocess.run(
+            [git, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=RESULTS.parent,
+        ).stdout.strip()
+        dirty = subprocess.run([git, "diff", "--quiet", "HEAD"], cwd=RESULTS.parent, check=False).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -32,6 +61,7 @@ def main() -> int:
     ap.add_argument(
         "--quick", action="store_true", help="smaller and shorter (about two minutes; no instruction counts)"
     )
+    ap.add_argument("--only", choices=["paired"], help="only this part (written to results/<part>.json)")
     args = ap.parse_args()
     q = args.quick
     secs = 1.0 if q else 5.0
@@ -39,6 +69,7 @@ def main() -> int:
     out: dict[str, Any] = {
         "quick": q,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -47,6 +78,8 @@ def main() -> int:
     }
     s = BenchServer()
     out["machine"]["postgres"] = s.version
+    if args.only == "paired":
+        return only_paired(s, out, secs, n_drain)
     try:
         print(
             f"devpilot-dispatch bench ({'quick' if q else 'full'}), Postgres {s.version}, {os.cpu_count()} cores"
@@ -136,7 +169,9 @@ def main() -> int:
         print(f"http: {json.dumps(out['http'])}")
         # The two HTTP ratios again, each HTTP rate measured back to back with its library rate
         # over several rounds: the figures above are taken minutes apart, and the machine drifts.
-        out["paired"] = paired.paired(s, 2 if q else 5, secs, HTTP_CLIENTS, min(n_drain, 2000))
+        out["paired"] = paired.paired(
+            s, 2 if q else 5, secs, HTTP_CLIENTS, min(n_drain, 2000), kind_secs=KIND_SECONDS[q]
+        )
         print(f"paired rounds: {json.dumps(out['paired'])}")
         out["server_cpu_ms"] = http.server_cpu_ms(s.fresh("cpu"), 500 if q else 3000)
         print(f"server CPU per request (devpilot serve), ms: {json.dumps(out['server_cpu_ms'])}")
@@ -178,7 +213,44 @@ def main() -> int:
     (RESULTS / "latest.json").write_text(json.dumps(out, indent=2, default=str))
     plot(out, RESULTS / "latest.png")
     print(table(out))
+    print("\nThe README's table (python -m bench.table):\n")
+    print(readme_table.markdown(out))
     return 0
+
+
+def only_paired(s: BenchServer, out: dict[str, Any], secs: float, n_drain: int) -> int:
+    """`--only paired`: the paired rounds alone, as the full run takes them."""
+    q = out["quick"]
+    t0 = time.monotonic()
+    try:
+        out["paired"] = paired.paired(
+            s, 2 if q else 5, secs, HTTP_CLIENTS, min(n_drain, 2000), kind_secs=KIND_SECONDS[q]
+        )
+    finally:
+        s.close()
+    out["seconds"] = round(time.monotonic() - t0)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "paired.json").write_text(json.dumps(out, indent=2, default=str))
+    print(paired_table(out["paired"]))
+    print(f"({out['seconds']} s)")
+    return 0
+
+
+def paired_table(p: dict[str, Any]) -> str:
+    """The paired rounds as rows of the printed table: each kind's rate and ratios, then claim+ack."""
+    rows = [
+        (
+            f"paired rounds ({p['rounds']}, {p['kind_seconds']} s a kind): {kind}",
+            f"{k['rate']:,}/s, p50 {k['p50_ms']} ms; / one-statement enqueue "
+            f"{_paired(k['vs_enqueue_one_statement'])}, / block {_paired(k['vs_enqueue'])}",
+        )
+        for kind, k in p["kinds"].items()
+    ]
+    rows.append(
+        (f"paired rounds: claim+ack / drain {p['clients']}x1", _paired(p["claim_ack_vs_library_drain"]))
+    )
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a:<{w}}  {v}" for a, v in rows)
 
 
 def cold_start(s: BenchServer, repeats: int) -> dict[str, Any]:
@@ -195,6 +267,17 @@ def cold_start(s: BenchServer, repeats: int) -> dict[str, Any]:
 
 def _paired(ratio: dict[str, Any]) -> str:
     return f"{ratio['median']}x ({ratio['min']}-{ratio['max']})"
+
+
+def _paired_kinds(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each webhook kind's paired rate and its two ratios, median (range)."""
+    return [
+        (
+            kind,
+            f"{k['rate']:,}/s: {_paired(k['vs_enqueue_one_statement'])}, {_paired(k['vs_enqueue'])}",
+        )
+        for kind, k in p["kinds"].items()
+    ]
 
 
 def _ms(v: float | None) -> str:
@@ -234,13 +317,9 @@ def table(out: dict[str, Any]) -> str:
             "webhooks / one-statement enqueue",
             f"{out['http']['ratios']['webhooks_vs_library_enqueue_one_statement']}x",
         ),
-        (
-            f"paired rounds ({out['paired']['rounds']}), median (range): webhooks / block enqueue",
-            _paired(out["paired"]["webhooks_vs_library_enqueue"]),
-        ),
-        (
-            "paired rounds: webhooks / one-statement enqueue",
-            _paired(out["paired"]["webhooks_vs_library_enqueue_one_statement"]),
+        *(
+            (f"paired rounds ({out['paired']['rounds']}): {kind} / one-statement enqueue, / block", text)
+            for kind, text in _paired_kinds(out["paired"])
         ),
         (
             f"paired rounds: claim+ack / drain {HTTP_CLIENTS}x1",

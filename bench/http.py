@@ -16,13 +16,19 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import httpx
 import psycopg
 
 from bench import cpu
+from bench import loadgen as lg
+from bench.core import FILL_SETTINGS
 from bench.loadgen import assignment, edit
+from shared.db import open_pool, statement, transaction
 from shared.linear import sign
+from shared.models import DispatchPayload, IssueRef
+from shared.queue import AckItem, Routed, Start, ack_many, claim, enqueue_dispatch, route_and_enqueue_many
 from shared.sql import query
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +56,7 @@ class Serve:
         command: Callable[[int], list[str]] = devpilot_serve,
     ) -> None:
         self.port = free_port()
+        self.db_url = db_url
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             command(self.port),
@@ -86,16 +93,88 @@ class Serve:
         self.proc.wait(timeout=20)
 
 
-def loadgen(mode: str, url: str, secret: str, threads: int, seconds: float) -> dict[str, Any]:
+def loadgen(
+    mode: str, url: str, secret: str, threads: int, seconds: float, kind: str = "created", tag: str = "bench"
+) -> dict[str, Any]:
+    """One run of `bench.loadgen` (a process of its own): `kind`, for webhooks, as it takes it."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", mode, url, secret, str(threads), str(seconds)],
+        [sys.executable, "-m", "bench.loadgen", mode, url, secret, str(threads), str(seconds), kind, tag],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:  # (a wrong answer, or prepared state that ran out: the bench's error)
+        raise RuntimeError(f"bench.loadgen {mode} {kind} failed:\n{out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def machines(s: Serve) -> dict[str, tuple[UUID, str]]:
+    """The bench's two machines on `s`, one for each Linear user a kind dispatches to, by Linear
+    user: each one's id and token."""
+    out: dict[str, tuple[UUID, str]] = {}
+    for user in (lg.USER_A, lg.USER_B):
+        oid, token = s.register(user)
+        out[user] = (UUID(oid), token)
+    return out
+
+
+PREP_BATCH = 1000  # issue starts written in one statement while preparing
+
+
+def prepare(db_url: str, runs: list[tuple[str, str, float]], threads: int, machine_a: UUID) -> None:
+    """The state the load generator's `runs` (kind, tag, seconds) by `threads` senders expect, made
+    before any of them is timed,
+    through the library: each prepared agent session (prompted) a start delivered to USER_A's
+    machine `machine_a`, so that machine holds the conversation; each prepared issue (re-assigned,
+    unassigned) an open assignment dispatch to it, as an earlier webhook would have left it.
+    Run it before anything else is queued for that machine (its delivered starts are claimed)."""
+    pool = open_pool(db_url, FILL_SETTINGS, max_size=2)
+    try:
+        sessions = [
+            lg.pool_id(tag, kind, "prompted", i)
+            for kind, tag, seconds in runs
+            for i in range(lg.prepared(kind, threads, seconds).get("prompted", 0))
+        ]
+        with transaction(pool) as tx:
+            for sid in sessions:
+                message = DispatchPayload(
+                    issue=IssueRef(id=f"issue-{sid}", identifier="B-1"), agent_session_id=sid
+                )
+                enqueue_dispatch(
+                    tx, org_id=lg.ORG, orchestrator_id=machine_a, linear_user_id=lg.USER_A, message=message
+                )
+        left = set(sessions)
+        while left:
+            got = claim(pool, machine_a, max=100, lease_seconds=600)
+            if not got or any(m.agent_session_id not in left for m in got):
+                raise RuntimeError("prepare: the machine's queue holds other work, or lost a start")
+            ack_many(pool, machine_a, [AckItem(m.queue_id, m.claim_token) for m in got])
+            left -= {m.agent_session_id for m in got}
+        issues = [
+            lg.pool_id(tag, kind, pool_name, i)
+            for kind, tag, seconds in runs
+            for pool_name, n in lg.prepared(kind, threads, seconds).items()
+            if pool_name != "prompted"
+            for i in range(n)
+        ]
+        for at in range(0, len(issues), PREP_BATCH):
+            starts = [
+                Start(
+                    lg.ORG,
+                    lg.USER_A,
+                    DispatchPayload(issue=IssueRef(id=i, identifier="B-1", title="bench")),
+                    f"prep:{i}",
+                    f"prep-content:{i}",
+                )
+                for i in issues[at : at + PREP_BATCH]
+            ]
+            with statement(pool) as tx:
+                routed = route_and_enqueue_many(tx, starts)
+            if not all(isinstance(r, Routed) and r.orchestrator_id == machine_a for r in routed):
+                raise RuntimeError("prepare: an issue's start was not queued for USER_A's machine")
+    finally:
+        pool.close()
 
 
 def http_rates(db_url: str, seconds: float, threads: int) -> dict[str, Any]:

@@ -3,8 +3,12 @@
 A machine's speed drifts between figures taken minutes apart (a neighbour on the host, a checkpoint
 of Postgres), and the rest of the bench measures each rate once: the ratio of two such figures moved
 by up to a sixth between runs of the same code. Here each round measures the library's rates and the
-HTTP rates one after the other, every one on a fresh database after a CHECKPOINT, alternating which
-side goes first; each ratio is the median of its rounds' ratios, given with their range.
+HTTP rates one after the other, alternating which side goes first. The library's rates are each
+taken on a fresh database after a CHECKPOINT. Over HTTP, one `devpilot serve` on a fresh database
+takes every kind of webhook a workspace sends (`bench.loadgen.KINDS`, and their blend), each after
+a CHECKPOINT, in an order that turns by one kind every round, so no kind always goes first (or
+last, on the fullest tables); then the claim+ack cycles. Each ratio is the median of its rounds'
+ratios, given with their range.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from typing import Any
 
 import psycopg
 
-from bench import core, http
+from bench import core, http, loadgen
 from bench.db import BenchServer
+
+WEBHOOK_KINDS = (*loadgen.KINDS, "blend")
+WARM_UP_SECONDS = 1.0  # the blend, untimed, before the first timed kind: the server's pool filled
 
 
 def _checkpoint(s: BenchServer) -> None:
@@ -35,17 +42,33 @@ def _library(s: BenchServer, secs: float, clients: int, n_drain: int) -> dict[st
     return {"enqueue": block, "enqueue_one_statement": one, "drain": drain}
 
 
-def _over_http(s: BenchServer, secs: float, clients: int) -> dict[str, float]:
+def kind_order(r: int) -> list[str]:
+    """Round r's order of the webhook kinds: the list turned by r."""
+    k = r % len(WEBHOOK_KINDS)
+    return [*WEBHOOK_KINDS[k:], *WEBHOOK_KINDS[:k]]
+
+
+def _over_http(s: BenchServer, secs: float, kind_secs: float, clients: int, r: int) -> dict[str, Any]:
+    """Every webhook kind (`kind_secs` each) and the claim+ack cycles (`secs`) through one
+    `devpilot serve`: each kind's load generator answer, and `claim_ack_cycles`'s."""
     server = http.Serve(s.fresh("pairhttp"))
+    out: dict[str, Any] = {}
     try:
-        _, token = server.register()
-        _checkpoint(s)
-        hooks = http.loadgen("webhook", server.url, http.SECRET, clients, secs)
+        machine_a, token = http.machines(server)[loadgen.USER_A]
+        # What the re-assignments, unassignments and follow-ups find, made before anything is timed.
+        runs = [(kind, f"r{r}", kind_secs) for kind in WEBHOOK_KINDS] + [
+            ("blend", f"warm{r}", WARM_UP_SECONDS)
+        ]
+        http.prepare(server.db_url, runs, clients, machine_a)
+        http.loadgen("webhook", server.url, http.SECRET, clients, WARM_UP_SECONDS, "blend", f"warm{r}")
+        for kind in kind_order(r):
+            _checkpoint(s)
+            out[kind] = http.loadgen("webhook", server.url, http.SECRET, clients, kind_secs, kind, f"r{r}")
         _checkpoint(s)  # (the cycles claim and ack what the webhooks queued)
-        cycles = http.loadgen("cycle", server.url, token, clients, secs)
+        out["claim_ack_cycles"] = http.loadgen("cycle", server.url, token, clients, secs)
     finally:
         server.close()
-    return {"webhooks": float(hooks["rate"]), "claim_ack_cycles": float(cycles["rate"])}
+    return out
 
 
 def _summary(pairs: list[tuple[float, float]]) -> dict[str, Any]:
@@ -58,29 +81,65 @@ def _summary(pairs: list[tuple[float, float]]) -> dict[str, Any]:
     }
 
 
-def paired(s: BenchServer, rounds: int, secs: float, clients: int, n_drain: int) -> dict[str, Any]:
+def _median(xs: list[float | None]) -> float | None:
+    known = [x for x in xs if x is not None]
+    return round(statistics.median(known), 3) if known else None
+
+
+def _kind(lib: list[dict[str, float]], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One kind's figures over the rounds: its rate, latency and the load generator's CPU per
+    webhook (medians), and its ratios to the library's enqueue as one statement and in a block."""
+    rates = [float(x["rate"]) for x in runs]
+    out: dict[str, Any] = {
+        "rate": round(statistics.median(rates)),
+        "p50_ms": _median([x["p50_ms"] for x in runs]),
+        "p99_ms": _median([x["p99_ms"] for x in runs]),
+        "load_generator_cpu_ms": _median([x["cpu_s"] * 1000 / max(1, x["count"]) for x in runs]),
+        "vs_enqueue_one_statement": _summary(
+            [(a["enqueue_one_statement"], h) for a, h in zip(lib, rates, strict=True)]
+        ),
+        "vs_enqueue": _summary([(a["enqueue"], h) for a, h in zip(lib, rates, strict=True)]),
+    }
+    if "kinds" in runs[0]:  # the blend: what each kind in it was, and its latency there
+        out["mix"] = dict(loadgen.BLEND)
+        out["per_kind"] = {
+            k: {
+                "count": sum(x["kinds"].get(k, {}).get("count", 0) for x in runs),
+                "p50_ms": _median([x["kinds"].get(k, {}).get("p50_ms") for x in runs]),
+            }
+            for k in loadgen.BLEND
+        }
+    return out
+
+
+def paired(
+    s: BenchServer, rounds: int, secs: float, clients: int, n_drain: int, kind_secs: float | None = None
+) -> dict[str, Any]:
     """`rounds` rounds of the library's rates and the HTTP rates at `clients` clients, and each
-    HTTP/library ratio over them: webhooks against the enqueue in a block and as one statement,
-    claim+ack cycles against the drain by `clients` claimers at batch 1."""
+    HTTP/library ratio over them: every webhook kind (`kind_secs` each, `secs` unless given)
+    against the enqueue as one statement and in a block, claim+ack cycles against the drain by
+    `clients` claimers at batch 1. `webhooks_*` are the kind `created` (an issue created with an
+    assignee), the one kind these rounds measured before the others were added."""
+    kind_secs = secs if kind_secs is None else kind_secs
     lib: list[dict[str, float]] = []
-    web: list[dict[str, float]] = []
+    web: list[dict[str, Any]] = []
     for r in range(rounds):
         if r % 2 == 0:
             lib.append(_library(s, secs, clients, n_drain))
-            web.append(_over_http(s, secs, clients))
+            web.append(_over_http(s, secs, kind_secs, clients, r))
         else:
-            web.append(_over_http(s, secs, clients))
+            web.append(_over_http(s, secs, kind_secs, clients, r))
             lib.append(_library(s, secs, clients, n_drain))
+    kinds = {kind: _kind(lib, [w[kind] for w in web]) for kind in WEBHOOK_KINDS}
     return {
         "rounds": rounds,
         "clients": clients,
-        "webhooks_vs_library_enqueue": _summary(
-            [(a["enqueue"], b["webhooks"]) for a, b in zip(lib, web, strict=True)]
-        ),
-        "webhooks_vs_library_enqueue_one_statement": _summary(
-            [(a["enqueue_one_statement"], b["webhooks"]) for a, b in zip(lib, web, strict=True)]
-        ),
+        "seconds": secs,
+        "kind_seconds": kind_secs,
+        "webhooks_vs_library_enqueue": kinds["created"]["vs_enqueue"],
+        "webhooks_vs_library_enqueue_one_statement": kinds["created"]["vs_enqueue_one_statement"],
         "claim_ack_vs_library_drain": _summary(
-            [(a["drain"], b["claim_ack_cycles"]) for a, b in zip(lib, web, strict=True)]
+            [(a["drain"], float(b["claim_ack_cycles"]["rate"])) for a, b in zip(lib, web, strict=True)]
         ),
+        "kinds": kinds,
     }
