@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from bench import cpu
 from shared.db import Pool, lend, open_pool, statement, transaction
 from shared.models import DispatchPayload, IssueRef
 from shared.orchestrators import register
-from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
+from shared.queue import AckItem, ack_and_claim, ack_many, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from shared.sql import query
 
@@ -189,15 +190,36 @@ def fill(url: str, n: int, orchestrators: int = 1, expired_fraction: float = 0.0
     return orchs
 
 
-def drain_rate(url: str, n: int, claimers: int, batch: int) -> float:
-    """Claim + batch-ack of n pre-filled rows of one orchestrator by `claimers` threads: messages/s."""
+def drain_rate(url: str, n: int, claimers: int, batch: int, *, together: bool = False) -> float:
+    """Claim + batch-ack of n pre-filled rows of one orchestrator by `claimers` threads: messages/s.
+    `together`: each claimer acks what it holds and claims its next rows in one statement
+    (`ack_and_claim`), where otherwise `claim` and `ack_many` take a round trip each."""
     [orch] = fill(url, n)
     pool = open_pool(url, SETTINGS, min_size=claimers, max_size=claimers + 2)
     remaining = [n]
     lock = threading.Lock()
     done = [0] * claimers
 
+    def loop_together(i: int) -> None:
+        held: list[Any] = []
+        while True:
+            _, got = ack_and_claim(
+                pool,
+                orch.id,
+                [AckItem(m.queue_id, m.claim_token) for m in held],
+                max=batch,
+                lease_seconds=600,
+            )
+            done[i] += len(held)
+            with lock:
+                remaining[0] -= len(held)
+                if not got and remaining[0] <= 0:
+                    return
+            held = got
+
     def loop(i: int) -> None:
+        if together:
+            return loop_together(i)
         while True:
             got = claim(pool, orch.id, max=batch, lease_seconds=600)
             if not got:
@@ -326,4 +348,67 @@ def bloat_after_cycles(url: str, cycles: int) -> dict[str, Any]:
         "claim_index_kb": size["i"] // 1024,
         "drain_rate_first": round(head),
         "drain_rate_last": round(tail),
+    }
+
+
+def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[str, Any]:
+    """Where one claimer's drain at `batch` spends its time, per batch: the wall time of `claim`
+    and of `ack_many` as the client sees them, the client's own CPU (this process: the library,
+    psycopg, the messages it builds), and each statement's execution inside Postgres (EXPLAIN
+    ANALYZE of the same statements on the same rows, in a transaction rolled back). What is left
+    of the wall time is the round trip and the commit (the WAL flush) of each statement."""
+    [orch] = fill(url, n)
+    pool = open_pool(url, SETTINGS, min_size=1, max_size=2)
+    try:
+        walls = {"claim": 0.0, "ack": 0.0}
+        batches = 0
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        while True:
+            a = time.perf_counter()
+            got = claim(pool, orch.id, max=batch, lease_seconds=600)
+            b = time.perf_counter()
+            if not got:
+                break
+            ack_many(pool, orch.id, [AckItem(m.queue_id, m.claim_token) for m in got])
+            walls["claim"] += b - a
+            walls["ack"] += time.perf_counter() - b
+            batches += 1
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - t0
+        [again] = fill(url, samples * batch)
+        executed: dict[str, list[float]] = {"claim": [], "ack": []}
+        with pool.connection() as conn:
+            for _ in range(samples):
+                with conn.transaction(force_rollback=True):
+                    claimed = conn.execute(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + query("claim"),
+                        {"orchestrator_id": again.id, "max": batch, "lease_seconds": 600, "now": None},
+                    ).fetchone()
+                    assert claimed is not None
+                    executed["claim"].append(claimed["QUERY PLAN"][0]["Execution Time"])
+                    rows = conn.execute(
+                        "SELECT id, claim_token FROM dispatch_queue WHERE orchestrator_id = %s"
+                        " AND lease_expires_at IS NOT NULL",
+                        (again.id,),
+                    ).fetchall()
+                    acked = conn.execute(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + query("ack"),
+                        {
+                            "orchestrator_id": again.id,
+                            "queue_ids": [r["id"] for r in rows],
+                            "claim_tokens": [r["claim_token"] for r in rows],
+                            "public_url": None,
+                        },
+                    ).fetchone()
+                    assert acked is not None
+                    executed["ack"].append(acked["QUERY PLAN"][0]["Execution Time"])
+    finally:
+        pool.close()
+    per = max(1, batches)
+    return {
+        "batch": batch,
+        "msg_per_s": round(n / wall),
+        "wall_ms_per_batch": {k: round(v / per * 1000, 3) for k, v in walls.items()},
+        "client_cpu_ms_per_batch": round(cpu / per * 1000, 3),
+        "postgres_exec_ms_per_batch": {k: round(statistics.median(v), 3) for k, v in executed.items()},
     }

@@ -80,7 +80,23 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str]]:
                 ratio(p["claim_ack_vs_library_drain"]),
             )
         )
-    if "peers" in out and "drain" in out:
+    if "paired_batch_10" in out.get("peers", {}):
+        pb = out["peers"]["paired_batch_10"]
+        for key, label in (
+            ("ack_and_claim_vs_pgqueuer", "`ack_and_claim` (ack + next claim, one statement)"),
+            ("claim_then_ack_vs_pgqueuer", "`claim`, then `ack_many`"),
+        ):
+            ours = sorted(h for _, h in pb[key]["pairs"])
+            theirs = sorted(lib for lib, _ in pb[key]["pairs"])
+            result.append(
+                (
+                    f"library drain, 1 claimer, batch 10: {label} / PgQueuer's drain, batch 10 "
+                    f"({pb['rounds']} paired rounds)",
+                    f"{ours[len(ours) // 2]:,} / {theirs[len(theirs) // 2]:,} msg/s",
+                    ratio(pb[key]) + " PgQueuer",
+                )
+            )
+    elif "peers" in out and "drain" in out:
         result.append(
             (
                 "claim + batch ack, 1 claimer, batch 10 / PgQueuer's drain, batch 10",

@@ -324,6 +324,47 @@ def test_an_issue_created_with_an_assignee_is_taken_in_one_round_trip(
         pool.close()
 
 
+def test_an_existing_issue_assigned_is_one_round_trip_and_a_reassignment_its_transaction(
+    db_url: str, settings: Settings
+) -> None:
+    """Most assignments in a workspace are an existing issue assigned (`updatedFrom.assigneeId`):
+    with nothing of the issue undelivered, the same one statement as a creation (one round trip).
+    Re-assigned while its start is undelivered: the statement writes nothing, and the intake
+    transaction (BEGIN, the delivery with the issue's turn, the cancel, the enqueue, COMMIT)
+    cancels that start and dispatches to the new assignee."""
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        laptop = register(pool, org_id="org-a", linear_user_id="user-1", name="laptop")
+        desk = register(pool, org_id="org-a", linear_user_id="user-2", name="desk")
+        event = issue_event(
+            "update", issue_id="iss-old", assignee="user-1", updated_from={"assigneeId": None}
+        )
+        answer, trips = _round_trips(pool, lambda: _receive(pool, event, "d-1"))
+        assert trips == 1 and answer["status"] == "dispatched" and "cancelledSessionId" not in answer
+        assert answer["orchestratorId"] == str(laptop.id)
+        again = issue_event(
+            "update", issue_id="iss-old", assignee="user-2", updated_from={"assigneeId": "user-1"}
+        )
+        moved, trips = _round_trips(pool, lambda: _receive(pool, again, "d-2"))
+        assert trips == 6  # the statement that wrote nothing, then the transaction's five
+        assert moved["status"] == "dispatched" and moved["orchestratorId"] == str(desk.id)
+        assert moved["cancelledSessionId"] == answer["sessionId"]
+        assert claim(pool, laptop.id, max=10, lease_seconds=60) == []
+        [message] = claim(pool, desk.id, max=10, lease_seconds=60)
+        assert str(message.message_id) == moved["messageId"]
+        # Delivered: assigned again, there is nothing to cancel, and it is one round trip again.
+        from shared.queue import AckItem, ack_many
+
+        assert ack_many(pool, desk.id, [AckItem(message.queue_id, message.claim_token)]).statuses == ["acked"]
+        third = issue_event(
+            "update", issue_id="iss-old", assignee="user-1", updated_from={"assigneeId": "user-2"}
+        )
+        answer, trips = _round_trips(pool, lambda: _receive(pool, third, "d-3"))
+        assert (trips, answer["status"], answer["orchestratorId"]) == (1, "dispatched", str(laptop.id))
+    finally:
+        pool.close()
+
+
 def test_an_issue_for_someone_without_a_machine_is_ignored_in_one_round_trip(
     db_url: str, settings: Settings
 ) -> None:
