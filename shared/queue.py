@@ -238,23 +238,24 @@ def _route_and_enqueue_many(
         if not seen.intersection(keys):
             firsts.append(i)
         seen.update(keys)
-    batch = [starts[i] for i in firsts]
-    values = [_session_params(st.message, session_id, None) for st in batch]
-    rows = tx.all(
-        query("route_and_enqueue_many_for_delivery"),
+    # The batch as one JSON document (`jsonb_to_recordset`): psycopg dumps it with the standard
+    # library's C encoder, where each array of text would be escaped element by element in Python
+    # (a third of the server's CPU per webhook under cProfile, in nine arrays).
+    batch = [
         {
-            "n": list(range(len(batch))),
-            "org_id": [st.org_id for st in batch],
-            "route_user": [st.linear_user_id for st in batch],
-            "delivery_key": [st.delivery_key for st in batch],
-            "content_key": [st.content_key for st in batch],
-            **{
-                col: [v[col] for v in values]
-                for col in ("session_id", "issue_id", "issue_identifier", "payload")
-            },
-            "now": now,
-        },
-    )
+            "n": n,
+            "org_id": st.org_id,
+            "route_user": st.linear_user_id,
+            "delivery_key": st.delivery_key,
+            "content_key": st.content_key,
+            "session_id": str(session_id or uuid4()),
+            "issue_id": st.message.issue.id,
+            "issue_identifier": st.message.issue.identifier,
+            "payload": st.message.model_dump(mode="json", by_alias=True),
+        }
+        for n, st in enumerate(starts[i] for i in firsts)
+    ]
+    rows = tx.all(query("route_and_enqueue_many_for_delivery"), {"batch": Jsonb(batch), "now": now})
     out: list[RouteOutcome] = [None] * len(starts)
     for i, row in zip(firsts, rows, strict=True):
         out[i] = _route_outcome(row)

@@ -433,19 +433,21 @@ def test_issues_written_together_read_no_table_in_either_plan(
     users = [o.linear_user_id] * 6 + ["someone-7", "nobody"]  # (someone-7 has a machine too)
 
     def params(_tx: Tx, n: int) -> dict[str, Any]:
-        count = len(users)
-        return {
-            "n": list(range(count)),
-            "org_id": [o.org_id] * count,
-            "route_user": users,
-            "delivery_key": [f"delivery-{n}-{i}" for i in range(count)],
-            "content_key": [f"content-{n}-{i}" for i in range(count)],
-            "session_id": [uuid.uuid4() for _ in range(count)],
-            "issue_id": [f"i-{i}" for i in range(count)],
-            "issue_identifier": [f"X-{i}" for i in range(count)],
-            "payload": [Jsonb({"issue": {"id": f"i-{i}"}}) for i in range(count)],
-            "now": None,
-        }
+        batch = [
+            {
+                "n": i,
+                "org_id": o.org_id,
+                "route_user": user,
+                "delivery_key": f"delivery-{n}-{i}",
+                "content_key": f"content-{n}-{i}",
+                "session_id": str(uuid.uuid4()),
+                "issue_id": f"i-{i}",
+                "issue_identifier": f"X-{i}",
+                "payload": {"issue": {"id": f"i-{i}"}},
+            }
+            for i, user in enumerate(users)
+        ]
+        return {"batch": Jsonb(batch), "now": None}
 
     plan = _steady_write_plan(db_url, mode, query("route_and_enqueue_many_for_delivery"), params)
     text = json.dumps(plan)

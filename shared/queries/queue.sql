@@ -665,8 +665,8 @@ FROM sessions;
 
 -- name: route_and_enqueue_many_for_delivery
 -- (none) -> AVAILABLE: the whole intake of issue starts (an issue created with an assignee, or an
--- existing issue assigned) for one or several webhooks (arrays, one element per webhook, numbered
--- `n`), in one statement that is its own transaction (`shared.db.statement`), so the whole batch
+-- existing issue assigned) for one or several webhooks (`batch`, a JSON array, one element per
+-- webhook, numbered `n`), in one statement that is its own transaction (`shared.db.statement`), so the whole batch
 -- commits together or not at all, after one round trip and one commit. The caller answers no
 -- webhook before the commit. Every element is judged alone: its issue's turn (below), its routing
 -- choice (`route`), its machine's lock FOR KEY SHARE (as `enqueue`'s `target`: a revoke committed
@@ -685,12 +685,10 @@ FROM sessions;
 -- meanwhile waits for this one and then finds its dispatch to cancel. The elements' issues are
 -- distinct (`route_and_enqueue_many` leaves a second one out): a turn is re-entrant within one
 -- transaction, so two elements of one issue would both have it.
-WITH want AS (
-    SELECT * FROM unnest(%(n)s::int[], %(org_id)s::text[], %(route_user)s::text[],
-                         %(delivery_key)s::text[], %(content_key)s::text[], %(session_id)s::uuid[],
-                         %(issue_id)s::text[], %(issue_identifier)s::text[], %(payload)s::jsonb[])
-        AS w(n, org_id, route_user, delivery_key, content_key, session_id, issue_id,
-             issue_identifier, payload)
+WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of text are escaped in Python)
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
+             issue_id text, issue_identifier text, payload jsonb)
 ), free AS MATERIALIZED (  -- (each issue's turn tried once, before anything is written)
     SELECT want.n FROM want WHERE devpilot_issue_turn_free(want.org_id, want.issue_id)
 ), routed AS (
