@@ -84,9 +84,9 @@ print(json.dumps({
 }))
 """
 
-# What no first request of these targets needs (each about 5-50 ms of a cold start, bench/README.md):
-# the other routes' bodies, the dashboard's pages, Realtime's tokens,
-# people's sign-in, the HTTP client, the crypto and metrics libraries.
+# What no first request of these targets needs (bench/README.md, Cold start): the other routes'
+# bodies, the dashboard's pages, Realtime's tokens, people's sign-in, the HTTP client, the crypto and
+# metrics libraries.
 NOT_ON_FIRST_REQUEST = {
     "functions.bodies",
     "functions.dashboard",
