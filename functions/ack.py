@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import flask
 
-from functions.bodies import AckBody, loose_uuid
+from functions.fleet_bodies import AckBody, loose_uuid
 from functions.telemetry import count
 from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator
 from shared.dispatch import Refused

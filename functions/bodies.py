@@ -1,10 +1,10 @@
-"""Request bodies of the routes (strict: a string where a number belongs is a 400, not a guess)."""
+"""Request bodies of the routes (strict: a string where a number belongs is a 400, not a guess). The
+fleet's own (claim, ack, release), and the base they share, are in functions/fleet_bodies.py."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 from urllib.parse import urlsplit
-from uuid import UUID
 
 from pydantic import (
     UUID4,
@@ -18,42 +18,10 @@ from pydantic import (
     model_validator,
 )
 
+from functions.fleet_bodies import Body
+from functions.fleet_bodies import loose_uuid as loose_uuid
 from shared import machines
 from shared.models import FULL_NAME, HOSTNAME, LABEL
-
-NIL = UUID(int=0)  # matches no row and no token: how a malformed id is judged
-
-
-def loose_uuid(value: str) -> UUID:
-    """An id we issued: a malformed one names nothing (404 / superseded), it is not a type error."""
-    try:
-        return UUID(value)
-    except ValueError:
-        return NIL
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-
-class ClaimBody(Body):
-    max: StrictInt = Field(default=10, ge=1, le=100)
-    wait_seconds: StrictInt = Field(default=0, ge=0, le=25, alias="waitSeconds")
-
-
-class AckOne(Body):
-    queue_id: StrictStr = Field(alias="queueId", max_length=100)
-    claim_token: StrictStr = Field(alias="claimToken", max_length=100)
-
-
-class AckBody(Body):
-    queue_id: StrictStr | None = Field(default=None, alias="queueId", max_length=100)
-    claim_token: StrictStr | None = Field(default=None, alias="claimToken", max_length=100)
-    acks: list[AckOne] | None = Field(default=None, min_length=1, max_length=100)
-
-
-class ReleaseBody(AckOne):
-    reason: StrictStr | None = Field(default=None, max_length=2000)
 
 
 class RepositoryIn(Body):
@@ -182,7 +150,7 @@ class EnrollBody(BaseModel):
     """`POST /enroll/sessions`. Unknown fields are refused: there is no redirect address to give
     (the loopback address is built from the port), and a client that sends one is told so."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", defer_build=True)
 
     name: StrictStr = Field(min_length=1, max_length=200)
     code_challenge: StrictStr = Field(alias="codeChallenge", pattern=PKCE)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import flask
 
-from functions.bodies import ClaimBody
+from functions.fleet_bodies import ClaimBody
 from functions.telemetry import count
 from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator, routine
 from shared.dispatch import Refused

@@ -6,7 +6,7 @@ from __future__ import annotations
 import flask
 
 from functions.ack import DETAIL, STATUS
-from functions.bodies import ReleaseBody, loose_uuid
+from functions.fleet_bodies import ReleaseBody, loose_uuid
 from functions.telemetry import count
 from functions.web import ApiError, Call, note, reply
 

@@ -12,7 +12,8 @@ from pydantic.alias_generators import to_camel
 
 
 class Wire(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+    # Built on first use, not at import: a poll that finds nothing never builds a message's model.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True, defer_build=True)
 
 
 class IssueRef(Wire):

@@ -15,6 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+# pydantic looks for plugins when it builds its first model (the Settings below, in every process of
+# ours) by reading the entry points of every installed distribution: about 25 M instructions of each
+# cold start with the dev environment's 127 (bench/README.md, Cold start). We use none; whoever adds
+# one sets PYDANTIC_DISABLE_PLUGINS themselves (empty: every plugin loads).
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 
 class SettingsError(RuntimeError):
     """A configuration value is missing or malformed; the message names the variable."""

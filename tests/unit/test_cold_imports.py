@@ -1,16 +1,23 @@
 """Cold start (#17): a target imports what it needs, not every target's dependencies. The routes an
 idle fleet calls all day (claim, ack) never load the HTTP client, the crypto library, the metrics
 library or the Linear-facing modules; measured in bench/ (cold start), guarded here (and, serving a
-real request, in tests/test_cloud_shape.py)."""
+real request, in tests/test_cloud_shape.py and below: each target's first request, served)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+from uuid import uuid4
 
 import pytest
+
+from shared.linear import sign
+from tests.helpers.api import SECRET, issue_event
+from tests.helpers.data import MakeOrch
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = [
@@ -54,3 +61,98 @@ def test_the_webhook_target_loads_its_intake_when_it_first_answers() -> None:
     loaded = set(json.loads(out.stdout))
     assert {"shared.linear", "shared.intake", "shared.notices", "shared.linear_auth"} <= loaded
     assert "httpx" not in loaded
+
+
+# The first request of a fresh process, as functions-framework serves it (a cold instance): its
+# status, the modules the process then holds, whether pydantic read the installed distributions'
+# entry points for plugins (its private cache, `_plugins`, is None until it has), and which wire
+# models (shared.models) were built.
+FIRST_REQUEST = """
+import json, sys, functions_framework
+target, method, body, headers = sys.argv[1], sys.argv[2], sys.argv[3].encode(), json.loads(sys.argv[4])
+app = functions_framework.create_app(target, "functions/main.py")
+r = app.test_client().open("/", method=method, data=body, headers=headers)
+from pydantic.plugin import _loader
+from shared import models
+wire = [m for m in vars(models).values() if isinstance(m, type) and issubclass(m, models.Wire)]
+print(json.dumps({
+    "status": r.status_code,
+    "body": r.get_data(as_text=True)[:300],
+    "modules": sorted(sys.modules),
+    "plugins_read": _loader._plugins is not None,
+    "built": sorted(m.__name__ for m in wire if m is not models.Wire and m.__pydantic_complete__),
+}))
+"""
+
+# What no first request of these targets needs (bench/README.md, Cold start): the other routes'
+# bodies, the dashboard's pages, Realtime's tokens, people's sign-in, the HTTP client, the crypto and
+# metrics libraries.
+NOT_ON_FIRST_REQUEST = {
+    "functions.bodies",
+    "functions.dashboard",
+    "functions.pages",
+    "shared.realtime",
+    "shared.signin",
+    "httpx",
+    "cryptography",
+    "prometheus_client",
+}
+# ...nor, on the fleet's targets, the webhook's intake and the machines' repositories it routes by.
+FLEET_NEVER = {"shared.linear", "shared.intake", "shared.notices", "shared.linear_auth", "shared.machines"}
+
+
+def first_request(db_url: str, target: str, method: str, body: bytes, headers: dict[str, str]) -> Any:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": db_url,
+        "LINEAR_WEBHOOK_SECRET": SECRET,
+    }
+    for name in ("DEVPILOT_METRICS", "PYDANTIC_DISABLE_PLUGINS"):  # (a fresh instance's environment)
+        env.pop(name, None)
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_REQUEST, target, method, body.decode(), json.dumps(headers)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_each_target_serves_its_first_request_without_what_it_does_not_need(
+    db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    orch = make_orchestrator(org_id="org-a", linear_user_id="user-1")
+    auth = {"Authorization": f"Bearer {orch.token}", "Content-Type": "application/json"}
+    hook = json.dumps(issue_event(issue_id="cold-1")).encode()
+    requests: dict[str, tuple[str, bytes, dict[str, str], int]] = {
+        "claim": ("POST", b'{"max": 1}', auth, 200),  # an idle machine's poll: nothing queued
+        "ack": (
+            "POST",
+            json.dumps({"queueId": str(uuid4()), "claimToken": str(uuid4())}).encode(),
+            auth,
+            404,
+        ),
+        "healthz": ("GET", b"", {}, 200),
+        "webhook": (
+            "POST",
+            hook,
+            {"Linear-Signature": sign(SECRET, hook), "Content-Type": "application/json"},
+            200,
+        ),
+    }
+    for target, (method, body, headers, status) in requests.items():
+        seen = first_request(db_url, target, method, body, headers)
+        assert seen["status"] == status, (target, seen["body"])
+        modules = set(seen["modules"])
+        assert not modules & NOT_ON_FIRST_REQUEST, (target, sorted(modules & NOT_ON_FIRST_REQUEST))
+        assert not seen["plugins_read"], target
+        if target == "webhook":  # (so the checks above are not vacuous: it loads and builds what it uses)
+            assert modules >= FLEET_NEVER
+            assert "DispatchPayload" in seen["built"]
+        else:
+            assert not modules & FLEET_NEVER, (target, sorted(modules & FLEET_NEVER))
+            assert seen["built"] == [], (target, seen["built"])

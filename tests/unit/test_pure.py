@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from functions.bodies import AckBody, ClaimBody, RegisterBody, loose_uuid
+from functions.bodies import RegisterBody
+from functions.fleet_bodies import AckBody, ClaimBody, loose_uuid
 from shared import sql
 from shared.linear import BadWebhook, intent, parse
 from shared.settings import Settings, SettingsError, load_settings
