@@ -15,7 +15,7 @@ from bench import cpu
 from shared.db import Pool, lend, open_pool, statement, transaction
 from shared.models import DispatchPayload, IssueRef
 from shared.orchestrators import register
-from shared.queue import AckItem, ack_and_claim, ack_many, claim, enqueue_dispatch, sweep
+from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from shared.sql import query
 
@@ -190,36 +190,15 @@ def fill(url: str, n: int, orchestrators: int = 1, expired_fraction: float = 0.0
     return orchs
 
 
-def drain_rate(url: str, n: int, claimers: int, batch: int, *, together: bool = False) -> float:
-    """Claim + batch-ack of n pre-filled rows of one orchestrator by `claimers` threads: messages/s.
-    `together`: each claimer acks what it holds and claims its next rows in one statement
-    (`ack_and_claim`), where otherwise `claim` and `ack_many` take a round trip each."""
+def drain_rate(url: str, n: int, claimers: int, batch: int) -> float:
+    """Claim + batch-ack of n pre-filled rows of one orchestrator by `claimers` threads: messages/s."""
     [orch] = fill(url, n)
     pool = open_pool(url, SETTINGS, min_size=claimers, max_size=claimers + 2)
     remaining = [n]
     lock = threading.Lock()
     done = [0] * claimers
 
-    def loop_together(i: int) -> None:
-        held: list[Any] = []
-        while True:
-            _, got = ack_and_claim(
-                pool,
-                orch.id,
-                [AckItem(m.queue_id, m.claim_token) for m in held],
-                max=batch,
-                lease_seconds=600,
-            )
-            done[i] += len(held)
-            with lock:
-                remaining[0] -= len(held)
-                if not got and remaining[0] <= 0:
-                    return
-            held = got
-
     def loop(i: int) -> None:
-        if together:
-            return loop_together(i)
         while True:
             got = claim(pool, orch.id, max=batch, lease_seconds=600)
             if not got:
@@ -358,8 +337,10 @@ def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[s
     ANALYZE of the same statements on the same rows, in a transaction rolled back). What is left
     of the wall time is the round trip and the commit (the WAL flush) of each statement."""
     [orch] = fill(url, n)
-    pool = open_pool(url, SETTINGS, min_size=1, max_size=2)
+    pool = open_pool(url, SETTINGS, min_size=1, max_size=1)  # (one connection: the trigger's figures)
     try:
+        with lend(pool) as conn:
+            conn.execute("SET track_functions = 'pl'")  # (a superuser's setting, as in enqueue_cpu_ms)
         walls = {"claim": 0.0, "ack": 0.0}
         batches = 0
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -375,6 +356,15 @@ def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[s
             batches += 1
         cpu = time.process_time() - cpu0
         wall = time.perf_counter() - t0
+        with lend(pool) as conn:
+            conn.execute("SELECT pg_stat_force_next_flush()")
+        time.sleep(1.1)  # (sent when the connection is next idle)
+        with psycopg.connect(url, autocommit=True) as other:
+            trigger = other.execute(
+                "SELECT coalesce(sum(calls), 0), coalesce(sum(self_time), 0) FROM pg_stat_user_functions"
+                " WHERE funcname = 'devpilot_check_session_invariant'"
+            ).fetchone()
+        assert trigger is not None
         [again] = fill(url, samples * batch)
         executed: dict[str, list[float]] = {"claim": [], "ack": []}
         with pool.connection() as conn:
@@ -411,4 +401,10 @@ def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[s
         "wall_ms_per_batch": {k: round(v / per * 1000, 3) for k, v in walls.items()},
         "client_cpu_ms_per_batch": round(cpu / per * 1000, 3),
         "postgres_exec_ms_per_batch": {k: round(statistics.median(v), 3) for k, v in executed.items()},
+        # the invariant's deferred trigger, at each commit (not in EXPLAIN's figure): its calls and
+        # its function's own time per batch
+        "invariant_trigger_per_batch": {
+            "calls": round(int(trigger[0]) / per, 1),
+            "ms": round(float(trigger[1]) / per, 3),
+        },
     }

@@ -147,26 +147,21 @@ def paired(
 
 
 def drain_vs_pgqueuer(s: BenchServer, rounds: int, n: int) -> dict[str, Any]:
-    """The library's drain of `n` rows by one claimer at batch 10 beside PgQueuer's drain of `n`
-    jobs at batch 10 (its own worker, `peers.pgqueuer_rates`), in `rounds` rounds, each on fresh
-    databases after a checkpoint, alternating which goes first: `claim` then `ack_many` (two round
-    trips per batch), and `ack_and_claim` (a worker's loop in one statement per batch)."""
+    """The library's drain of `n` rows by one claimer at batch 10 (`claim`, then `ack_many`) beside
+    PgQueuer's drain of `n` jobs at batch 10 (its own worker, `peers.pgqueuer_rates`), in `rounds`
+    rounds, each on fresh databases after a checkpoint, alternating which goes first."""
     from bench import peers
 
     pgq: list[float] = []
-    apart: list[float] = []
-    together: list[float] = []
+    ours: list[float] = []
 
     def pgqueuer() -> None:
         pgq.append(float(peers.pgqueuer_rates(s.fresh("pairpgq", False), n, batch=10)["drain_per_s"]))
 
     def claim_then_ack() -> None:
-        apart.append(core.drain_rate(s.fresh("pairdrain10"), n, 1, 10))
+        ours.append(core.drain_rate(s.fresh("pairdrain10"), n, 1, 10))
 
-    def ack_and_claim() -> None:
-        together.append(core.drain_rate(s.fresh("pairdrain10t"), n, 1, 10, together=True))
-
-    steps: list[Callable[[], None]] = [pgqueuer, claim_then_ack, ack_and_claim]
+    steps: list[Callable[[], None]] = [pgqueuer, claim_then_ack]
     for r in range(rounds):
         for step in steps if r % 2 == 0 else steps[::-1]:
             _checkpoint(s)
@@ -174,6 +169,5 @@ def drain_vs_pgqueuer(s: BenchServer, rounds: int, n: int) -> dict[str, Any]:
     return {
         "rounds": rounds,
         "n": n,
-        "claim_then_ack_vs_pgqueuer": _summary(list(zip(pgq, apart, strict=True))),
-        "ack_and_claim_vs_pgqueuer": _summary(list(zip(pgq, together, strict=True))),
+        "claim_then_ack_vs_pgqueuer": _summary(list(zip(pgq, ours, strict=True))),
     }

@@ -382,39 +382,6 @@ def ack_many(
         return _ack_result(conn, orchestrator_id, items, rows)
 
 
-def ack_and_claim(
-    pool: Pool,
-    orchestrator_id: UUID,
-    items: list[AckItem],
-    *,
-    max: int,
-    lease_seconds: int,
-    public_url: str | None = None,
-    now: datetime | None = None,
-) -> tuple[AckResult, list[TaskDispatchMessage]]:
-    """`ack_many(items)` and then `claim(max)` for the same orchestrator in one statement (its own
-    transaction, one round trip): a worker's loop, acking what it finished as it asks for more.
-    Each has its own guarantees, as when called apart; a follow-up behind a start acked in this
-    call is claimed by the next call, in order."""
-    _check_max(max)
-    params = {
-        "orchestrator_id": orchestrator_id,
-        "max": max,
-        "lease_seconds": lease_seconds,
-        "now": now,
-        **_ack_params(items, public_url),
-    }
-    with lend(pool) as conn:
-        rows = conn.execute(query("ack_and_claim"), params).fetchall()
-        head = rows[0]
-        acked = [
-            {"queue_id": q, "claim_token": t, "notice_ids": head["notice_ids"]}
-            for q, t in zip(head["acked_ids"] or [], head["acked_tokens"] or [], strict=True)
-        ]
-        result = _ack_result(conn, orchestrator_id, items, acked)
-    return result, _messages([r for r in rows if r["id"] is not None])
-
-
 def ack_as(
     pool: Pool, token_hash: bytes, items: list[AckItem], public_url: str | None = None
 ) -> tuple[Orchestrator, AckResult] | None:

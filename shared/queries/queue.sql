@@ -280,26 +280,6 @@ WITH who AS (SELECT %(orchestrator_id)s::uuid AS id),
 -- include: ack_rows
 SELECT id AS queue_id, claim_token, (SELECT array_agg(id) FROM notices) AS notice_ids FROM deleted;
 
--- name: ack_and_claim
--- An orchestrator's loop in one statement: the rows it finished acked (`ack_rows`: CLAIMED ->
--- deleted, session `delivered`, each only with its latest claim token) and its next rows claimed
--- (`claim`: AVAILABLE -> CLAIMED, exactly once, SKIP LOCKED), in one transaction and one round
--- trip where `ack` and `claim` take two. The claim reads the statement's snapshot, in which the
--- rows being acked still exist: a follow-up queued behind a start acked here waits for the next
--- claim (in order per agent session, never ahead of it). One row per claimed message, each
--- carrying what was acked; exactly one row with no message when nothing was due.
-WITH who AS (SELECT %(orchestrator_id)s::uuid AS id),
--- include: ack_rows
-,
--- include: claimable
-, claimed AS (
--- include: claim_due
-)
-SELECT (SELECT array_agg(id) FROM deleted) AS acked_ids,
-       (SELECT array_agg(claim_token) FROM deleted) AS acked_tokens,
-       (SELECT array_agg(id) FROM notices) AS notice_ids, c.*
-FROM (SELECT 1) AS one LEFT JOIN claimed c ON true;
-
 -- name: ack_as
 -- The ack route's work in one statement (one round trip for an ack): who is calling and that it
 -- was seen (the `caller` fragment: active machines only), and `ack_rows` for it. One row per
