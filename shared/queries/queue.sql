@@ -340,7 +340,7 @@ items AS (
         claimed_at = d.claimed_at
     FROM deleted d
     WHERE s.id = d.session_id AND s.status = 'queued'
-    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id, s.kind
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id, s.kind, s.routing_note
 ),
 -- include: delivered_notices
 
@@ -352,7 +352,13 @@ items AS (
 --   session's link to its page here (`external_urls`);
 -- * a plain assignment, in a workspace connected with the app (its app user known): an agent
 --   session of its own (`session_create`, with that link), under the alias `devpilot:<sessionId>`
---   until Linear names it;
+--   until Linear names it, and, when routing by repository chose its machine (`routing_note`),
+--   the first activity in it: "Picked up by <machine> — <how it was chosen>" (a plain assignment
+--   has no one to ask, so Linear hears the choice here). Written here, not by the routing step:
+--   the alias lane exists only once `session_create` is written, and a post under it waits behind
+--   that row only if it comes after it (`notice_take`), which this statement's order (`k.n`, the
+--   `seq` it gives) ensures; the agent's own posts under the alias are accepted only after this
+--   ack commits, so they come after it too. A start never delivered says nothing in Linear;
 -- * either: the issue moved to its team's first started state (`issue_started`) and, with the app
 --   user known, the app set as delegate (`delegate`): each decided when posted, after reading the
 --   issue (nothing changes when it is started, done or canceled, or has a delegate). Those two are
@@ -375,8 +381,11 @@ notices AS (
              jsonb_build_object('label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d.id::text)))
          ELSE '{}'::jsonb END,
          d.agent_session_id IS NULL AND d.app_user_id IS NOT NULL),
-        (4, 'issue_started', NULL, 'Moved the issue to started', NULL::jsonb, d.issue_id IS NOT NULL),
-        (5, 'delegate', NULL, 'Set the app as delegate', jsonb_build_object('delegateId', d.app_user_id),
+        (4, 'delivered', 'devpilot:' || d.id::text, 'Picked up by ' || o.name || ' — ' || d.routing_note,
+         jsonb_build_object('type', 'thought', 'body', 'Picked up by ' || o.name || ' — ' || d.routing_note),
+         d.agent_session_id IS NULL AND d.app_user_id IS NOT NULL AND d.routing_note IS NOT NULL),
+        (5, 'issue_started', NULL, 'Moved the issue to started', NULL::jsonb, d.issue_id IS NOT NULL),
+        (6, 'delegate', NULL, 'Set the app as delegate', jsonb_build_object('delegateId', d.app_user_id),
          d.issue_id IS NOT NULL AND d.app_user_id IS NOT NULL)
     ) AS k(n, kind, agent_session_id, body, content, wanted)
     WHERE k.wanted
