@@ -366,23 +366,20 @@ items AS (
 notices AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
     SELECT d.org_id, d.id, k.kind, k.agent_session_id, d.issue_id, k.body, k.content
-    FROM (SELECT d0.*, (SELECT c.app_user_id FROM linear_credentials c WHERE c.org_id = d0.org_id) AS app_user_id
+    FROM (SELECT d0.*, (SELECT c.app_user_id FROM linear_credentials c WHERE c.org_id = d0.org_id) AS app_user_id,
+                 jsonb_build_object('externalUrls', jsonb_build_array(jsonb_build_object(
+                     'label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d0.id::text))) AS links
           FROM delivered d0 WHERE d0.kind = 'start' AND devpilot_notifies(d0.org_id)) d
     JOIN orchestrators o ON o.id = d.orchestrator_id
     CROSS JOIN LATERAL (VALUES
         (1, 'delivered', d.agent_session_id, 'Picked up by ' || o.name, NULL::jsonb,
          d.agent_session_id IS NOT NULL),
-        (2, 'external_urls', d.agent_session_id, 'Linked the session page',
-         jsonb_build_object('externalUrls', jsonb_build_array(jsonb_build_object(
-             'label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d.id::text))),
+        (2, 'external_urls', d.agent_session_id, 'Linked the session page', d.links,
          d.agent_session_id IS NOT NULL AND %(public_url)s::text IS NOT NULL),
         (3, 'session_create', 'devpilot:' || d.id::text, 'Opened an agent session for this assignment',
-         CASE WHEN %(public_url)s::text IS NOT NULL THEN jsonb_build_object('externalUrls', jsonb_build_array(
-             jsonb_build_object('label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d.id::text)))
-         ELSE '{}'::jsonb END,
+         CASE WHEN %(public_url)s::text IS NOT NULL THEN d.links ELSE '{}' END,
          d.agent_session_id IS NULL AND d.app_user_id IS NOT NULL),
-        (4, 'delivered', 'devpilot:' || d.id::text, 'Picked up by ' || o.name || ' — ' || d.routing_note,
-         jsonb_build_object('type', 'thought', 'body', 'Picked up by ' || o.name || ' — ' || d.routing_note),
+        (4, 'delivered', 'devpilot:' || d.id::text, 'Picked up by ' || o.name || ' — ' || d.routing_note, NULL,
          d.agent_session_id IS NULL AND d.app_user_id IS NOT NULL AND d.routing_note IS NOT NULL),
         (5, 'issue_started', NULL, 'Moved the issue to started', NULL::jsonb, d.issue_id IS NOT NULL),
         (6, 'delegate', NULL, 'Set the app as delegate', jsonb_build_object('delegateId', d.app_user_id),
