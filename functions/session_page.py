@@ -109,11 +109,17 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
         if s["dead_at"] is not None
         else ""
     )
+    # How the machine was chosen (routing by repository), when it was not simply the most recent one.
+    routing = (
+        f'<tr><th>routing</th><td id="routing">{escape(s["routing_note"])}</td></tr>'
+        if s["routing_note"]
+        else ""
+    )
     info = f"""<table id="session">
 <tr><th>issue</th><td id="issue">{escape(s["issue_identifier"] or "")} {escape(named)} <span class="muted">{escape(s["issue_id"] or "")}</span></td></tr>
 <tr><th>workspace</th><td>{escape(s["workspace_name"] or s["org_id"])}</td></tr>
 <tr><th>machine</th><td id="machine">{escape(s["machine"])}{revoked}</td></tr>
-<tr><th>agent session</th><td id="agent-session">{agent}</td></tr>
+{routing}<tr><th>agent session</th><td id="agent-session">{agent}</td></tr>
 <tr><th>status</th><td id="status">{escape(s["status"])}{(": " + escape(s["failure_reason"])) if s["failure_reason"] else ""}</td></tr>
 {dead}</table>"""
     rows = "".join(

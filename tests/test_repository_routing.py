@@ -8,9 +8,11 @@ is routed again; 200 starts at once are each routed once and claimed once."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from html import unescape
 from typing import Any
 
 import pytest
@@ -96,6 +98,14 @@ def note_of(api: Api, session_id: str) -> str | None:
     return note
 
 
+def page_note(api: Api, session_id: str) -> str | None:
+    """How the machine was chosen, as the session's page shows it (read back from its HTML)."""
+    r = api.http.get(f"/sessions/{session_id}", headers=api.admin())
+    assert r.status_code == 200, r.text
+    found = re.search(r'<td id="routing">([^<]*)</td>', r.text)
+    return None if found is None else unescape(found.group(1))
+
+
 # --- machines say what they have -------------------------------------------------------------------
 
 
@@ -172,7 +182,9 @@ def test_alike_machines_never_ask_linear(api: Api, linear: Linear) -> None:
     ):
         answer = api.webhook(event).json()
         assert answer["status"] == "dispatched" and answer["orchestratorId"] == newest
-    assert [m["repository"] for m in claim_all(api, token)] == [None, None]
+    claimed = claim_all(api, token)
+    assert [m["repository"] for m in claimed] == [None, None]
+    assert page_note(api, claimed[0]["sessionId"]) is None  # nothing was chosen, nothing to say
     time.sleep(0.2)
     assert reads(linear, "issueRepositorySuggestions") == [] and reads(linear, "issue") == []
 
@@ -207,6 +219,7 @@ def test_each_issue_goes_to_the_machine_with_its_repository(api: Api, linear: Li
     )
     assert "acme/web" in queued["content"]["body"]
     assert "confidence 0.92" in (note_of(api, on_backend["sessionId"]) or "")
+    assert page_note(api, on_backend["sessionId"]) == note_of(api, on_backend["sessionId"])
 
 
 def test_below_the_confidence_the_person_picks_and_the_pick_routes_the_start(
@@ -260,9 +273,13 @@ def test_a_pick_that_names_no_candidate_is_asked_again_and_a_stop_ends_the_wait(
     assert row is not None and row["outcome"] == "cancelled"
 
 
-def test_a_plain_assignment_takes_the_best_suggestion(api: Api, linear: Linear) -> None:
+def test_a_plain_assignment_takes_the_best_suggestion_and_says_so_first(api: Api, linear: Linear) -> None:
     """Rule 3, a plain assignment: no one to ask, so the best suggestion, even below the
-    confidence; the session's page note says so."""
+    confidence. The session's page shows why, and so does the first activity of the agent session
+    devpilot opens for the assignment once it is delivered (a workspace connected as the app):
+    posted after Linear opened that agent session, before anything the agent says."""
+    with api.pool.connection() as conn:  # connected as the app (its app user known, as OAuth learns it)
+        conn.execute("UPDATE linear_credentials SET app_user_id = 'app-user' WHERE org_id = 'org-a'")
     _, backend = machine(api, "backend-box", [BACKEND])
     _, web = machine(api, "web-box", [WEB])
     linear.suggestions["iss-plain"] = {"acme/backend": 0.2, "acme/web": 0.55}
@@ -270,7 +287,29 @@ def test_a_plain_assignment_takes_the_best_suggestion(api: Api, linear: Linear) 
     [m] = wait_claim(api, web)
     assert m["repository"] == WEB and claim_all(api, backend) == []
     assert linear.activities() == []  # nobody was asked
-    assert "best suggestion (confidence 0.55, below 0.7" in (note_of(api, m["sessionId"]) or "")
+    note = note_of(api, m["sessionId"])
+    assert note == (
+        "acme/web: Linear's best suggestion (confidence 0.55, below 0.7; a plain assignment has no one to ask)"
+    )
+    page = api.http.get(f"/sessions/{m['sessionId']}", headers=api.admin()).text
+    assert page_note(api, m["sessionId"]) == note and "Linear&#x27;s best suggestion" in page  # escaped
+    ack(api, web, m)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not linear.activities():
+        time.sleep(0.02)
+    [opened] = reads(linear, "agentSessionCreateOnIssue")
+    assert opened["input"]["issueId"] == "iss-plain"
+    agent = next(iter(linear.sessions))
+    [first] = said(linear, agent)
+    assert first["content"] == {"type": "thought", "body": f"Picked up by web-box — {note}"}
+    fields = [root_field(c) for c in linear.calls]
+    assert fields.index("agentSessionCreateOnIssue") < fields.index("agentActivityCreate")
+    with api.pool.connection() as conn:  # one post, idempotent by its own id, sent once
+        posted = conn.execute(
+            "SELECT id, sent_at FROM linear_notices WHERE kind = 'delivered' AND agent_session_id = %s",
+            (agent,),
+        ).fetchall()
+    assert [str(p["id"]) for p in posted] == [first["id"]] and posted[0]["sent_at"] is not None
 
 
 @pytest.mark.parametrize("why", ["linear_down", "not_connected"])
@@ -297,6 +336,7 @@ def test_linear_unreachable_or_not_connected_routes_as_before_and_says_so(
     note = note_of(api, m["sessionId"]) or ""
     assert note.startswith("Linear could not be asked which repository"), note
     assert ("not connected" in note) == (why == "not_connected")
+    assert page_note(api, m["sessionId"]) == note  # said on the session's page
 
 
 def test_a_label_narrows_the_candidates(api: Api, linear: Linear) -> None:

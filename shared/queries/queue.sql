@@ -320,7 +320,7 @@ items AS (
         claimed_at = d.claimed_at
     FROM deleted d
     WHERE s.id = d.session_id AND s.status = 'queued'
-    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id, s.kind
+    RETURNING s.id, s.org_id, s.agent_session_id, s.issue_id, s.orchestrator_id, s.kind, s.routing_note
 ),
 -- include: delivered_notices
 
@@ -332,7 +332,13 @@ items AS (
 --   session's link to its page here (`external_urls`);
 -- * a plain assignment, in a workspace connected with the app (its app user known): an agent
 --   session of its own (`session_create`, with that link), under the alias `devpilot:<sessionId>`
---   until Linear names it;
+--   until Linear names it, and, when routing by repository chose its machine (`routing_note`),
+--   the first activity in it: "Picked up by <machine> — <how it was chosen>" (a plain assignment
+--   has no one to ask, so Linear hears the choice here). Written here, not by the routing step:
+--   the alias lane exists only once `session_create` is written, and a post under it waits behind
+--   that row only if it comes after it (`notice_take`), which this statement's order (`k.n`, the
+--   `seq` it gives) ensures; the agent's own posts under the alias are accepted only after this
+--   ack commits, so they come after it too. A start never delivered says nothing in Linear;
 -- * either: the issue moved to its team's first started state (`issue_started`) and, with the app
 --   user known, the app set as delegate (`delegate`): each decided when posted, after reading the
 --   issue (nothing changes when it is started, done or canceled, or has a delegate). Those two are
@@ -340,23 +346,23 @@ items AS (
 notices AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
     SELECT d.org_id, d.id, k.kind, k.agent_session_id, d.issue_id, k.body, k.content
-    FROM (SELECT d0.*, (SELECT c.app_user_id FROM linear_credentials c WHERE c.org_id = d0.org_id) AS app_user_id
+    FROM (SELECT d0.*, (SELECT c.app_user_id FROM linear_credentials c WHERE c.org_id = d0.org_id) AS app_user_id,
+                 jsonb_build_object('externalUrls', jsonb_build_array(jsonb_build_object(
+                     'label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d0.id::text))) AS links
           FROM delivered d0 WHERE d0.kind = 'start' AND devpilot_notifies(d0.org_id)) d
     JOIN orchestrators o ON o.id = d.orchestrator_id
     CROSS JOIN LATERAL (VALUES
         (1, 'delivered', d.agent_session_id, 'Picked up by ' || o.name, NULL::jsonb,
          d.agent_session_id IS NOT NULL),
-        (2, 'external_urls', d.agent_session_id, 'Linked the session page',
-         jsonb_build_object('externalUrls', jsonb_build_array(jsonb_build_object(
-             'label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d.id::text))),
+        (2, 'external_urls', d.agent_session_id, 'Linked the session page', d.links,
          d.agent_session_id IS NOT NULL AND %(public_url)s::text IS NOT NULL),
         (3, 'session_create', 'devpilot:' || d.id::text, 'Opened an agent session for this assignment',
-         CASE WHEN %(public_url)s::text IS NOT NULL THEN jsonb_build_object('externalUrls', jsonb_build_array(
-             jsonb_build_object('label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d.id::text)))
-         ELSE '{}'::jsonb END,
+         CASE WHEN %(public_url)s::text IS NOT NULL THEN d.links ELSE '{}' END,
          d.agent_session_id IS NULL AND d.app_user_id IS NOT NULL),
-        (4, 'issue_started', NULL, 'Moved the issue to started', NULL::jsonb, d.issue_id IS NOT NULL),
-        (5, 'delegate', NULL, 'Set the app as delegate', jsonb_build_object('delegateId', d.app_user_id),
+        (4, 'delivered', 'devpilot:' || d.id::text, 'Picked up by ' || o.name || ' — ' || d.routing_note, NULL,
+         d.agent_session_id IS NULL AND d.app_user_id IS NOT NULL AND d.routing_note IS NOT NULL),
+        (5, 'issue_started', NULL, 'Moved the issue to started', NULL::jsonb, d.issue_id IS NOT NULL),
+        (6, 'delegate', NULL, 'Set the app as delegate', jsonb_build_object('delegateId', d.app_user_id),
          d.issue_id IS NOT NULL AND d.app_user_id IS NOT NULL)
     ) AS k(n, kind, agent_session_id, body, content, wanted)
     WHERE k.wanted
