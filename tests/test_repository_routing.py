@@ -304,12 +304,19 @@ def test_a_plain_assignment_takes_the_best_suggestion_and_says_so_first(api: Api
     assert first["content"] == {"type": "thought", "body": f"Picked up by web-box — {note}"}
     fields = [root_field(c) for c in linear.calls]
     assert fields.index("agentSessionCreateOnIssue") < fields.index("agentActivityCreate")
-    with api.pool.connection() as conn:  # one post, idempotent by its own id, sent once
-        posted = conn.execute(
-            "SELECT id, sent_at FROM linear_notices WHERE kind = 'delivered' AND agent_session_id = %s",
-            (agent,),
-        ).fetchall()
-    assert [str(p["id"]) for p in posted] == [first["id"]] and posted[0]["sent_at"] is not None
+
+    def posted() -> list[Any]:  # (marked sent once Linear's answer is back, a moment after it)
+        with api.pool.connection() as conn:
+            return conn.execute(
+                "SELECT id, sent_at FROM linear_notices WHERE kind = 'delivered' AND agent_session_id = %s",
+                (agent,),
+            ).fetchall()
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(p["sent_at"] is None for p in posted()):
+        time.sleep(0.02)
+    rows = posted()  # one post, idempotent by its own id, sent once
+    assert [str(p["id"]) for p in rows] == [first["id"]] and rows[0]["sent_at"] is not None
 
 
 @pytest.mark.parametrize("why", ["linear_down", "not_connected"])
