@@ -129,17 +129,7 @@ def invariant_trigger_ms(url: str, n: int) -> dict[str, float]:
                 return {}
 
         def calls_and_ms() -> tuple[int, float]:
-            with lend(pool) as conn:
-                if conn.info.server_version >= 150000:  # (before 15, sent at each transaction's end)
-                    conn.execute("SELECT pg_stat_force_next_flush()")
-            time.sleep(1.1)  # (sent when the connection is next idle)
-            with psycopg.connect(url, autocommit=True) as other:
-                row = other.execute(
-                    "SELECT coalesce(sum(calls), 0), coalesce(sum(self_time), 0) FROM pg_stat_user_functions"
-                    " WHERE funcname = 'devpilot_check_session_invariant'"
-                ).fetchone()
-            assert row is not None
-            return int(row[0]), float(row[1])
+            return _invariant_trigger_totals(pool, url)
 
         for _ in range(100):  # (plans cached)
             enqueue()
@@ -153,6 +143,22 @@ def invariant_trigger_ms(url: str, n: int) -> dict[str, float]:
         }
     finally:
         pool.close()
+
+
+def _invariant_trigger_totals(pool: Pool, url: str) -> tuple[int, float]:
+    """The invariant trigger's calls and its function's own ms so far in `url`'s database, with
+    `track_functions = 'pl'` set on `pool`'s one connection: the statistics are sent first."""
+    with lend(pool) as conn:
+        if conn.info.server_version >= 150000:  # (before 15, sent at each transaction's end)
+            conn.execute("SELECT pg_stat_force_next_flush()")
+    time.sleep(1.1)  # (sent when the connection is next idle)
+    with psycopg.connect(url, autocommit=True) as other:
+        row = other.execute(
+            "SELECT coalesce(sum(calls), 0), coalesce(sum(self_time), 0) FROM pg_stat_user_functions"
+            " WHERE funcname = 'devpilot_check_session_invariant'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), float(row[1])
 
 
 def fill(url: str, n: int, orchestrators: int = 1, expired_fraction: float = 0.0) -> list[Any]:
@@ -356,15 +362,7 @@ def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[s
             batches += 1
         cpu = time.process_time() - cpu0
         wall = time.perf_counter() - t0
-        with lend(pool) as conn:
-            conn.execute("SELECT pg_stat_force_next_flush()")
-        time.sleep(1.1)  # (sent when the connection is next idle)
-        with psycopg.connect(url, autocommit=True) as other:
-            trigger = other.execute(
-                "SELECT coalesce(sum(calls), 0), coalesce(sum(self_time), 0) FROM pg_stat_user_functions"
-                " WHERE funcname = 'devpilot_check_session_invariant'"
-            ).fetchone()
-        assert trigger is not None
+        trigger = _invariant_trigger_totals(pool, url)
         [again] = fill(url, samples * batch)
         executed: dict[str, list[float]] = {"claim": [], "ack": []}
         with pool.connection() as conn:
@@ -404,7 +402,7 @@ def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[s
         # the invariant's deferred trigger, at each commit (not in EXPLAIN's figure): its calls and
         # its function's own time per batch
         "invariant_trigger_per_batch": {
-            "calls": round(int(trigger[0]) / per, 1),
-            "ms": round(float(trigger[1]) / per, 3),
+            "calls": round(trigger[0] / per, 1),
+            "ms": round(trigger[1] / per, 3),
         },
     }
