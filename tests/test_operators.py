@@ -21,6 +21,7 @@ from shared.db import Pool, transaction
 from shared.sql import query
 from shared.status import snapshot
 from tests.helpers.api import ADMIN, Api, issue_event
+from tests.helpers.chromium import headless_chromium
 from tests.helpers.data import MakeOrch, enqueue_one
 
 ROOT = Path(__file__).parent.parent
@@ -164,39 +165,11 @@ def test_dashboard_sessions_are_per_login_end_on_logout_and_limit_guessing(api: 
     assert blocked.status_code == 429 and "set-cookie" not in blocked.headers
 
 
-def _chromium() -> tuple[str, str] | None:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    return (browser, driver) if browser and driver else None
-
-
 def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path) -> None:
-    found = _chromium()
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium and chromium-driver (.ci/run does)")
-        pytest.skip("no chromium/chromedriver here; `apt-get install chromium chromium-driver`")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     seed(api)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = found[0]
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1100,900",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=found[1]), options=opts)
+    driver = headless_chromium(tmp_path / "profile", "1100,900")
     try:
         driver.get(api.url + "/dashboard")
         driver.find_element(By.ID, "token").send_keys(ADMIN)

@@ -22,6 +22,7 @@ from functions.pages import ME_COOKIE
 from shared import agent_tokens, people
 from shared.db import transaction
 from tests.helpers.api import ADMIN, Api, agent_session_event, issue_event
+from tests.helpers.chromium import headless_chromium
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
@@ -42,30 +43,7 @@ def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One headless Chromium for the module (starting one is the slow part)."""
-    found = (shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver"))
-    if not all(found):
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium and chromium-driver (.ci/run does)")
-        pytest.skip("no chromium/chromedriver here; `apt-get install chromium chromium-driver`")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(found[0])
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path_factory.mktemp('chromium') / 'profile'}",
-        "--window-size=1500,1000",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(found[1])), options=opts)
+    driver = headless_chromium(tmp_path_factory.mktemp("chromium") / "profile", "1500,1000")
     yield driver
     driver.quit()
 
