@@ -292,24 +292,21 @@ def test_admin_routes_cli_csrf_and_404(api: Api, linear: Linear, db_url: str) ->
     # The command line, on a dead letter; each action recorded with who did it.
     api.webhook(agent_session_event(creator="creator-1", session_id="as-cli"))
     dead = dead_letter(api, token, "oom")
-    run = subprocess.run(
-        [sys.executable, "-m", "devpilot", "sessions", "retry", dead["sessionId"]],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def retry() -> subprocess.CompletedProcess[str]:  # `devpilot sessions retry`, as an operator runs it
+        return subprocess.run(
+            [sys.executable, "-m", "devpilot", "sessions", "retry", dead["sessionId"]],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    run = retry()
     assert run.returncode == 0 and "queued again" in run.stdout, run.stderr
     assert status(api, dead["sessionId"]) == "queued"
-    again = subprocess.run(
-        [sys.executable, "-m", "devpilot", "sessions", "retry", dead["sessionId"]],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = retry()
     assert again.returncode == 1 and "not allowed" in again.stderr
     with api.pool.connection() as conn:
         acts = [dict(r) for r in conn.execute("SELECT action, actor FROM session_actions ORDER BY id")]
