@@ -137,6 +137,9 @@ def main() -> int:
         # The figure the issue judges by: ours and PgQueuer's at batch 10, back to back in rounds.
         out["peers"]["paired_batch_10"] = paired.drain_vs_pgqueuer(s, 2 if q else 3, n_peer)
         print(f"paired with PgQueuer at batch 10: {json.dumps(out['peers']['paired_batch_10'])}")
+        # Where one claimer's batch of 10 spends its time (bench/README "Claim + ack against PgQueuer").
+        out["peers"]["drain_where_batch_10"] = core.drain_where(s.fresh("where"), n_peer)
+        print(f"where a batch of 10 goes: {json.dumps(out['peers']['drain_where_batch_10'])}")
         ours_10 = drain.get("1x10", 0)
         out["peers"]["ours_drain_1x10"] = ours_10
         out["peers"]["ratio_vs_pgqueuer"] = round(
