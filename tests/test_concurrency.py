@@ -488,6 +488,8 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
             assert _relations(top) == [
                 ("Index Scan", "dispatch_sessions", "dispatch_sessions_open_issue_idx")
             ], plan
+            # by the issue itself, not the org's queued sessions filtered one by one
+            assert "issue_id" in top["Index Cond"] and top.get("Rows Removed by Filter", 0) == 0, plan
             assert top["Actual Rows"] == found, plan
         conn.execute("DEALLOCATE probe")
 
