@@ -576,6 +576,29 @@ def after_the_turn(db_url: str, issue_id: str, deliver: Callable[[], Attempt]) -
         holder.close()
 
 
+def test_the_cut_follows_the_connection_that_sent_the_marker_last(db_url: str) -> None:
+    """The lost-commit test below relies on this: a webhook may send its delivery id on one pooled
+    connection (the one-statement try, which wrote nothing) and do its transaction on another. The
+    first connection's next COMMIT belongs to someone else and must pass; the cut is the COMMIT of
+    the connection that sent the marker last."""
+    target = conninfo_to_dict(db_url)
+    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    try:
+        tried = psycopg.connect(proxy.url_for(db_url), autocommit=True)
+        worker = psycopg.connect(proxy.url_for(db_url))
+        cut = proxy.cut_reply(b"marker-7", then=b"COMMIT")
+        tried.execute("SELECT 'marker-7'")  # the try: its own transaction, no COMMIT
+        worker.execute("SELECT 'marker-7'")  # the transaction that does the work
+        with tried.transaction():  # another request's transaction on the first connection
+            tried.execute("SELECT 1")
+        assert not cut.fired.is_set()
+        with pytest.raises(psycopg.OperationalError):
+            worker.commit()
+        assert cut.fired.is_set()
+    finally:
+        proxy.close()
+
+
 def test_commit_whose_answer_is_lost_is_503_and_the_retry_finds_it(db_url: str, tmp_path: Path) -> None:
     """The link cut between COMMIT and its reply (the commit happened; the service cannot know):
     503, and Linear's retry answers `duplicate` with that session. Cut before the COMMIT reaches

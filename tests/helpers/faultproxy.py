@@ -10,7 +10,7 @@ applies to the connections already open as well as to new ones.
   its end of the connection (so a COMMIT held in the stall still commits, as it would).
 - `reset()`: every open connection is reset (RST both ways), and every new one while it lasts.
 - `slow(seconds)`: every chunk waits `seconds` before it is forwarded, each direction in order.
-- `cut_reply(marker, then)`: once, on the first connection whose client sends `marker` (and after
+- `cut_reply(marker, then)`: once, on the connection whose client sent `marker` last (and after
   it `then`, when given): those bytes go to the server, and the server's next answer on that
   connection is dropped and the connection reset both ways. The server has done the work; the
   client never hears it (the link cut between COMMIT and its reply).
@@ -42,6 +42,10 @@ class Cut:
     before: bool  # drop the client's bytes (True) or the server's answer to them (False)
     fired: threading.Event = field(default_factory=threading.Event)
     fired_at: float = 0.0
+    # The connection that sent `marker` last: only its `then` counts. A request may send the
+    # marker on one pooled connection (a one-statement try that wrote nothing) and then do the
+    # work on another; the first connection's next COMMIT is someone else's.
+    holder: object | None = None
 
 
 class _Link:
@@ -52,7 +56,6 @@ class _Link:
         self.client = client
         self.server: asyncio.StreamWriter | None = None
         self.tail = b""  # the client's last bytes, so a marker split across reads is still found
-        self.seen_marker = False
         self.cut_next_reply = False
         self.dead = False
 
@@ -76,16 +79,12 @@ class _Link:
         if cut is None or cut.fired.is_set():
             return "forward"
         window = self.tail + chunk
+        found = cut.marker in window
+        if found:
+            cut.holder = self
+            window = window[window.rindex(cut.marker) + len(cut.marker) :]  # (not found again)
         self.tail = window[-64:]
-        if not self.seen_marker:
-            if cut.marker not in window:
-                return "forward"
-            self.seen_marker = True
-            if cut.then is not None:
-                window = window[window.index(cut.marker) + len(cut.marker) :]
-                if cut.then not in window:
-                    return "forward"
-        elif cut.then is not None and cut.then not in window:
+        if cut.holder is not self or (not found if cut.then is None else cut.then not in window):
             return "forward"
         if cut.before:
             self.proxy._fire(cut)
