@@ -45,7 +45,9 @@ def get_runtime() -> Runtime:
             if _runtime is None:
                 settings = get_settings()
                 database = resolve(settings.database_url)
-                pool = open_pool(database.url, settings)
+                # Not waited on: the request that builds the runtime (a cold instance's first)
+                # waits for its connection within its deadline, and /healthz never waits for it.
+                pool = open_pool(database.url, settings, wait=False)
                 listen_url = settings.database_listen_url or database.url
                 _runtime = Runtime(settings, database, pool, Wakeups(listen_url))
     return _runtime

@@ -307,8 +307,13 @@ def session_options(url: str, settings: Settings) -> str:
     return f"{given} {ours}".strip()
 
 
-def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int | None = None) -> Pool:
+def open_pool(
+    url: str, settings: Settings, *, min_size: int = 1, max_size: int | None = None, wait: bool = True
+) -> Pool:
     """The pool every handler shares, opened explicitly (and waited on, so a bad URL fails here).
+    `wait=False` (a function instance's first request): the pool connects in the background and
+    the request waits for a connection within its own deadline, so a database that does not
+    answer costs that request its deadline (503), not the connect timeout before any deadline.
 
     Connections are autocommit so every transaction is an explicit `transaction()` block; a broken
     connection is detected on checkout (`Pool.getconn`) and replaced, so the pool recovers from a
@@ -341,7 +346,7 @@ def open_pool(url: str, settings: Settings, *, min_size: int = 1, max_size: int 
     )
     _POOL_SETTINGS[pool] = settings
     try:
-        pool.open(wait=True, timeout=settings.connect_timeout_seconds)
+        pool.open(wait=wait, timeout=settings.connect_timeout_seconds)
     except BaseException:
         pool.close()  # stop its connector threads; the next request tries afresh
         raise

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -68,6 +69,17 @@ SERVE_ENV = {
     "DEVPILOT_MAX_ATTEMPTS": "100",
     "DEVPILOT_WEBHOOK_TOLERANCE_SECONDS": "900",  # a delivery retried through a long stall
 }
+
+
+@pytest.fixture(autouse=True)
+def _over_tcp(request: pytest.FixtureRequest) -> None:
+    """The fault proxy sits on a TCP link: a server reached by its Unix socket (the embedded
+    pgserver a laptop without Postgres falls back to) has none to cut. CI runs these."""
+    if "db_url" not in request.fixturenames:
+        return
+    host = str(conninfo_to_dict(request.getfixturevalue("db_url")).get("host") or "")
+    if host.startswith("/"):
+        pytest.skip("the fault proxy needs Postgres over TCP (set TEST_DATABASE_URL)")
 
 
 @dataclass
@@ -574,6 +586,84 @@ def after_the_turn(db_url: str, issue_id: str, deliver: Callable[[], Attempt]) -
             return attempt.result(60)
     finally:
         holder.close()
+
+
+def test_a_cold_function_instance_answers_in_time_while_the_database_stalls(db_url: str) -> None:
+    """Cloud Run and Lambda start an instance on a request: its first request builds the pool.
+    With the database stalled, that first request is answered within its deadline all the same
+    (`/healthz` within 1 s, a webhook within the request deadline), where opening the pool first
+    held it for the connect timeout (5 s) before any deadline began; once the link passes again
+    the same instance serves without a restart."""
+    from tests.test_orchestrator import ROOT
+
+    target = conninfo_to_dict(db_url)
+    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": proxy.url_for(db_url),
+        "LINEAR_WEBHOOK_SECRET": SECRET,
+        "DEVPILOT_REQUEST_DEADLINE_SECONDS": str(DEADLINE),
+    }
+    ports = {"healthz": free_port(), "webhook": free_port()}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        proxy.stall()
+        for name, port in ports.items():
+            argv = [sys.executable, "-m", "functions_framework", "--source", "functions/main.py"]
+            procs.append(
+                subprocess.Popen(
+                    [*argv, "--target", name, "--port", str(port)],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for port in ports.values():  # listening, and not yet asked anything: still cold
+            wait_for(lambda port=port: _accepts(port), 60, "the instance to listen")
+        t0 = time.monotonic()
+        health = httpx.get(f"http://127.0.0.1:{ports['healthz']}/", timeout=10)
+        health_took = time.monotonic() - t0
+        assert health.status_code == 503 and health.json()["error"] == "db_unavailable", health.text
+        assert health_took < HEALTHZ_LIMIT, f"a cold /healthz took {health_took:.2f} s"
+        body = json.dumps(issue_event(issue_id="cold-1")).encode()
+        headers = {"Linear-Signature": sign(SECRET, body), "Linear-Delivery": "cold-1"}
+        hook_url = f"http://127.0.0.1:{ports['webhook']}/"
+        t0 = time.monotonic()
+        hook = httpx.post(hook_url, content=body, headers=headers, timeout=10)
+        hook_took = time.monotonic() - t0
+        assert hook.status_code == 503 and hook.json()["error"] == "db_unavailable", hook.text
+        assert hook.headers.get("Retry-After")
+        assert hook_took < DEADLINE + SLACK, f"a cold webhook took {hook_took:.2f} s"
+        proxy.passing()
+
+        def served() -> bool:
+            return httpx.post(hook_url, content=body, headers=headers, timeout=10).status_code == 200
+
+        t0 = time.monotonic()
+        wait_for(served, RECOVERY_LIMIT + DEADLINE, "the instance to serve once the link passes")
+        report(
+            "cold instance, database stalled",
+            {
+                "healthz_s": round(health_took, 2),
+                "webhook_s": round(hook_took, 2),
+                "serving_again_s": round(time.monotonic() - t0, 2),
+            },
+        )
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        proxy.close()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_the_cut_follows_the_connection_that_sent_the_marker_last(db_url: str) -> None:

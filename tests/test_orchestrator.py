@@ -577,16 +577,21 @@ def test_idle_polls_are_jittered_around_the_interval(
 
     caplog.set_level(logging.DEBUG, logger="devpilot.request")  # (an empty poll is a debug line)
     o = orch_factory("poll", interval=0.3)
+
+    def claims() -> list[tuple[float, float]]:
+        # Each claim as the server saw it: (arrived, answered). The machine's wait is the time from
+        # one answer to the next arrival; a slow answer (a database stall) is the server's time.
+        return [
+            (r.created - cast(float, r.args["ms"]) / 1000, r.created)
+            for r in list(caplog.records)
+            if isinstance(r.args, Fields) and r.args.get("route") == "claim" and r.args.get("status") == 200
+        ]
+
     o.start()
-    time.sleep(8.0)
+    # Counted, not timed: on a loaded host the machine's start-up alone can take seconds.
+    wait_for(lambda: len(claims()) >= 18, 60, "eighteen polls")
     assert o.stop() == 0
-    # Each claim as the server saw it: (arrived, answered). The machine's wait is the time from one
-    # answer to the next arrival; a slow answer (a database stall) is the server's time, not a wait.
-    spans = [
-        (r.created - cast(float, r.args["ms"]) / 1000, r.created)
-        for r in caplog.records
-        if isinstance(r.args, Fields) and r.args.get("route") == "claim" and r.args.get("status") == 200
-    ]
+    spans = claims()
     # (the first wait follows start-up)
     gaps = [arrived - answered for (_, answered), (arrived, _) in itertools.pairwise(spans[1:])]
     assert len(gaps) >= 15, gaps
