@@ -403,6 +403,33 @@ def test_a_stalled_statement_ends_at_the_deadline_and_nothing_it_began_remains(d
         proxy.close()
 
 
+@pytest.mark.parametrize("within", [0.6, 1.6])
+def test_the_sweep_ends_at_its_own_deadline_while_the_database_stalls(db_url: str, within: float) -> None:
+    """The sweep's database steps are bounded by DEVPILOT_SWEEP_DEADLINE_SECONDS, whatever bound the
+    caller had (the /sweep route's request deadline, here a longer one): with the link stalled it
+    fails at that deadline, not at the caller's and not never."""
+    from shared.dispatch import Dispatch
+    from shared.wakeups import Wakeups
+
+    settings = Settings(DATABASE_URL=None, DEVPILOT_SWEEP_DEADLINE_SECONDS=within)
+    target = conninfo_to_dict(db_url)
+    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    pool = open_pool(proxy.url_for(db_url), settings, max_size=2)
+    try:
+        service = Dispatch(pool, settings, Wakeups(db_url))
+        service.sweep()  # (the link passing: it sweeps)
+        proxy.stall()
+        t0 = time.monotonic()
+        with deadline.bound(10), pytest.raises((psycopg.OperationalError, PoolTimeout)):
+            service.sweep()
+        took = time.monotonic() - t0
+        assert within - 0.05 < took < within + 0.4, took
+    finally:
+        proxy.passing()
+        pool.close()
+        proxy.close()
+
+
 def test_a_deadline_passed_before_the_database_is_asked_sends_nothing(pool: Pool) -> None:
     with deadline.bound(0.0), pytest.raises(deadline.Passed):
         with lend(pool):
