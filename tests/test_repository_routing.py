@@ -250,6 +250,9 @@ def test_below_the_confidence_the_person_picks_and_the_pick_routes_the_start(
     assert claim_all(api, backend) == []
     assert len(reads(linear, "issueRepositorySuggestions")) == 1  # the pick needed no second question
     assert "picked in Linear" in (note_of(api, start["sessionId"]) or "")
+    # The follow-up's page says how its conversation's machine was chosen: the start's note.
+    assert note_of(api, prompt["sessionId"]) is None
+    assert page_note(api, prompt["sessionId"]) == note_of(api, start["sessionId"])
 
 
 def test_a_pick_that_names_no_candidate_is_asked_again_and_a_stop_ends_the_wait(

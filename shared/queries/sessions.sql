@@ -3,10 +3,17 @@
 -- session is `queued` exactly while one queue row holds it) and records who did what.
 
 -- name: session_header
--- The session, its machine (and how it was chosen, when routing by repository said so), and its
--- queue row while it is queued (read-only).
+-- The session, its machine (and how it was chosen, when routing by repository said so: for a
+-- follow-up or a stop, the note of the start it follows, as they go where the start went), and
+-- its queue row while it is queued (read-only).
 SELECT s.id, s.org_id, s.status, s.kind, s.issue_id, s.issue_identifier, s.agent_session_id,
-       s.agent_session_created, s.linear_user_id, s.failure_reason, s.routing_note, s.created_at,
+       s.agent_session_created, s.linear_user_id, s.failure_reason,
+       coalesce(s.routing_note, (
+           SELECT st.routing_note FROM dispatch_sessions st
+           WHERE s.kind <> 'start' AND st.org_id = s.org_id AND st.agent_session_id = s.agent_session_id
+             AND st.kind = 'start' AND st.created_at <= s.created_at
+           ORDER BY st.created_at DESC LIMIT 1)) AS routing_note,
+       s.created_at,
        s.updated_at,
        s.delivered_at, s.claimed_at, s.orchestrator_id, o.name AS machine, o.revoked_at AS machine_revoked_at,
        q.attempts AS live_attempts, q.claimed_at AS live_claimed_at, q.lease_expires_at, q.available_at,
