@@ -448,6 +448,39 @@ def test_me_in_another_workspace_sees_only_its_own(api: Api, linear: LinearOAuth
     assert r.status_code == 404 and api.post_as(alice["token"], "/claim", {}).status_code == 200
 
 
+def test_after_the_app_is_uninstalled_what_was_granted_stays_and_new_sign_ins_are_refused(
+    api: Api, linear: LinearOAuth, browser: Browser
+) -> None:
+    """Linear's `OAuthApp revoked`: a new sign-in (a login, a /me sign-in) is refused; the machine
+    connected by login keeps its token and takes what was queued for it, and a /me sign-in made
+    before still shows and revokes its machines (docs/connecting-machines.md)."""
+    laptop = login(api, linear, "u-alice", "laptop")
+    page = me_sign_in(api, linear, browser, "u-alice")
+    queued = api.webhook(issue_event(org=ACME["id"], assignee="u-alice", issue_id="iss-un")).json()
+    revoked = {
+        "type": "OAuthApp",
+        "action": "revoked",
+        "organizationId": ACME["id"],
+        "oauthClientId": "client-id",
+        "createdAt": "2026-12-06T10:00:00.000Z",
+        "webhookId": "w-un",
+        "webhookTimestamp": int(time.time() * 1000),
+    }
+    assert api.webhook(revoked).json()["status"] == "ignored"
+    started = ask(api, "desktop")
+    refused = browser.go(started["startUrl"], stop_at="http://127.0.0.1:40123/")
+    assert refused.status_code == 403 and "workspace_not_connected" in refused.text
+    me_again = Browser().go(f"{api.url}/me/signin")  # a /me sign-in too
+    assert me_again.status_code == 403 and "workspace_not_connected" in me_again.text
+    claimed = api.post_as(laptop["token"], "/claim", {}).json()["messages"]
+    assert [m["queueId"] for m in claimed] == [queued["queueId"]]
+    still = browser.go(f"{api.url}/me")
+    assert still.status_code == 200 and f'data-orchestrator="{laptop["orchestratorId"]}"' in still.text
+    target = f"{api.url}/me/orchestrators/{laptop['orchestratorId']}/revoke"
+    assert browser.go(target, method="POST", data={"csrf": form_fields(page.text)["csrf"]}).status_code == 200
+    assert api.post_as(laptop["token"], "/claim", {}).status_code == 401
+
+
 # --- the operators' route checks the user with Linear -------------------------------------------
 def test_registering_by_hand_asks_linear_whether_the_user_is_in_the_workspace(
     api: Api, linear: LinearOAuth
