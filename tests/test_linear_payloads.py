@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared.routing import NO_ASSIGNEE
+from shared.routing import NO_ASSIGNEE, NOT_CONNECTED
 from tests.helpers.api import ROOT_PLACEHOLDER, SECRET, Api, agent_session_event, now_ms
 from tests.helpers.data import row_counts
 from tests.helpers.linear import Linear
@@ -128,6 +128,35 @@ def test_an_automation_session_nothing_can_take_tells_linear_the_true_reason(
     api.webhook(agent_session_event(session_id="as-x", creator=None, issue_id="iss-x"))
     [(kind, body)] = wait_said(linear, "as-x", 1)
     assert kind == "error" and reason in body
+    assert row_counts(api.pool)["sessions"] == 0 and row_counts(api.pool)["queue"] == 0
+
+
+def test_an_automation_session_in_a_disconnected_workspace_says_why_once_it_can(
+    api: Api, linear: Linear
+) -> None:
+    """The workspace's connection was revoked (the app uninstalled, or a refresh refused): Linear
+    cannot be asked whose the issue is. Nothing is queued. The reason is written for Linear and held
+    until a new install can post it (posting needs the connection), so it is not lost."""
+    api.register(user="user-1")
+    linear.issues["iss-nc"] = {"assignee": {"id": "user-1", "name": "Al"}}
+    with api.pool.connection() as conn:
+        conn.execute(
+            "UPDATE linear_credentials SET disconnected_at = now(), disconnect_reason = 'uninstalled'"
+            " WHERE org_id = 'org-a'"
+        )
+    answer = api.webhook(agent_session_event(session_id="as-nc", creator=None, issue_id="iss-nc")).json()
+    assert answer["status"] == "routing"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with api.pool.connection() as conn:
+            held = conn.execute(
+                "SELECT kind, body, sent_at FROM linear_notices WHERE agent_session_id = 'as-nc'"
+            ).fetchall()
+        if held:
+            break
+        time.sleep(0.05)
+    assert [(h["body"], h["sent_at"]) for h in held] == [(NOT_CONNECTED, None)]
+    assert assignee_reads(linear) == [] and linear.activities() == []
     assert row_counts(api.pool)["sessions"] == 0 and row_counts(api.pool)["queue"] == 0
 
 
