@@ -423,7 +423,7 @@ def test_the_sweep_ends_at_its_own_deadline_while_the_database_stalls(db_url: st
         with deadline.bound(10), pytest.raises((psycopg.OperationalError, PoolTimeout)):
             service.sweep()
         took = time.monotonic() - t0
-        assert within - 0.05 < took < within + 0.4, took
+        assert within - 0.05 < took < within + SLACK, took
     finally:
         proxy.passing()
         pool.close()
@@ -653,7 +653,9 @@ def test_a_cold_function_instance_answers_in_time_while_the_database_stalls(db_u
         health = httpx.get(f"http://127.0.0.1:{ports['healthz']}/", timeout=10)
         health_took = time.monotonic() - t0
         assert health.status_code == 503 and health.json()["error"] == "db_unavailable", health.text
-        assert health_took < HEALTHZ_LIMIT, f"a cold /healthz took {health_took:.2f} s"
+        # (A cold instance's own start counts here, its imports and settings, 0.6 s on an idle
+        # 2-core host; what must not count is the pool's connect timeout, 5 s.)
+        assert health_took < HEALTHZ_LIMIT + SLACK, f"a cold /healthz took {health_took:.2f} s"
         body = json.dumps(issue_event(issue_id="cold-1")).encode()
         headers = {"Linear-Signature": sign(SECRET, body), "Linear-Delivery": "cold-1"}
         hook_url = f"http://127.0.0.1:{ports['webhook']}/"
