@@ -129,7 +129,12 @@ class Orchestrator:
             endpoints=self.api.endpoints,
         )
         self.housekeeping = Housekeeping(
-            cfg.state_dir, cfg.keep_days, self.journal, self.conversations, self.workplace, self._busy
+            cfg.state_dir,
+            cfg.keep_days,
+            self.journal,
+            self.conversations,
+            self.workplace,
+            lambda: {mid for mid, r in self.running.items() if r.proc.poll() is None},
         )
         self._announced = False  # the service has heard what this machine has (`POST /machine`)
         self._announce_after = 0.0  # (monotonic) when to try telling it again
@@ -581,8 +586,8 @@ class Orchestrator:
         for entry in self.journal.started_in(key):
             if entry.message_id in self.running:
                 continue
-            pid = commands.marker_pid(self._marker(entry.message_id))
-            if pid > 0 and commands.runs_message(pid, entry.message_id):
+            pid = commands.running_pid(self._marker(entry.message_id), entry.message_id)
+            if pid:
                 pids.append(pid)
         return pids
 

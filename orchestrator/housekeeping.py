@@ -55,14 +55,14 @@ class Housekeeping:
         journal: Journal,
         conversations: Conversations,
         workplace: Workplace,
-        busy: Callable[[Conversation], bool],  # whether a COMMAND of the conversation runs
+        running: Callable[[], set[str]],  # the messages whose COMMAND this process started and runs
     ) -> None:
         self.state_dir = state_dir
         self.keep_days = keep_days
         self.journal = journal
         self.conversations = conversations
         self.workplace = workplace
-        self.busy = busy
+        self.running = running
         self._next = 0.0  # (monotonic) when the next run is due
 
     def due(self) -> bool:
@@ -72,26 +72,28 @@ class Housekeeping:
         self._next = time.monotonic() + EVERY_SECONDS
         cutoff = time.time() - self.keep_days * DAY_SECONDS
         ages = self.journal.ages()
+        running = self._running(ages)
         mine: dict[Path, list[Age]] = {}  # each conversation folder's messages
         for a in ages:
             mine.setdefault(self._folder(a), []).append(a)
-        # The messages nothing of which goes: unfinished, changed lately, or waiting in an inbox.
+        # The messages nothing of which goes: unfinished, changed lately, waiting in an inbox, or of
+        # a conversation whose COMMAND runs.
         keep = {a.message_id for a in ages if a.state in UNFINISHED or a.updated_at >= cutoff}
         keep |= {message_id(p) for p in self.conversations.root.glob("*/inbox/*.json")}
+        for its in mine.values():
+            if any(a.message_id in running for a in its):
+                keep.update(a.message_id for a in its)
         pruned = Pruned()
         for found in self.conversations.all():
             its = mine.get(found.folder, [])
-            # Its key as its messages say it (a folder's name is a hash of a key that is no id).
-            conv = Conversation(_key(its[0]) if its else found.key, found.folder)
-            if self.busy(conv):
-                keep.update(a.message_id for a in its)
-                continue
             if (
                 any(a.message_id in keep for a in its)
-                or any(conv.inbox.glob("*.json"))
-                or _newest(conv.folder) >= cutoff
+                or any(found.inbox.glob("*.json"))
+                or _newest(found.folder) >= cutoff
             ):
                 continue
+            # Its key as its messages say it (a folder's name is a hash of a key that is no id).
+            conv = Conversation(_key(its[0]) if its else found.key, found.folder)
             said = self.workplace.end(conv)
             if self.workplace.worktree_path(conv).exists():
                 pruned.kept.append(said or f"kept {conv.key}: its worktree is there and --worktree is off")
@@ -104,13 +106,20 @@ class Housekeeping:
                 mid = path.name.removesuffix(".stderr")
                 if not is_uuid(mid) or mid in keep or path.lstat().st_mtime >= cutoff:
                     continue
-                if name == "started" and commands.runs_message(commands.marker_pid(path), mid):
-                    continue  # its COMMAND still runs (a journal row gone another way)
                 path.unlink(missing_ok=True)
                 pruned.files += 1
         gone = [a.message_id for a in ages if a.message_id not in keep and not self._folder(a).exists()]
         pruned.rows = self.journal.drop(gone) if gone else 0
         return pruned
+
+    def _running(self, ages: list[Age]) -> set[str]:
+        """The messages whose COMMAND runs: started by this process, or by an earlier run (found as
+        the orchestrator finds it: by the pid in its marker, checked to still be that message's)."""
+        ids = self.running()
+        started = [
+            a.message_id for a in ages if a.state in ("starting", "started") and a.message_id not in ids
+        ]
+        return ids | {mid for mid in started if commands.running_pid(self.state_dir / "started" / mid, mid)}
 
     def _folder(self, a: Age) -> Path:
         return self.conversations.folder(_key(a))
