@@ -16,6 +16,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -35,6 +36,7 @@ from orchestrator.conversations import (
     message_entry,
     message_id,
 )
+from orchestrator.housekeeping import Housekeeping
 from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
 from orchestrator.messages import is_uuid, speaks_in
@@ -79,6 +81,7 @@ class Config:
     workdir: Path = field(default_factory=Path.cwd)  # where COMMAND runs (the checkout, with --worktree)
     repositories: list[LocalRepo] = field(default_factory=list)  # --repo: checked out here, and where
     labels: list[str] = field(default_factory=list)  # --label
+    keep_days: int = 14  # --keep-days: what is finished goes from the state dir after it (0: never)
 
 
 def default_state_dir() -> Path:
@@ -125,6 +128,14 @@ class Orchestrator:
             pass_env=cfg.pass_env,
             endpoints=self.api.endpoints,
         )
+        self.housekeeping = Housekeeping(
+            cfg.state_dir,
+            cfg.keep_days,
+            self.journal,
+            self.conversations,
+            self.workplace,
+            lambda: {mid for mid, r in self.running.items() if r.proc.poll() is None},
+        )
         self._announced = False  # the service has heard what this machine has (`POST /machine`)
         self._announce_after = 0.0  # (monotonic) when to try telling it again
 
@@ -148,6 +159,7 @@ class Orchestrator:
             f"{self.cfg.transport}, state in {self.cfg.state_dir}",
         )
         try:
+            self._housekeep()
             self._resume()
             if self.cfg.transport == "realtime":
                 self._start_realtime()
@@ -173,6 +185,7 @@ class Orchestrator:
         return 0
 
     def _cycle(self) -> None:
+        self._housekeep()
         if not self._announced and time.monotonic() >= self._announce_after:
             self._announce()
         self._tend()
@@ -195,6 +208,33 @@ class Orchestrator:
             self._wait_wake(REALTIME_BACKSTOP_SECONDS)
         else:
             self._wait_wake(self.cfg.poll_interval * random.uniform(0.8, 1.2))
+
+    def _housekeep(self) -> None:
+        """When due (`--keep-days`): what is old and finished leaves the state dir
+        (`orchestrator.housekeeping`). SIGTERM waits for it; a failure is said and tried again later."""
+        if not self.housekeeping.due():
+            return
+        self._critical += 1
+        try:
+            pruned = self.housekeeping.run()
+        except (OSError, sqlite3.Error, subprocess.SubprocessError, WorktreeError) as exc:
+            self.log("housekeeping", f"housekeeping failed ({exc}); trying again in an hour")
+            return
+        finally:
+            self._critical -= 1
+        for folder in pruned.conversations:
+            self._waiting.pop(folder, None)
+        for said in pruned.kept:
+            self.log("worktree", said)
+        if pruned.conversations or pruned.files or pruned.rows:
+            self.log(
+                "housekeeping",
+                f"housekeeping: removed {len(pruned.conversations)} conversation(s), {pruned.files} "
+                f"file(s) and {pruned.rows} journal row(s) finished over {self.cfg.keep_days} day(s) ago",
+                conversations=len(pruned.conversations),
+                files=pruned.files,
+                rows=pruned.rows,
+            )
 
     def _announce(self) -> None:
         """Tell the service what this machine has (its repositories and labels), once per run,
@@ -546,8 +586,8 @@ class Orchestrator:
         for entry in self.journal.started_in(key):
             if entry.message_id in self.running:
                 continue
-            pid = commands.marker_pid(self._marker(entry.message_id))
-            if pid > 0 and commands.runs_message(pid, entry.message_id):
+            pid = commands.running_pid(self._marker(entry.message_id), entry.message_id)
+            if pid:
                 pids.append(pid)
         return pids
 

@@ -1,5 +1,5 @@
 """`devpilot-orchestrator --url URL [--token TOKEN] [--transport poll|listen|realtime] [--pass-env NAME]...
-[--repo [HOST/]OWNER/NAME=PATH]... [--label NAME]... [--worktree] -- COMMAND...` and `devpilot-orchestrator activity [--type T] [--select OPTION]... [--auth-url URL]
+[--repo [HOST/]OWNER/NAME=PATH]... [--label NAME]... [--worktree] [--keep-days N] -- COMMAND...` and `devpilot-orchestrator activity [--type T] [--select OPTION]... [--auth-url URL]
 BODY` (run by COMMAND).
 
 The token comes from DEVPILOT_ORCHESTRATOR_TOKEN (preferred: the process list shows --token).
@@ -47,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir", type=Path, default=None, help=f"journal folder (default {default_state_dir()})"
     )
     p.add_argument("--max-parallel", type=int, default=4, help="commands running at once")
+    p.add_argument(
+        "--keep-days",
+        type=int,
+        default=14,
+        metavar="N",
+        help="remove from the state dir what finished over N days ago (conversations, each message's "
+        "files, journal rows); 0: never",
+    )
     p.add_argument("--json-logs", action="store_true")
     p.add_argument(
         "--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL on Linear's stop"
@@ -244,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.poll_interval <= 0 or args.max_parallel < 1:
         parser.error("--poll-interval must be > 0 and --max-parallel >= 1")
+    if args.keep_days < 0:
+        parser.error("--keep-days must be 1 or more (days), or 0 to never remove anything")
     if TOKEN_ENV in args.pass_env:
         parser.error(f"--pass-env {TOKEN_ENV}: COMMAND never gets the machine's token")
     workdir = Path.cwd()
@@ -294,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir=workdir,
         repositories=repos,
         labels=labels,
+        keep_days=args.keep_days,
     )
     return Orchestrator(cfg).run()
 

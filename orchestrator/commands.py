@@ -95,6 +95,12 @@ def marker_pid(marker: Path) -> int:
         return 0
 
 
+def running_pid(marker: Path, message_id: str) -> int:
+    """The pid in a `started/` marker while that process is still COMMAND for the message, else 0."""
+    pid = marker_pid(marker)
+    return pid if pid > 0 and runs_message(pid, message_id) else 0
+
+
 def end_groups(pids: list[int], grace: float, alive: Callable[[int], bool]) -> None:
     """SIGTERM to each process group (COMMAND leads its own session), SIGKILL after `grace`."""
     for pid in pids:

@@ -69,10 +69,13 @@ class Conversations:
         self.inboxed = private_dir(state_dir / "inboxed")
         self.started = private_dir(state_dir / "started")
 
+    def folder(self, key: str) -> Path:
+        """Where the conversation's folder is (made or not). A Linear id is a UUID; anything else
+        is hashed, so no id names a path of its choosing."""
+        return self.root / (key if _SAFE.match(key) else hashlib.sha256(key.encode()).hexdigest()[:40])
+
     def of(self, key: str) -> Conversation:
-        # A Linear id is a UUID; anything else is hashed, so no id names a path of its choosing.
-        name = key if _SAFE.match(key) else hashlib.sha256(key.encode()).hexdigest()[:40]
-        conv = Conversation(key, self.root / name)
+        conv = Conversation(key, self.folder(key))
         private_dir(conv.folder)
         private_dir(conv.inbox)
         return conv

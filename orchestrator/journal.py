@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 State = Literal["journaled", "inboxed", "delivered", "acked", "starting", "started"]
+# What a crash may have interrupted (`Journal.unfinished`); the rest is handed over for good.
+UNFINISHED: tuple[State, ...] = ("journaled", "inboxed", "acked", "starting")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (
@@ -60,6 +62,18 @@ def private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path, 0o700)  # also when an older version made it with the default mode
     return path
+
+
+@dataclass(frozen=True)
+class Age:
+    """A message as housekeeping sees it: its state, when that last changed, and the ids its
+    conversation is known by."""
+
+    message_id: str
+    state: State
+    updated_at: float
+    agent_session_id: str | None
+    session_id: str
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,26 @@ class Journal:
                 "DELETE FROM journal WHERE message_id = ? AND state IN ('journaled', 'inboxed')",
                 (message_id,),
             )
+
+    def ages(self) -> list[Age]:
+        """Every message here, without its text (housekeeping)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT message_id, state, updated_at, json_extract(message, '$.agentSessionId'),"
+                " json_extract(message, '$.sessionId') FROM journal"
+            ).fetchall()
+        return [Age(r[0], r[1], r[2], r[3], str(r[4])) for r in rows]
+
+    def drop(self, message_ids: list[str]) -> int:
+        """Housekeeping: the rows of these messages, if finished (acked into the inbox, or started);
+        how many went."""
+        with self._lock:
+            n = self._db.execute(
+                "DELETE FROM journal WHERE message_id IN (SELECT value FROM json_each(?))"
+                " AND state IN ('delivered', 'started')",
+                (json.dumps(message_ids),),
+            ).rowcount
+        return int(n)
 
     def unfinished(self) -> list[Entry]:
         """Entries a crash may have interrupted: journaled (maybe in the inbox, maybe acked),
