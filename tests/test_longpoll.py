@@ -107,13 +107,23 @@ def test_revoking_a_machine_ends_its_open_long_poll(api: Api) -> None:
     assert took < 0.5 + RECHECK_SECONDS / 2, took  # woken by the revoke, not found by the re-check
 
 
+def long_polling(api: Api, oid: str) -> bool:
+    """The machine's long-poll is waiting in the service (not merely started: on a loaded host an
+    orchestrator's start-up alone can take seconds)."""
+    with api.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT listening_until > now() AS yes FROM orchestrators WHERE id = %s", (oid,)
+        ).fetchone()
+    return bool(row and row["yes"])
+
+
 def test_orchestrator_sigkilled_mid_long_poll_gets_the_next_work_at_attempt_1(
     api: Api, tmp_path: Path
 ) -> None:
-    _, token = api.register()
+    oid, token = api.register()
     o = Orch(api.url, token, tmp_path, transport="listen")
     o.start()
-    time.sleep(1.5)  # up, and waiting in its long-poll
+    wait_for(lambda: long_polling(api, oid), 30, "the orchestrator's long-poll to wait")
     o.signal(signal.SIGKILL)
     assert o.proc is not None
     o.proc.wait()
@@ -129,10 +139,11 @@ def test_orchestrator_sigkilled_mid_long_poll_gets_the_next_work_at_attempt_1(
 
 
 def test_sigterm_during_a_long_poll_ends_the_orchestrator_within_2_seconds(api: Api, tmp_path: Path) -> None:
-    _, token = api.register()
+    oid, token = api.register()
     o = Orch(api.url, token, tmp_path, transport="listen")
     o.start()
-    time.sleep(1.5)
+    wait_for(lambda: long_polling(api, oid), 30, "the orchestrator's long-poll to wait")
+    time.sleep(0.2)
     t0 = time.monotonic()
     o.signal(signal.SIGTERM)
     assert o.proc is not None and o.proc.wait(timeout=10) == 0
