@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator.environment import BASICS
 from tests.helpers.api import Api, agent_session_event
+from tests.helpers.git import checkout
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
@@ -302,18 +303,7 @@ def test_pass_env_never_passes_the_machines_token(api: Api, tmp_path: Path) -> N
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A git checkout for the orchestrator to run in."""
-    path = tmp_path / "checkout"
-    path.mkdir()
-    for args in (
-        ["init", "-q", "-b", "main"],
-        ["config", "user.email", "t@example.com"],
-        ["config", "user.name", "T"],
-    ):
-        subprocess.run(["git", *args], cwd=path, check=True)
-    (path / "README").write_text("hello\n")
-    subprocess.run(["git", "add", "README"], cwd=path, check=True)
-    subprocess.run(["git", "commit", "-q", "-m", "first"], cwd=path, check=True)
-    return path
+    return checkout(tmp_path / "checkout")
 
 
 def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_at_the_end(
@@ -329,7 +319,7 @@ def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_a
         assert one["cwd"] != two["cwd"] and Path(one["cwd"]).is_dir() and Path(two["cwd"]).is_dir()
         for run in (one, two):
             assert run["cwd"] == run["env"]["DEVPILOT_WORKDIR"]
-            assert (Path(run["cwd"]) / "README").read_text() == "hello\n"  # a checkout of the repository
+            assert (Path(run["cwd"]) / "README").read_text() == "checkout\n"  # a checkout of the repository
             assert not run["cwd"].startswith(str(repo) + "/")
         branches = subprocess.run(
             ["git", "branch", "--list", "devpilot/*"], cwd=repo, capture_output=True, text=True

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from orchestrator.conversations import Conversations, conversation_key
 from orchestrator.journal import Journal
 from tests.helpers.api import Api, agent_session_event
+from tests.helpers.git import checkout
 from tests.helpers.linear import Linear
 from tests.test_machine_conversations import machine, said, starts
 from tests.test_orchestrator import ROOT, SHORT_LEASE, Orch, wait_for
@@ -226,29 +226,18 @@ def test_keep_days_0_removes_nothing_and_a_negative_value_is_refused(
 
 
 @pytest.fixture
-def checkout(tmp_path: Path) -> Iterator[Path]:
+def repo(tmp_path: Path) -> Path:
     """A git checkout for the orchestrator to run in."""
-    path = tmp_path / "checkout"
-    path.mkdir()
-    for args in (
-        ["init", "-q", "-b", "main"],
-        ["config", "user.email", "t@example.com"],
-        ["config", "user.name", "T"],
-    ):
-        subprocess.run(["git", *args], cwd=path, check=True)
-    (path / "README").write_text("hello\n")
-    subprocess.run(["git", "add", "README"], cwd=path, check=True)
-    subprocess.run(["git", "commit", "-q", "-m", "first"], cwd=path, check=True)
-    yield path
+    return checkout(tmp_path / "checkout")
 
 
 def test_an_old_conversations_worktree_goes_with_it_unless_work_in_it_is_uncommitted(
-    api: Api, linear: Linear, tmp_path: Path, checkout: Path
+    api: Api, linear: Linear, tmp_path: Path, repo: Path
 ) -> None:
     """Two conversations that asked a question and were never answered keep their worktrees; three
     days later the clean one goes with its folder (its branch stays), the one with uncommitted
     work stays with its folder, and the log says why."""
-    o = machine(api, tmp_path, "--worktree", "--pass-env", "PYTHONPATH", "--keep-days", "1", cwd=checkout)
+    o = machine(api, tmp_path, "--worktree", "--pass-env", "PYTHONPATH", "--keep-days", "1", cwd=repo)
     o.start()
     for sid in ("as-wt-clean", "as-wt-dirty"):
         api.webhook(agent_session_event(session_id=sid, issue_id=f"iss-{sid}", body="please [ask]"))
@@ -271,7 +260,7 @@ def test_an_old_conversations_worktree_goes_with_it_unless_work_in_it_is_uncommi
     assert "kept the worktree of as-wt-dirty" in o.log() and "changes nobody committed" in o.log()
     assert "removed 1 conversation(s)" in o.log()
     branches = subprocess.run(
-        ["git", "branch", "--list", "devpilot/*"], cwd=checkout, capture_output=True, text=True
+        ["git", "branch", "--list", "devpilot/*"], cwd=repo, capture_output=True, text=True
     )
     assert "devpilot/as-wt-clean" in branches.stdout  # what the agent committed outlives its worktree
     assert o.stop() == 0

@@ -11,27 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.api import Api, agent_session_event
+from tests.helpers.git import checkout
 from tests.helpers.linear import Linear
 from tests.test_machine_conversations import COMMAND, starts
 from tests.test_orchestrator import Orch, wait_for
 from tests.test_repository_routing import BACKEND, WEB
 
 DOCS = {"hostname": "github.com", "fullName": "acme/docs"}
-
-
-def checkout(path: Path, origin: str | None = None) -> Path:
-    path.mkdir(parents=True)
-    for args in (
-        ["init", "-q", "-b", "main"],
-        ["config", "user.email", "t@example.com"],
-        ["config", "user.name", "T"],
-        *([["remote", "add", "origin", origin]] if origin else []),
-    ):
-        subprocess.run(["git", *args], cwd=path, check=True)
-    (path / "README").write_text(f"{path.name}\n")
-    subprocess.run(["git", "add", "README"], cwd=path, check=True)
-    subprocess.run(["git", "commit", "-q", "-m", "first"], cwd=path, check=True)
-    return path.resolve()
 
 
 def session_machine(api: Api, agent_session: str) -> str | None:
