@@ -464,6 +464,7 @@ class Orchestrator:
             message=path,
             errors=private_dir(self.cfg.state_dir / "logs") / f"{mid}.stderr",
             taken_from_inbox=True,
+            exited=private_dir(self.cfg.state_dir / "exited") / mid,
         )
         try:
             proc = launch(spec, self.cfg.command, env, workdir)
