@@ -99,6 +99,17 @@ class Running:
     name: str
 
 
+@dataclass
+class Earlier:
+    """A COMMAND an earlier run of the orchestrator started, found running: not this process's
+    child, so watched by its marker's pid, and its exit code read from `exited/<messageId>`."""
+
+    pid: int
+    message: dict[str, Any]
+    conv: Conversation
+    name: str
+
+
 class Orchestrator:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -107,6 +118,7 @@ class Orchestrator:
         self.journal = Journal(private_dir(cfg.state_dir) / "journal.sqlite3")
         self.conversations = Conversations(cfg.state_dir)
         self.running: dict[str, Running] = {}  # by message id
+        self.earlier: dict[str, Earlier] = {}  # by message id: watched until reported
         self.stopping = False
         self._critical = 0  # > 0 while an ack is in flight: SIGTERM waits for it
         self._wake = threading.Event()
@@ -134,7 +146,7 @@ class Orchestrator:
             self.journal,
             self.conversations,
             self.workplace,
-            lambda: {mid for mid, r in self.running.items() if r.proc.poll() is None},
+            lambda: {mid for mid, r in self.running.items() if r.proc.poll() is None} | set(self.earlier),
         )
         self._announced = False  # the service has heard what this machine has (`POST /machine`)
         self._announce_after = 0.0  # (monotonic) when to try telling it again
@@ -161,6 +173,7 @@ class Orchestrator:
         try:
             self._housekeep()
             self._resume()
+            self._find_earlier()
             if self.cfg.transport == "realtime":
                 self._start_realtime()
             while not self.stopping:
@@ -195,7 +208,8 @@ class Orchestrator:
         if self.cfg.transport == "listen":
             room = self._room()
             if room > 0:
-                wait = SHORT_POLL_SECONDS if self._waiting_behind() else LONG_POLL_SECONDS
+                short = self.earlier or self._waiting_behind()
+                wait = SHORT_POLL_SECONDS if short else LONG_POLL_SECONDS
                 for m in self.api.claim(min(room, 100), wait_seconds=wait):
                     self._process(m)
                 return
@@ -205,9 +219,14 @@ class Orchestrator:
             and self._realtime is not None
             and self._realtime.connected.is_set()
         ):
-            self._wait_wake(REALTIME_BACKSTOP_SECONDS)
+            self._wait_wake(self._watching(REALTIME_BACKSTOP_SECONDS))
         else:
-            self._wait_wake(self.cfg.poll_interval * random.uniform(0.8, 1.2))
+            self._wait_wake(self._watching(self.cfg.poll_interval * random.uniform(0.8, 1.2)))
+
+    def _watching(self, seconds: float) -> float:
+        """How long the loop may wait: an earlier run's COMMAND sends no SIGCHLD when it exits, so
+        while one is watched the loop looks again within SHORT_POLL_SECONDS."""
+        return min(seconds, SHORT_POLL_SECONDS) if self.earlier else seconds
 
     def _housekeep(self) -> None:
         """When due (`--keep-days`): what is old and finished leaves the state dir
@@ -464,6 +483,7 @@ class Orchestrator:
             message=path,
             errors=private_dir(self.cfg.state_dir / "logs") / f"{mid}.stderr",
             taken_from_inbox=True,
+            exited=private_dir(self.cfg.state_dir / "exited") / mid,
         )
         try:
             proc = launch(spec, self.cfg.command, env, workdir)
@@ -526,6 +546,16 @@ class Orchestrator:
         finally:
             self._critical -= 1
 
+    def _find_earlier(self) -> None:
+        """At start-up, once: the COMMANDs an earlier run started that still run are watched."""
+        for a in self.journal.ages():
+            mid = a.message_id
+            if a.state in ("starting", "started") and mid not in self.running:
+                pid = commands.running_pid(self._marker(mid), mid)
+                entry = self.journal.get(mid) if pid else None
+                if entry is not None:
+                    self._watch(pid, entry.message)
+
     def _reap(self) -> None:
         for mid, run in list(self.running.items()):
             code = run.proc.poll()
@@ -536,30 +566,51 @@ class Orchestrator:
             if mid in self.stopped:
                 self.stopped.discard(mid)
                 continue
-            self._after_exit(run, code)
+            self._after_exit(run.message, run.conv, code)
+        for mid, earlier in list(self.earlier.items()):
+            if commands.running_pid(self._marker(mid), mid):
+                continue
+            del self.earlier[mid]
+            code = commands.exit_code(self.cfg.state_dir / "exited" / mid)
+            self.log(
+                "finished",
+                f"{earlier.name} (started before the orchestrator restarted) finished with exit code "
+                f"{'unknown' if code is None else code}",
+                messageId=mid,
+                exitCode=code,
+            )
+            if mid in self.stopped:
+                self.stopped.discard(mid)
+                continue
+            self._after_exit(earlier.message, earlier.conv, code)
 
     # --- conversations -----------------------------------------------------------------------
-    def _after_exit(self, run: Running, code: int) -> None:
+    def _after_exit(self, m: dict[str, Any], conv: Conversation, code: int | None) -> None:
         """COMMAND ended. Linear completes a session on a `response` and shows an `error`: when
         COMMAND did not say its own last word, the orchestrator says it (with a stable id: said
         once, even if repeated), unless COMMAND asked the person something (an elicitation: the
         answer comes as a follow-up) or follow-ups it never read are waiting (the next COMMAND
-        takes them). A conversation whose last word is said is over: its worktree goes."""
-        m, mid = run.message, run.message["messageId"]
+        takes them). A conversation whose last word is said is over: its worktree goes. `code` is
+        None when nothing recorded it (an earlier run's COMMAND whose launcher was killed)."""
+        mid = m["messageId"]
         last = self._said(mid)
-        waiting = bool(self.conversations.pending(run.conv))
+        waiting = bool(self.conversations.pending(conv))
         if speaks_in(m) and last not in FINAL:
             if code != 0:
                 tail = commands.tail(self.cfg.state_dir / "logs" / f"{mid}.stderr")
-                self._post_activity(
-                    m, {"type": "error", "body": f"The agent exited with code {code}.{tail}"}, f"{mid}:exit"
+                how = (
+                    "The agent ended, but its exit code is unknown: it was started before the "
+                    "orchestrator restarted, and its launcher did not record how it ended."
+                    if code is None
+                    else f"The agent exited with code {code}."
                 )
+                self._post_activity(m, {"type": "error", "body": f"{how}{tail}"}, f"{mid}:exit")
                 last = "error"
             elif last != "elicitation" and not waiting:
                 self._post_activity(m, {"type": "response", "body": "Finished."}, f"{mid}:exit")
                 last = "response"
         if (last in FINAL or not m.get("agentSessionId")) and not waiting:
-            self._end(run.conv)
+            self._end(conv)
 
     def _said(self, mid: str) -> str | None:
         """The type of the last activity COMMAND posted with `devpilot-orchestrator activity`."""
@@ -576,20 +627,33 @@ class Orchestrator:
 
     def _busy(self, conv: Conversation) -> bool:
         """Whether a COMMAND of this conversation runs: one this process started, or one an
-        earlier run started (found by its marker's pid, checked to still be that message's)."""
-        if any(r.conv.folder == conv.folder and r.proc.poll() is None for r in self.running.values()):
+        earlier run started (found by its marker's pid, checked to still be that message's). One
+        that ended counts until `_reap` has said its last word."""
+        if any(r.conv.folder == conv.folder for r in self.running.values()):
+            return True
+        if any(e.conv.folder == conv.folder for e in self.earlier.values()):
             return True
         return bool(self._earlier_processes(conv.key))
 
     def _earlier_processes(self, key: str) -> list[int]:
+        """The pids of the conversation's COMMANDs an earlier run started that still run; each is
+        watched from now on (`_reap` reports its exit)."""
         pids = []
         for entry in self.journal.started_in(key):
-            if entry.message_id in self.running:
+            mid = entry.message_id
+            if mid in self.running:
                 continue
-            pid = commands.running_pid(self._marker(entry.message_id), entry.message_id)
+            pid = commands.running_pid(self._marker(mid), mid)
             if pid:
                 pids.append(pid)
+                self._watch(pid, entry.message)
         return pids
+
+    def _watch(self, pid: int, m: dict[str, Any]) -> None:
+        if m["messageId"] not in self.earlier:
+            conv = self.conversations.of(conversation_key(m))
+            self.earlier[m["messageId"]] = Earlier(pid, m, conv, _name(m))
+            self.log("watching", f"{_name(m)} runs, started before the orchestrator restarted (pid {pid})")
 
     def _post_activity(self, m: dict[str, Any], content: dict[str, Any], key: str) -> None:
         agent_session_id = speaks_in(m)
@@ -622,6 +686,7 @@ class Orchestrator:
         ]
         self.stopped.update(k for k, r in self.running.items() if r.conv.folder == conv.folder)
         groups += self._earlier_processes(conv.key)
+        self.stopped.update(k for k, e in self.earlier.items() if e.conv.folder == conv.folder)
         commands.end_groups(groups, self.cfg.stop_grace, self._alive)
         dropped = self.conversations.clear(conv)
         self._post_activity(m, {"type": "response", "body": "Stopped, as asked in Linear."}, f"{mid}:stop")

@@ -2,10 +2,13 @@
 
 COMMAND is started through a tiny launcher, a child in its own session: it puts the message on
 COMMAND's stdin, sends COMMAND's stderr to a file (its tail goes to Linear if COMMAND fails),
-records durably that the start happened (the `started/<messageId>` marker, holding the pid: a
-later stop finds the process by it), takes the message out of the inbox, then becomes COMMAND.
-It is independent of the orchestrator once forked, so a crash anywhere around the fork neither
-loses the start nor doubles it.
+records durably that the start happened (the `started/<messageId>` marker, holding its pid: a
+later stop finds the process group by it), takes the message out of the inbox, then runs COMMAND
+as its child in the same session and waits for it. It ignores SIGTERM and SIGINT itself (COMMAND
+gets the group's signal and decides), records how COMMAND ended (`exited/<messageId>`: the exit
+code, or -N for signal N) and ends the same way, so its parent reads COMMAND's own status. It is
+independent of the orchestrator once forked, so a crash anywhere around the fork neither loses
+the start nor doubles it, and an orchestrator started later reads the exit code from the file.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAUNCHER = """
-import os, sys
-marker, message, errors, taken = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+import os, signal, sys
+marker, message, errors, taken, exited = sys.argv[1:6]
 fd = os.open(message, os.O_RDONLY)
 os.dup2(fd, 0)
 os.close(fd)
@@ -38,7 +41,30 @@ if taken == "1":
         os.unlink(message)
     except FileNotFoundError:
         pass
-os.execvp(sys.argv[5], sys.argv[5:])
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
+pid = os.fork()
+if pid == 0:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(sys.argv[6], sys.argv[6:])
+    except OSError as exc:
+        os.write(2, f"cannot run {sys.argv[6]}: {exc}\\n".encode())
+        os._exit(127)
+status = os.waitpid(pid, 0)[1]
+code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+fd = os.open(exited, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+os.write(fd, str(code).encode())
+os.fsync(fd)
+os.close(fd)
+if code < 0:
+    try:
+        signal.signal(-code, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass  # SIGKILL, SIGSTOP: never caught, never ignored
+    os.kill(os.getpid(), -code)
+os._exit(code if code >= 0 else 128 - code)
 """
 
 
@@ -48,6 +74,7 @@ class Launch:
     message: Path  # the message, on COMMAND's stdin
     errors: Path  # COMMAND's stderr
     taken_from_inbox: bool  # the message file is in the inbox: the launcher removes it
+    exited: Path  # `exited/<messageId>`: written by the launcher when COMMAND has ended
 
 
 def launch(spec: Launch, command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
@@ -60,6 +87,7 @@ def launch(spec: Launch, command: list[str], env: dict[str, str], cwd: Path) -> 
             str(spec.message),
             str(spec.errors),
             "1" if spec.taken_from_inbox else "0",
+            str(spec.exited),
             *command,
         ],
         stdin=subprocess.DEVNULL,
@@ -101,8 +129,17 @@ def running_pid(marker: Path, message_id: str) -> int:
     return pid if pid > 0 and runs_message(pid, message_id) else 0
 
 
+def exit_code(exited: Path) -> int | None:
+    """The exit code the launcher recorded in `exited/<messageId>` (-N: signal N), or None."""
+    try:
+        return int(exited.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def end_groups(pids: list[int], grace: float, alive: Callable[[int], bool]) -> None:
-    """SIGTERM to each process group (COMMAND leads its own session), SIGKILL after `grace`."""
+    """SIGTERM to each process group (the launcher leads its session, COMMAND is in it), SIGKILL
+    after `grace`."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)

@@ -14,7 +14,7 @@ What goes, once N days have passed without a change:
   messages changed, after its worktree (removed only when nothing in it is uncommitted, as at the
   conversation's end; a worktree kept keeps its folder too). A conversation resumed in Linear after
   that starts here anew: the transcript from its agent session's activities and the new message;
-- each message's `inboxed/`, `started/` and `responded/` file and `logs/<messageId>.stderr`;
+- each message's `inboxed/`, `started/`, `exited/` and `responded/` file and `logs/<messageId>.stderr`;
 - the journal rows of finished messages whose conversation folder is gone (while it is here, its
   transcript is made from them).
 """
@@ -36,7 +36,7 @@ from orchestrator.workplace import Workplace
 
 DAY_SECONDS = 86_400
 EVERY_SECONDS = 3_600.0  # between two runs while the orchestrator runs
-PER_MESSAGE = ("inboxed", "started", "responded", "logs")  # folders holding a file per message
+PER_MESSAGE = ("inboxed", "started", "exited", "responded", "logs")  # folders holding a file per message
 
 
 @dataclass

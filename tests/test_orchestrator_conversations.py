@@ -1,6 +1,7 @@
 """The reference orchestrator in a conversation, as real processes: start and prompt run COMMAND
 with the prompt; COMMAND talks to Linear with a token scoped to its agent session; its exit is
-reported; Linear's stop ends its process group, also after the orchestrator was SIGKILLed."""
+reported; Linear's stop ends its process group, also after the orchestrator was SIGKILLed; the
+exit of a COMMAND an earlier (SIGKILLed) orchestrator started is reported once by the next one."""
 
 from __future__ import annotations
 
@@ -135,4 +136,76 @@ def test_stop_finds_an_agent_started_before_the_orchestrator_was_sigkilled(
     assert wait_said(linear, "as-c4", "response") == "Stopped, as asked in Linear."
     wait_for(lambda: not alive(pid), timeout=10, what="the old agent ended")
     assert len(o.starts()) == 1
+    assert o.stop() == 0
+
+
+def restarted_while_held(api: Api, machine: Any, session: str, body: str) -> tuple[Orch, int]:
+    """An orchestrator SIGKILLed while its COMMAND ("[hold]") runs, and started again."""
+    o, _ = machine()
+    o.start()
+    api.webhook(agent_session_event(session_id=session, body=body))
+    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
+    pid = o.starts()[0]["pid"]
+    o.signal(signal.SIGKILL)
+    assert o.proc is not None
+    o.proc.wait()
+    assert alive(pid)
+    o.start()
+    wait_for(lambda: "started before the orchestrator restarted" in o.log(), what="the old agent watched")
+    return o, pid
+
+
+def finals(linear: Linear, session: str) -> list[tuple[str, str]]:
+    """What Linear heard but thoughts (the service's own "Queued for ...", COMMAND's)."""
+    return [(t, body) for t, body in said(linear, session) if t != "thought"]
+
+
+def release(o: Orch) -> None:
+    Path(f"{o.started_file}.release").touch()
+
+
+def test_an_agent_started_before_a_sigkill_that_exits_0_is_answered_finished_once(
+    api: Api, linear: Linear, machine: Any
+) -> None:
+    o, pid = restarted_while_held(api, machine, "as-c5", "please [hold]")
+    assert finals(linear, "as-c5") == []
+    release(o)
+    assert wait_said(linear, "as-c5", "response") == "Finished."
+    wait_for(lambda: not alive(pid), timeout=10, what="the old agent ended")
+    time.sleep(1.5)  # (a second report would come within a loop or two)
+    assert finals(linear, "as-c5") == [("response", "Finished.")]
+    assert len(o.starts()) == 1
+    assert o.stop() == 0
+
+
+def test_an_agent_started_before_a_sigkill_that_exits_3_reports_the_error_then_the_follow_up_runs(
+    api: Api, linear: Linear, machine: Any
+) -> None:
+    o, pid = restarted_while_held(api, machine, "as-c6", "please [hold] [fail]")
+    api.webhook(agent_session_event(session_id="as-c6", action="prompted", body="[talk] again"))
+    time.sleep(1.5)
+    assert alive(pid) and len(o.starts()) == 1  # the follow-up waits while the old agent runs
+    release(o)
+    error = wait_said(linear, "as-c6", "error")
+    assert "exited with code 3" in error and "boom: the build is broken" in error
+    wait_for(lambda: len(o.starts()) == 2, what="the follow-up started")
+    assert o.starts()[1]["env"]["DEVPILOT_PROMPT"] == "[talk] again"
+    assert wait_said(linear, "as-c6", "response") == "Finished."
+    time.sleep(1.5)
+    assert [t for t, _ in finals(linear, "as-c6")] == ["error", "response"]
+    assert o.stop() == 0
+
+
+def test_an_agent_started_before_a_sigkill_whose_launcher_is_killed_too_is_an_unknown_exit(
+    api: Api, linear: Linear, machine: Any
+) -> None:
+    o, pid = restarted_while_held(api, machine, "as-c7", "please [hold]")
+    mid = o.starts()[0]["messageId"]
+    launcher = int((o.state / "started" / mid).read_text())
+    os.killpg(launcher, signal.SIGKILL)  # the launcher and COMMAND: nothing records the exit
+    error = wait_said(linear, "as-c7", "error")
+    assert "exit code is unknown" in error and not alive(pid)
+    assert not (o.state / "exited" / mid).exists()
+    time.sleep(1.5)
+    assert [t for t, _ in finals(linear, "as-c7")] == ["error"]
     assert o.stop() == 0

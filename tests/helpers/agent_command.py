@@ -6,7 +6,8 @@ it was asked (DEVPILOT_PROMPT):
 - "[listen]" (or "[listen:N]"): once N files (1) are in its inbox (DEVPILOT_INBOX), reads it for up
   to 30 s, recording each follow-up it takes (one JSON line each, then the file removed), until one
   says "[done]"; then answers and exits 0;
-- "[fail]": writes to stderr and exits 3; "[sleep]": runs until it is stopped; anything else exits 0."""
+- "[fail]": writes to stderr and exits 3; "[sleep]": runs until it is stopped; anything else exits 0;
+- "[hold]" (before any of the above): waits (up to 60 s) for `<argv[1]>.release` to exist."""
 
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ record(
     }
 )
 prompt = os.environ.get("DEVPILOT_PROMPT", "")
+if "[hold]" in prompt:
+    held = time.monotonic() + 60
+    while not Path(f"{out}.release").exists() and time.monotonic() < held:
+        time.sleep(0.05)
 if "[talk]" in prompt:
     activity("--type", "thought", f"working on: {prompt}")
 elif "[ask]" in prompt:
