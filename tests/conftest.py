@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pytest_httpserver import HTTPServer
@@ -12,6 +13,7 @@ from shared.settings import Settings
 from tests.helpers import bouncer
 from tests.helpers.api import Api
 from tests.helpers.data import MakeOrch, Orch, api_settings
+from tests.helpers.git import checkout
 from tests.helpers.linear import Linear
 from tests.helpers.pg import Server
 
@@ -105,3 +107,9 @@ def linear(api: Api, httpserver: HTTPServer) -> Linear:
     )
     assert r.status_code == 200, r.text
     return stand_in
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git checkout for the orchestrator to run in."""
+    return checkout(tmp_path / "checkout")

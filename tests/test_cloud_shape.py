@@ -20,6 +20,7 @@ from shared.db import Pool
 from shared.linear import sign
 from tests.helpers.api import ADMIN, SECRET, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one
+from tests.helpers.fresh_python import run_json
 from tests.helpers.serving import free_ports
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
@@ -134,16 +135,7 @@ def cold_request(db_url: str, target: str, body: bytes, headers: dict[str, str],
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url, **env}
     if not env.get("DEVPILOT_METRICS"):
         environ.pop("DEVPILOT_METRICS", None)
-    out = subprocess.run(
-        [sys.executable, "-c", ONE_REQUEST, target, body.decode(), json.dumps(headers)],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json(ONE_REQUEST, target, body.decode(), json.dumps(headers), env=environ)
 
 
 @pytest.mark.parametrize("metrics", [False, True])

@@ -192,9 +192,8 @@ class Rig:
     def __init__(
         self, db_url: str, tmp: Path, *, prefix: str, direct: bool = False, users: int = 1, senders: int = 4
     ) -> None:
-        target = conninfo_to_dict(db_url)
         self.db_url = db_url
-        self.proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+        self.proxy = FaultProxy.in_front_of(db_url)
         self.served_url = db_url if direct else self.proxy.url_for(db_url)
         self.pool: Pool = open_pool(db_url, Settings(DATABASE_URL=None), max_size=4)
         port = free_port()
@@ -369,10 +368,9 @@ def report(name: str, figures: dict[str, Any]) -> None:
     print(f"\n{name}: " + json.dumps(figures))
 
 
-def proxied_pool(db_url: str, **settings: Any) -> tuple[FaultProxy, Pool]:
-    target = conninfo_to_dict(db_url)
-    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
-    return proxy, open_pool(proxy.url_for(db_url), Settings(DATABASE_URL=None, **settings), max_size=2)
+def proxied_pool(db_url: str, settings: Settings | None = None) -> tuple[FaultProxy, Pool]:
+    proxy = FaultProxy.in_front_of(db_url)
+    return proxy, open_pool(proxy.url_for(db_url), settings or Settings(DATABASE_URL=None), max_size=2)
 
 
 def test_a_stalled_statement_ends_at_the_deadline_and_nothing_it_began_remains(db_url: str) -> None:
@@ -412,9 +410,7 @@ def test_the_sweep_ends_at_its_own_deadline_while_the_database_stalls(db_url: st
     from shared.wakeups import Wakeups
 
     settings = Settings(DATABASE_URL=None, DEVPILOT_SWEEP_DEADLINE_SECONDS=within)
-    target = conninfo_to_dict(db_url)
-    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
-    pool = open_pool(proxy.url_for(db_url), settings, max_size=2)
+    proxy, pool = proxied_pool(db_url, settings)
     try:
         service = Dispatch(pool, settings, Wakeups(db_url))
         service.sweep()  # (the link passing: it sweeps)
@@ -456,8 +452,7 @@ def test_sessions_carry_the_server_side_limits(db_url: str) -> None:
 
 
 def test_a_connection_attempt_that_times_out_leaves_no_socket(db_url: str) -> None:
-    target = conninfo_to_dict(db_url)
-    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    proxy = FaultProxy.in_front_of(db_url)
     try:
         proxy.stall()
         for _ in range(2):
@@ -623,8 +618,7 @@ def test_a_cold_function_instance_answers_in_time_while_the_database_stalls(db_u
     the same instance serves without a restart."""
     from tests.test_orchestrator import ROOT
 
-    target = conninfo_to_dict(db_url)
-    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    proxy = FaultProxy.in_front_of(db_url)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -700,8 +694,7 @@ def test_the_cut_follows_the_connection_that_sent_the_marker_last(db_url: str) -
     connection (the one-statement try, which wrote nothing) and do its transaction on another. The
     first connection's next COMMIT belongs to someone else and must pass; the cut is the COMMIT of
     the connection that sent the marker last."""
-    target = conninfo_to_dict(db_url)
-    proxy = FaultProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    proxy = FaultProxy.in_front_of(db_url)
     try:
         tried = psycopg.connect(proxy.url_for(db_url), autocommit=True)
         worker = psycopg.connect(proxy.url_for(db_url))

@@ -17,7 +17,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from shared.signin import s256
-from tests.helpers.api import Api, issue_event
+from tests.helpers.api import Api, app_revoked_event, issue_event
 from tests.helpers.browser import Browser, form_fields, query
 from tests.helpers.linear import LinearOAuth, person
 from tests.test_oauth import install, linear_env
@@ -457,16 +457,7 @@ def test_after_the_app_is_uninstalled_what_was_granted_stays_and_new_sign_ins_ar
     laptop = login(api, linear, "u-alice", "laptop")
     page = me_sign_in(api, linear, browser, "u-alice")
     queued = api.webhook(issue_event(org=ACME["id"], assignee="u-alice", issue_id="iss-un")).json()
-    revoked = {
-        "type": "OAuthApp",
-        "action": "revoked",
-        "organizationId": ACME["id"],
-        "oauthClientId": "client-id",
-        "createdAt": "2026-12-06T10:00:00.000Z",
-        "webhookId": "w-un",
-        "webhookTimestamp": int(time.time() * 1000),
-    }
-    assert api.webhook(revoked).json()["status"] == "ignored"
+    assert api.webhook(app_revoked_event(ACME["id"])).json()["status"] == "ignored"
     started = ask(api, "desktop")
     refused = browser.go(started["startUrl"], stop_at="http://127.0.0.1:40123/")
     assert refused.status_code == 403 and "workspace_not_connected" in refused.text

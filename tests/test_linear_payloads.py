@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
+from shared import linear_auth
+from shared.db import transaction
 from shared.routing import NO_ASSIGNEE, NOT_CONNECTED
-from tests.helpers.api import ROOT_PLACEHOLDER, SECRET, Api, agent_session_event, now_ms
+from tests.helpers.api import ROOT_PLACEHOLDER, SECRET, Api, agent_session_event, app_revoked_event
 from tests.helpers.data import row_counts
 from tests.helpers.linear import Linear
+from tests.test_orchestrator import wait_for
 
 SECOND_SECRET = "the-oauth-apps-own-signing-secret"
 
@@ -139,23 +142,19 @@ def test_an_automation_session_in_a_disconnected_workspace_says_why_once_it_can(
     until a new install can post it (posting needs the connection), so it is not lost."""
     api.register(user="user-1")
     linear.issues["iss-nc"] = {"assignee": {"id": "user-1", "name": "Al"}}
-    with api.pool.connection() as conn:
-        conn.execute(
-            "UPDATE linear_credentials SET disconnected_at = now(), disconnect_reason = 'uninstalled'"
-            " WHERE org_id = 'org-a'"
-        )
+    with transaction(api.pool) as tx:
+        assert linear_auth.disconnect(tx, "org-a", "the app was uninstalled")
     answer = api.webhook(agent_session_event(session_id="as-nc", creator=None, issue_id="iss-nc")).json()
     assert answer["status"] == "routing"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def held() -> list[dict[str, Any]]:
         with api.pool.connection() as conn:
-            held = conn.execute(
-                "SELECT kind, body, sent_at FROM linear_notices WHERE agent_session_id = 'as-nc'"
+            return conn.execute(
+                "SELECT body, sent_at FROM linear_notices WHERE agent_session_id = 'as-nc'"
             ).fetchall()
-        if held:
-            break
-        time.sleep(0.05)
-    assert [(h["body"], h["sent_at"]) for h in held] == [(NOT_CONNECTED, None)]
+
+    wait_for(held, 10, "the reason written for Linear")
+    assert [(h["body"], h["sent_at"]) for h in held()] == [(NOT_CONNECTED, None)]
     assert assignee_reads(linear) == [] and linear.activities() == []
     assert row_counts(api.pool)["sessions"] == 0 and row_counts(api.pool)["queue"] == 0
 
@@ -285,24 +284,13 @@ def test_a_body_signed_by_either_webhook_secret_is_accepted(api: Api) -> None:
 
 
 def test_only_our_own_apps_uninstall_disconnects_the_org(api: Api, linear: Linear) -> None:
-    def revoked(client: str) -> dict[str, Any]:
-        return {
-            "type": "OAuthApp",
-            "action": "revoked",
-            "organizationId": "org-a",
-            "oauthClientId": client,
-            "createdAt": "2026-12-05T10:00:00.000Z",
-            "webhookId": "webhook-ws",
-            "webhookTimestamp": now_ms(),
-        }
-
     def connected() -> bool:
         r = api.http.get("/linear-credentials", headers=api.admin())
         return bool(next(o for o in r.json()["orgs"] if o["orgId"] == "org-a")["connected"])
 
-    r = api.webhook(revoked("someone-elses-app"))
+    r = api.webhook(app_revoked_event(client="someone-elses-app"))
     assert r.json() == {"status": "ignored", "reason": "another_app_revoked"} and connected()
-    api.webhook(revoked("our-client-id"))
+    api.webhook(app_revoked_event(client="our-client-id"))
     assert not connected()
 
 

@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from orchestrator.environment import BASICS
 from tests.helpers.api import Api, agent_session_event
-from tests.helpers.git import checkout
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
@@ -184,6 +182,17 @@ def test_sigkill_between_the_inbox_and_the_ack_delivers_the_follow_up_exactly_on
     assert o.stop() == 0
 
 
+def follow_up_claimed(api: Api, o: Orch, session_id: str) -> dict[str, Any]:
+    """The agent session's start delivered to `o`'s machine and its follow-up claimed by hand, as
+    the machine's own claim would have taken it just before a crash: the claimed message."""
+    api.webhook(agent_session_event(session_id=session_id))
+    [start] = api.post_as(o.token, "/claim").json()["messages"]
+    api.post_as(o.token, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]})
+    api.webhook(agent_session_event(session_id=session_id, action="prompted", body="read before the crash"))
+    [m] = api.post_as(o.token, "/claim").json()["messages"]
+    return dict(m)
+
+
 def test_a_follow_up_written_before_a_crash_is_never_written_again(api: Api, tmp_path: Path) -> None:
     """SIGKILLed after writing a follow-up into the inbox and before its journal said so: the agent
     had already read it (and removed it). The next run finds the write made (the inbox's link),
@@ -192,12 +201,7 @@ def test_a_follow_up_written_before_a_crash_is_never_written_again(api: Api, tmp
     from orchestrator.journal import Journal
 
     o = machine(api, tmp_path)
-    token = o.args[o.args.index("--token") + 1]
-    api.webhook(agent_session_event(session_id="as-crash"))
-    [start] = api.post_as(token, "/claim").json()["messages"]
-    api.post_as(token, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]})
-    api.webhook(agent_session_event(session_id="as-crash", action="prompted", body="read before the crash"))
-    [m] = api.post_as(token, "/claim").json()["messages"]
+    m = follow_up_claimed(api, o, "as-crash")
     journal = Journal(o.state / "journal.sqlite3")
     journal.record(m)  # journaled, not yet marked inboxed
     journal.close()
@@ -290,20 +294,22 @@ def test_command_gets_a_clean_environment_and_only_what_is_passed_on_purpose(
         assert o.stop() == 0
 
 
-def test_pass_env_never_passes_the_machines_token(api: Api, tmp_path: Path) -> None:
+def started_with(api: Api, *flags: str) -> subprocess.CompletedProcess[str]:
+    """The orchestrator started with `flags` for a registered machine (COMMAND `true`), to its
+    exit: for the flags it refuses at start."""
     _, token = api.register(user="user-1")
-    r = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "--url", api.url, "--token", token,
-         "--pass-env", "DEVPILOT_ORCHESTRATOR_TOKEN", "--", "true"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "--url", api.url, "--token", token, *flags, "--", "true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_pass_env_never_passes_the_machines_token(api: Api, tmp_path: Path) -> None:
+    r = started_with(api, "--pass-env", "DEVPILOT_ORCHESTRATOR_TOKEN")
     assert r.returncode == 2 and "never gets the machine's token" in r.stderr
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A git checkout for the orchestrator to run in."""
-    return checkout(tmp_path / "checkout")
 
 
 def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_at_the_end(

@@ -17,7 +17,7 @@ from pytest_httpserver import HTTPServer
 
 from shared import crypto
 from shared.db import Pool
-from tests.helpers.api import ADMIN, Api, agent_session_event
+from tests.helpers.api import ADMIN, Api, agent_session_event, app_revoked_event
 from tests.helpers.data import ENCRYPTION_KEY, row_counts, write_notice
 from tests.helpers.linear import LinearOAuth
 
@@ -219,16 +219,7 @@ def test_a_post_put_back_to_wait_keeps_its_attempts_and_touches_no_other(
 
 def test_linear_revoking_the_app_disconnects_the_org(api: Api, linear: LinearOAuth) -> None:
     install(api)
-    event = {
-        "type": "OAuthApp",
-        "action": "revoked",
-        "organizationId": ORG,
-        "oauthClientId": "client-id",
-        "createdAt": "2026-12-03T10:00:00.000Z",
-        "webhookId": "w-1",
-        "webhookTimestamp": int(time.time() * 1000),
-    }
-    answer = api.webhook(event).json()
+    answer = api.webhook(app_revoked_event(ORG)).json()
     assert answer["status"] == "ignored" and answer["reason"]  # the contract's ignored shape
     assert credentials(api.pool)["disconnect_reason"].startswith("the app was uninstalled")
 

@@ -38,6 +38,7 @@ class Orch:
         cwd: Path = ROOT,
         env: dict[str, str] | None = None,
     ) -> None:
+        self.token = token  # the machine's, for the tests' own calls as it
         self.token_env = {"DEVPILOT_ORCHESTRATOR_TOKEN": token} if token_in_env else {}
         self.cwd, self.env = cwd, env or {}
         self.started_file = tmp / "started.jsonl"
@@ -381,10 +382,8 @@ def test_resume_of_an_interrupted_start_uses_the_marker(api: Api, orch_factory: 
 
     o = orch_factory("poll", interval=30)
     api.webhook(issue_event(issue_id="interrupted"))
-    [m] = api.post_as(o.args[o.args.index("--token") + 1], "/claim").json()["messages"]
-    api.post_as(
-        o.args[o.args.index("--token") + 1], "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]}
-    )
+    [m] = api.post_as(o.token, "/claim").json()["messages"]
+    api.post_as(o.token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
     j = Journal(o.state / "journal.sqlite3")
     j.record(m)
     conversations = Conversations(o.state)

@@ -12,7 +12,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,10 +21,9 @@ import pytest
 from orchestrator.conversations import Conversations, conversation_key
 from orchestrator.journal import Journal
 from tests.helpers.api import Api, agent_session_event
-from tests.helpers.git import checkout
 from tests.helpers.linear import Linear
-from tests.test_machine_conversations import machine, said, starts
-from tests.test_orchestrator import ROOT, SHORT_LEASE, Orch, wait_for
+from tests.test_machine_conversations import follow_up_claimed, machine, said, started_with, starts
+from tests.test_orchestrator import SHORT_LEASE, Orch, wait_for
 from tests.test_orchestrator_conversations import alive
 
 BACK = 3 * 86_400  # seconds things are set back: older than --keep-days 1
@@ -65,10 +63,6 @@ def set_back(o: Orch, session: str) -> list[Path]:
     return files
 
 
-def token_of(o: Orch) -> str:
-    return o.args[o.args.index("--token") + 1]
-
-
 def test_old_finished_conversations_go_and_recent_or_unfinished_ones_stay(
     api: Api, linear: Linear, tmp_path: Path
 ) -> None:
@@ -82,7 +76,7 @@ def test_old_finished_conversations_go_and_recent_or_unfinished_ones_stay(
     assert o.stop() == 0
     # as-pending: a follow-up taken and journaled, and the machine stopped before its inbox write.
     api.webhook(agent_session_event(session_id="as-pending", action="prompted", body="go on"))
-    [follow_up] = api.post_as(token_of(o), "/claim").json()["messages"]
+    [follow_up] = api.post_as(o.token, "/claim").json()["messages"]
     journal = Journal(o.state / "journal.sqlite3")
     journal.record(follow_up)
     journal.close()
@@ -143,12 +137,8 @@ def test_a_redelivered_message_of_a_kept_conversation_is_never_written_twice(
     restarted machine with --keep-days 1 keeps it (unfinished), and when the service delivers the
     same message again it is acked, neither written into the inbox again nor started."""
     o = machine(api, tmp_path, "--keep-days", "1")
-    token = token_of(o)
-    api.webhook(agent_session_event(session_id="as-again"))
-    [start] = api.post_as(token, "/claim").json()["messages"]
-    api.post_as(token, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]})
-    api.webhook(agent_session_event(session_id="as-again", action="prompted", body="read before the crash"))
-    [m] = api.post_as(token, "/claim").json()["messages"]
+    token = o.token
+    m = follow_up_claimed(api, o, "as-again")
     journal = Journal(o.state / "journal.sqlite3")
     journal.record(m)
     conversations = Conversations(o.state)
@@ -216,19 +206,8 @@ def test_keep_days_0_removes_nothing_and_a_negative_value_is_refused(
     assert sorted((o.state / "conversations" / "as-kept").rglob("*")) == before and before
     assert all(f.exists() for f in files) and len(journal_rows(o, "as-kept")) == 1
 
-    _, token = api.register(user="user-1")
-    r = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "--url", api.url, "--token", token,
-         "--keep-days", "-1", "--", "true"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    r = started_with(api, "--keep-days", "-1")
     assert r.returncode == 2 and "--keep-days must be 1 or more (days), or 0" in r.stderr, r.stderr
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A git checkout for the orchestrator to run in."""
-    return checkout(tmp_path / "checkout")
 
 
 def test_an_old_conversations_worktree_goes_with_it_unless_work_in_it_is_uncommitted(

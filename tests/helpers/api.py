@@ -109,6 +109,19 @@ def issue_event(
     return event
 
 
+def app_revoked_event(org: str = "org-a", client: str = "client-id") -> dict[str, Any]:
+    """Linear's `OAuthApp revoked`: the app of OAuth client `client` uninstalled from `org`."""
+    return {
+        "type": "OAuthApp",
+        "action": "revoked",
+        "organizationId": org,
+        "oauthClientId": client,
+        "createdAt": _updated_at(),
+        "webhookId": "webhook-1",
+        "webhookTimestamp": now_ms(),
+    }
+
+
 ROOT_PLACEHOLDER = "This thread is for an agent session with devpilot."  # Linear's, for a delegation
 
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 Mode = Literal["pass", "stall", "reset", "slow"]
 CHUNK = 65536
@@ -111,6 +111,12 @@ class FaultProxy:
         self._thread.start()
         started.wait(10)
         self.port: int = self._port
+
+    @classmethod
+    def in_front_of(cls, db_url: str) -> FaultProxy:
+        """A proxy to the server `db_url` names (its host and port); `url_for` reaches it."""
+        target = conninfo_to_dict(db_url)
+        return cls(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
 
     # --- control, from any thread -----------------------------------------------------------
     def url_for(self, db_url: str) -> str:

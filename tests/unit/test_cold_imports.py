@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -18,8 +15,8 @@ import pytest
 from shared.linear import sign
 from tests.helpers.api import SECRET, issue_event
 from tests.helpers.data import MakeOrch
+from tests.helpers.fresh_python import ROOT, run_json
 
-ROOT = Path(__file__).resolve().parents[2]
 HEAVY = [
     "httpx",
     "cryptography",
@@ -39,10 +36,7 @@ def loaded_by(target: str) -> set[str]:
         f"getattr(m, {target!r}); importlib.import_module(BY_NAME[{target!r}].module); "
         "print(json.dumps(sorted(sys.modules)))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-    return set(json.loads(out))
+    return set(run_json(code))
 
 
 @pytest.mark.parametrize("target", ["claim", "ack", "release", "healthz"])
@@ -57,8 +51,7 @@ def test_the_webhook_target_loads_its_intake_when_it_first_answers() -> None:
         "import sys, json, functions.webhook, shared.dispatch, shared.intake; "
         "print(json.dumps(sorted(sys.modules)))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    loaded = set(json.loads(out.stdout))
+    loaded = set(run_json(code))
     assert {"shared.linear", "shared.intake", "shared.notices", "shared.linear_auth"} <= loaded
     assert "httpx" not in loaded
 
@@ -110,16 +103,7 @@ def first_request(db_url: str, target: str, method: str, body: bytes, headers: d
     }
     for name in ("DEVPILOT_METRICS", "PYDANTIC_DISABLE_PLUGINS"):  # (a fresh instance's environment)
         env.pop(name, None)
-    out = subprocess.run(
-        [sys.executable, "-c", FIRST_REQUEST, target, method, body.decode(), json.dumps(headers)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json(FIRST_REQUEST, target, method, body.decode(), json.dumps(headers), env=env)
 
 
 def test_each_target_serves_its_first_request_without_what_it_does_not_need(
