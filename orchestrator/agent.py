@@ -146,7 +146,7 @@ class Orchestrator:
             self.journal,
             self.conversations,
             self.workplace,
-            lambda: {mid for mid, r in self.running.items() if r.proc.poll() is None} | set(self.earlier),
+            lambda: set(self.running) | set(self.earlier),
         )
         self._announced = False  # the service has heard what this machine has (`POST /machine`)
         self._announce_after = 0.0  # (monotonic) when to try telling it again
@@ -171,9 +171,9 @@ class Orchestrator:
             f"{self.cfg.transport}, state in {self.cfg.state_dir}",
         )
         try:
+            self._find_earlier()  # (first: housekeeping must know every COMMAND that runs)
             self._housekeep()
             self._resume()
-            self._find_earlier()
             if self.cfg.transport == "realtime":
                 self._start_realtime()
             while not self.stopping:

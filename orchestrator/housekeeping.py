@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import commands
 from orchestrator.conversations import Conversation, Conversations, conversation_key, message_id
 from orchestrator.journal import UNFINISHED, Age, Journal
 from orchestrator.messages import is_uuid
@@ -55,7 +54,9 @@ class Housekeeping:
         journal: Journal,
         conversations: Conversations,
         workplace: Workplace,
-        running: Callable[[], set[str]],  # the messages whose COMMAND this process started and runs
+        # The messages whose COMMAND runs or has not been reaped yet: this process's, and an
+        # earlier run's (found by the orchestrator at start-up, by its marker's pid, and watched).
+        running: Callable[[], set[str]],
     ) -> None:
         self.state_dir = state_dir
         self.keep_days = keep_days
@@ -72,7 +73,7 @@ class Housekeeping:
         self._next = time.monotonic() + EVERY_SECONDS
         cutoff = time.time() - self.keep_days * DAY_SECONDS
         ages = self.journal.ages()
-        running = self._running(ages)
+        running = self.running()
         mine: dict[Path, list[Age]] = {}  # each conversation folder's messages
         for a in ages:
             mine.setdefault(self._folder(a), []).append(a)
@@ -111,15 +112,6 @@ class Housekeeping:
         gone = [a.message_id for a in ages if a.message_id not in keep and not self._folder(a).exists()]
         pruned.rows = self.journal.drop(gone) if gone else 0
         return pruned
-
-    def _running(self, ages: list[Age]) -> set[str]:
-        """The messages whose COMMAND runs: started by this process, or by an earlier run (found as
-        the orchestrator finds it: by the pid in its marker, checked to still be that message's)."""
-        ids = self.running()
-        started = [
-            a.message_id for a in ages if a.state in ("starting", "started") and a.message_id not in ids
-        ]
-        return ids | {mid for mid in started if commands.running_pid(self.state_dir / "started" / mid, mid)}
 
     def _folder(self, a: Age) -> Path:
         return self.conversations.folder(_key(a))
