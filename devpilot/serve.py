@@ -25,7 +25,7 @@ from werkzeug.serving import WSGIRequestHandler
 from devpilot.master import SignalSafeServer
 from functions import runtime
 from functions.app import wsgi
-from functions.logs import setup_logging
+from functions.logs import flush_logs, setup_logging
 from functions.sweep import run_sweep
 from shared import crypto, local_secrets
 from shared.db import open_pool
@@ -151,7 +151,7 @@ def _shared_metrics(workers: int) -> str | None:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) -> int:
-    setup_logging()
+    setup_logging(batched=True)
     settings = get_settings()
     database = resolve(settings.database_url)
     kept: list[local_secrets.Kept] = []
@@ -217,6 +217,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
             rt.wakeups.stop()
             rt.health.close()
             rt.pool.close()
+        flush_logs()  # (the worker leaves through os._exit: logging's own flush at exit never runs)
 
     def drop_metrics() -> None:  # by the master as it stops; by its workers if it was SIGKILLed
         if metrics_dir is not None:

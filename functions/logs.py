@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import threading
 import time
+from typing import TextIO
 
 
 class Fields(dict[str, object]):
@@ -50,11 +53,72 @@ class StructuredFormatter(logging.Formatter):
         return f"{stamp} {fields['level']:<7} {fields.get('msg', '')} {rest}".rstrip()
 
 
-def setup_logging(level: int = logging.INFO) -> None:
+class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """`devpilot serve`'s handler: lines below WARNING are written together every `every` seconds by
+    a thread of their own, where a plain StreamHandler writes and flushes each line on the request's
+    own thread. Under load, every such write let the other request threads take the interpreter and
+    wait for it back: the access line alone doubled the server CPU of a request that does nothing
+    (bench/README.md, "The access line"). A WARNING or worse goes out at once, after what waits.
+    What waits is lost with a process that is SIGKILLed (at most `every` seconds of lines); it is
+    written when the process stops (`flush`: logging's own at exit, the serve worker's at its stop).
+    """
+
+    def __init__(self, stream: TextIO, every: float = 0.05) -> None:
+        super().__init__(stream)
+        self.every = every
+        self._pending: list[str] = []
+        self._writer: int | None = None  # the process whose writer thread runs
+        # A forked child starts with nothing waiting (its parent writes its own lines) and starts
+        # its own writer on its first line.
+        os.register_at_fork(after_in_child=self._pending.clear)
+
+    def emit(self, record: logging.LogRecord) -> None:  # (called holding the handler's lock)
+        try:
+            self._pending.append(self.format(record))
+            if record.levelno >= logging.WARNING:
+                self._write()
+            elif self._writer != os.getpid():
+                self._writer = os.getpid()
+                threading.Thread(target=self._run, name="devpilot-log-writer", daemon=True).start()
+        except Exception:
+            self.handleError(record)
+
+    def _write(self) -> None:
+        if self._pending:
+            lines = "\n".join(self._pending) + "\n"
+            self._pending.clear()
+            self.stream.write(lines)
+            self.stream.flush()
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]  # (made by Handler.__init__)
+            self._write()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.every)
+            self.flush()
+
+
+def setup_logging(level: int = logging.INFO, batched: bool = False) -> None:
+    """The `devpilot` loggers' one handler, to stderr; `batched` (`devpilot serve`) writes what is
+    below WARNING together a few times a second (BatchedStreamHandler). A function instance writes
+    each line at once: its platform may freeze it, or take its CPU, between requests."""
     root = logging.getLogger("devpilot")
+    if batched:
+        # What no line of ours shows, not gathered for each record (the logging HOWTO's
+        # "Optimization"): the caller's file and line, thread, process and process name.
+        logging._srcfile = None
+        logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
+        h = BatchedStreamHandler(sys.stderr) if batched else logging.StreamHandler(sys.stderr)
         h.setFormatter(StructuredFormatter(as_json=not sys.stderr.isatty()))
         root.addHandler(h)
         root.setLevel(level)
         root.propagate = False
+
+
+def flush_logs() -> None:
+    """Whatever the `devpilot` handlers hold, written now."""
+    for h in logging.getLogger("devpilot").handlers:
+        h.flush()

@@ -1,12 +1,13 @@
-"""Group commit for concurrent requests: the items that arrive while one batch is being written are
+"""Group commit for concurrent requests: the items that arrive while a batch is being written are
 written together in the next one.
 
-One caller at a time leads: it takes the waiting items (its own first) and runs them as a batch; the
-others wait. When its batch is done, it wakes their callers with their results and hands the lead
-to the first caller still waiting, if any, so no caller leads for ever. A caller alone writes its
-item at once (a batch of one): nothing waits for company. A batch that fails is retried item by
-item, each by its own caller, so one bad item fails only its own request. Batches are written one at
-a time, and the items that arrive meanwhile make the next one: the busier, the larger.
+Up to `lanes` callers lead at once, each writing a batch; a caller that finds a lane free leads at
+once with its own item alone (a batch of one: nothing waits for company), and the others wait in
+line. When a leader's batch is done, it wakes their callers with their results and, if anyone
+waits, hands its lane to the first in line together with that caller's batch (the line, up to
+`most`, taken at that moment, so no item is in two batches); so no caller leads for ever. A batch
+that fails is retried item by item, each by its own caller, so one bad item fails only its own
+request. The items that arrive while every lane is busy make the next batch: the busier, the larger.
 """
 
 from __future__ import annotations
@@ -20,44 +21,51 @@ R = TypeVar("R")
 
 
 class _Slot(Generic[T, R]):
-    __slots__ = ("alone", "done", "item", "lead", "result")
+    __slots__ = ("alone", "batch", "done", "item", "result")
 
     def __init__(self, item: T, waits: bool) -> None:
         self.item = item
         # Only a caller that waits needs something to wait on; one that leads at once (every
         # caller alone) is spared making it.
         self.done = threading.Event() if waits else None
-        self.lead = False  # woken to lead the next batch
+        self.batch: list[_Slot[T, R]] | None = None  # handed the lead of this batch (itself first)
         self.alone = False  # its batch failed: the caller writes it alone
         self.result: R | None = None
 
 
 class Combiner(Generic[T, R]):
     """`submit(item)` answers `one(item)`'s result, written in a batch (`many(items)`, a result
-    per item, in order) with the items of concurrent callers, at most `most` at a time."""
+    per item, in order) with the items of concurrent callers, at most `most` at a time, and at most
+    `lanes` batches at once."""
 
-    def __init__(self, many: Callable[[list[T]], list[R]], one: Callable[[T], R], most: int) -> None:
+    def __init__(
+        self, many: Callable[[list[T]], list[R]], one: Callable[[T], R], most: int, lanes: int = 1
+    ) -> None:
         self._many = many
         self._one = one
         self._most = most
+        self._lanes = lanes
         self._lock = threading.Lock()
         self._waiting: list[_Slot[T, R]] = []
-        self._busy = False  # a caller leads
+        # Callers leading a batch now. A caller waits only while every lane is taken, and a lane is
+        # given up only when nobody waits, so whoever finds a free lane finds nobody waiting.
+        self._leaders = 0
 
     def submit(self, item: T) -> R:
         with self._lock:
-            lead = not self._busy
+            lead = self._leaders < self._lanes
             slot: _Slot[T, R] = _Slot(item, waits=not lead)
-            self._waiting.append(slot)
-            self._busy = True
+            if lead:
+                self._leaders += 1
+                slot.batch = [slot]
+            else:
+                self._waiting.append(slot)
         if slot.done is not None:
             slot.done.wait()
-            if not slot.lead:
+            if slot.batch is None:
                 return self._one(item) if slot.alone else slot.result  # type: ignore[return-value]
-        # Leading: this slot is first in line (the line was empty, or it was handed the lead as
-        # its first), so it is in the batch taken now.
-        with self._lock:
-            batch, self._waiting = self._waiting[: self._most], self._waiting[self._most :]
+        batch = slot.batch
+        assert batch is not None  # (set before the slot was woken, or above)
         results: list[R] | None = None
         failed: Exception | None = None
         try:
@@ -71,14 +79,19 @@ class Combiner(Generic[T, R]):
             for s, r in zip(batch, results, strict=True):
                 s.result = r
         finally:
+            # The lane goes to the first caller in line, with the batch it leads: everything that
+            # waits, up to `most`, taken here so that no slot is in two batches.
             with self._lock:
-                heir = self._waiting[0] if self._waiting else None
-                if heir is None:
-                    self._busy = False
+                heir = None
+                if self._waiting:
+                    nxt, self._waiting = self._waiting[: self._most], self._waiting[self._most :]
+                    heir = nxt[0]
+                    heir.batch = nxt
+                else:
+                    self._leaders -= 1
             for s in batch[1:]:
                 s.done.set()  # type: ignore[union-attr]  # (every slot behind the first waits)
             if heir is not None:
-                heir.lead = True
                 heir.done.set()  # type: ignore[union-attr]
         if failed is not None:
             if len(batch) == 1:

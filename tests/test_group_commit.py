@@ -103,22 +103,29 @@ def _wait_for(predicate: Any, what: str) -> None:
 def _pile_up(
     api: Api, db_url: str, oid: str, bodies: list[tuple[dict[str, Any], str]]
 ) -> list[httpx.Response]:
-    """The first webhook leads and waits on the machine's lock; the others arrive meanwhile and
-    wait in line for the next batch; then the lock is let go."""
+    """The first webhooks, one for each lane of the group commit, lead alone and wait on the
+    machine's lock; the others arrive meanwhile and wait in line for the next batch; then the lock
+    is let go."""
     locker = _lock_machine(db_url, oid)
     combiner = intake._issue_starts(api.pool)
+    lanes = intake.ISSUE_LANES
     try:
         with ThreadPoolExecutor(len(bodies)) as ex:
-            futures: list[Future[httpx.Response]] = [ex.submit(api.webhook, *bodies[0])]
+            futures: list[Future[httpx.Response]] = []
             with connect(db_url) as watch:
-                _wait_for(
-                    lambda: watch.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()[
-                        "n"
-                    ],  # type: ignore[index]
-                    "the first webhook to wait on the lock",
-                )
-            futures += [ex.submit(api.webhook, *b) for b in bodies[1:]]
-            _wait_for(lambda: len(combiner._waiting) == len(bodies) - 1, "the others to wait in line")
+                for n, body in enumerate(bodies[:lanes], start=1):
+                    futures.append(ex.submit(api.webhook, *body))
+                    _wait_for(
+                        lambda n=n: (
+                            watch.execute(
+                                "SELECT count(*) AS n FROM pg_locks WHERE NOT granted"
+                            ).fetchone()["n"]  # type: ignore[index]
+                            == n
+                        ),
+                        "each leader to wait on the lock",
+                    )
+            futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
+            _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
             locker.commit()
             return [f.result(30) for f in futures]
     finally:
@@ -137,8 +144,8 @@ def test_webhooks_that_arrive_together_commit_together_each_answered_as_alone(ap
         commits = conn.execute(
             "SELECT created_at, count(*) AS n FROM dispatch_sessions GROUP BY created_at ORDER BY n"
         ).fetchall()
-    # The first alone, then the twenty that waited in one statement: one transaction, one now().
-    assert [r["n"] for r in commits] == [1, 20]
+    # The leaders alone, then the rest that waited in one statement: one transaction, one now().
+    assert [r["n"] for r in commits] == [1] * intake.ISSUE_LANES + [21 - intake.ISSUE_LANES]
     for body, delivery in bodies:  # each retry is a duplicate of its own session
         again = api.webhook(body, delivery).json()
         assert again["status"] == "duplicate"
@@ -209,11 +216,14 @@ def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_ma
         with ThreadPoolExecutor(len(bodies) + 1) as ex, connect(db_url) as watch:
             leader = ex.submit(api.webhook, issue_event(issue_id="iss-x", assignee="user-2"), "d-x")
             _wait_for(lambda: waiting_on_locks(watch) == 1, "the leader to wait on its machine")
+            # The group commit's other lanes are taken by the first bodies, alone; the rest wait
+            # in line for the leader's lane.
+            alone = intake.ISSUE_LANES - 1
             futures = [ex.submit(api.webhook, *b) for b in bodies]
-            _wait_for(lambda: len(combiner._waiting) == len(bodies), "the batch to wait in line")
+            _wait_for(lambda: len(combiner._waiting) == len(bodies) - alone, "the batch to wait in line")
             holds_leader.commit()
             assert leader.result(30).json()["orchestratorId"] == elsewhere
-            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait on the machine")
+            _wait_for(lambda: waiting_on_locks(watch) == alone + 1, "the batch to wait on the machine")
             revokes.commit()  # the revoke commits while the batch waits for the machine's row
             answers = [f.result(30).json() for f in futures]
     finally:
@@ -301,7 +311,8 @@ def test_existing_issues_assigned_together_commit_together_and_a_reassignment_ca
         ).fetchall()
         cancelled = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (first["sessionId"],))
         assert cancelled.fetchone()["status"] == "cancelled"  # type: ignore[index]
-    assert [r["n"] for r in commits] == [1, 11]  # the leader alone, then eleven in one statement
+    # The leaders alone, then the rest of the twelve in one statement.
+    assert [r["n"] for r in commits] == [1] * intake.ISSUE_LANES + [12 - intake.ISSUE_LANES]
     for body, delivery in bodies:  # retries: duplicates of their own sessions
         assert api.webhook(body, delivery).json()["status"] == "duplicate"
 

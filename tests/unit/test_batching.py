@@ -74,7 +74,7 @@ def test_callers_that_arrive_while_a_batch_is_written_make_the_next_batch() -> N
         assert [f.result(5) for f in futures] == [i * 10 for i in range(12)]
     assert rec.alone == [0]
     assert len(rec.batches) == 1 and sorted(rec.batches[0]) == list(range(1, 12))
-    assert not c._busy and waiting(c) == 0
+    assert c._leaders == 0 and waiting(c) == 0
 
 
 def test_a_batch_holds_at_most_most_items_and_the_lead_passes_on() -> None:
@@ -85,7 +85,7 @@ def test_a_batch_holds_at_most_most_items_and_the_lead_passes_on() -> None:
         assert [f.result(5) for f in futures] == [i * 10 for i in range(10)]
     assert [len(b) for b in rec.batches] == [3, 3, 3]
     assert sorted(i for b in rec.batches for i in b) == list(range(1, 10))
-    assert not c._busy and waiting(c) == 0
+    assert c._leaders == 0 and waiting(c) == 0
 
 
 def test_a_failed_batch_is_written_item_by_item_and_a_bad_item_fails_alone() -> None:
@@ -101,7 +101,7 @@ def test_a_failed_batch_is_written_item_by_item_and_a_bad_item_fails_alone() -> 
                 assert f.result(5) == i * 10
     assert len(rec.batches) == 1
     assert sorted(rec.alone) == list(range(8))  # the leader's own, then every item of the batch
-    assert not c._busy
+    assert c._leaders == 0
 
 
 def test_a_leader_that_fails_alone_raises_and_leaves_the_lead() -> None:
@@ -109,5 +109,65 @@ def test_a_leader_that_fails_alone_raises_and_leaves_the_lead() -> None:
     c = Combiner(rec.many, rec.one, most=8)
     with pytest.raises(ValueError):
         c.submit(1)
-    assert not c._busy
+    assert c._leaders == 0
     assert c.submit(2) == 20
+
+
+class Lanes:
+    """`one` and `many` that record every item written and the most batches written at once."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        self.now = 0
+        self.most_at_once = 0
+        self.lock = threading.Lock()
+
+    def _write(self, items: list[int]) -> list[int]:
+        with self.lock:
+            self.now += 1
+            self.most_at_once = max(self.most_at_once, self.now)
+        time.sleep(0.002)  # (a batch's statement and commit, long enough for others to arrive)
+        with self.lock:
+            self.now -= 1
+            self.written.extend(items)
+        return [i * 10 for i in items]
+
+    def one(self, item: int) -> int:
+        return self._write([item])[0]
+
+    def many(self, items: list[int]) -> list[int]:
+        return self._write(items)
+
+
+def test_a_second_caller_leads_in_a_second_lane_while_the_first_batch_is_written() -> None:
+    rec = Recorder()
+    c = Combiner(rec.many, rec.one, most=64, lanes=2)
+    rec.hold.clear()
+    with ThreadPoolExecutor(8) as ex:
+        first = ex.submit(c.submit, 0)
+        assert rec.entered.wait(5)
+        rec.entered.clear()
+        second = ex.submit(c.submit, 1)
+        assert rec.entered.wait(5), "the second caller waited though a lane was free"
+        rest = [ex.submit(c.submit, i) for i in range(2, 8)]
+        deadline = time.monotonic() + 5
+        while waiting(c) < 6 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert waiting(c) == 6 and c._leaders == 2  # both lanes busy: the rest wait in line
+        rec.hold.set()
+        assert [f.result(5) for f in [first, second, *rest]] == [i * 10 for i in range(8)]
+    assert sorted(rec.alone) == [0, 1]
+    assert sorted(i for b in rec.batches for i in b) == list(range(2, 8))  # each item once
+    assert c._leaders == 0 and waiting(c) == 0
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_under_load_every_item_is_written_once_and_no_more_batches_run_than_lanes(lanes: int) -> None:
+    rec = Lanes()
+    c = Combiner(rec.many, rec.one, most=4, lanes=lanes)
+    with ThreadPoolExecutor(16) as ex:
+        results = list(ex.map(c.submit, range(400)))
+    assert results == [i * 10 for i in range(400)]
+    assert sorted(rec.written) == list(range(400))
+    assert rec.most_at_once == lanes
+    assert c._leaders == 0 and waiting(c) == 0
