@@ -90,8 +90,11 @@ def _instructions(db_url: str, mode: str, token: str, n: int) -> int:
         env=env,
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
     )
+    if out.returncode != 0:  # (the child's own error, not valgrind's banner, is what says why)
+        said = "\n".join(line for line in out.stderr.splitlines() if not line.startswith("=="))
+        raise RuntimeError(f"{mode} under callgrind exited {out.returncode}:\n{said[-2000:]}")
     found = _COLLECTED.search(out.stderr)
     if found is None:
         raise RuntimeError(f"callgrind printed no count for {mode}: {out.stderr[-500:]}")

@@ -117,9 +117,9 @@ def _pile_up(
                     futures.append(ex.submit(api.webhook, *body))
                     _wait_for(
                         lambda n=n: (
-                            watch.execute(
-                                "SELECT count(*) AS n FROM pg_locks WHERE NOT granted"
-                            ).fetchone()["n"]  # type: ignore[index]
+                            watch.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()[
+                                "n"
+                            ]  # type: ignore[index]
                             == n
                         ),
                         "each leader to wait on the lock",
