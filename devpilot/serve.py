@@ -114,6 +114,7 @@ def worker_app() -> Any:
         while os.getppid() == parent:
             time.sleep(0.5)
         _worker["orphaned"]()
+        flush_logs()
         os._exit(0)
 
     threading.Thread(target=orphaned, name="devpilot-parent-watch", daemon=True).start()
@@ -213,11 +214,13 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
 
     def stop_worker() -> None:
         stop.set()
-        for rt in made:
-            rt.wakeups.stop()
-            rt.health.close()
-            rt.pool.close()
-        flush_logs()  # (the worker leaves through os._exit: logging's own flush at exit never runs)
+        try:
+            for rt in made:
+                rt.wakeups.stop()
+                rt.health.close()
+                rt.pool.close()
+        finally:
+            flush_logs()  # (the worker leaves through os._exit: logging's own flush at exit never runs)
 
     def drop_metrics() -> None:  # by the master as it stops; by its workers if it was SIGKILLed
         if metrics_dir is not None:

@@ -58,9 +58,11 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     a thread of their own, where a plain StreamHandler writes and flushes each line on the request's
     own thread. Under load, every such write let the other request threads take the interpreter and
     wait for it back: the access line alone doubled the server CPU of a request that does nothing
-    (bench/README.md, "The access line"). A WARNING or worse goes out at once, after what waits.
-    What waits is lost with a process that is SIGKILLed (at most `every` seconds of lines); it is
-    written when the process stops (`flush`: logging's own at exit, the serve worker's at its stop).
+    (bench/README.md, "The request log line"). A WARNING or worse goes out at once, after what
+    waits. What waits is lost with a process that is SIGKILLed (at most `every` seconds of lines);
+    it is written when the process stops (`flush`: logging's own at exit, the serve worker's at its
+    stop and before it leaves with a SIGKILLed master). A write that fails loses its own lines, as a
+    StreamHandler loses a line it cannot write, and the writer goes on.
     """
 
     def __init__(self, stream: TextIO, every: float = 0.05) -> None:
@@ -68,18 +70,22 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.every = every
         self._pending: list[str] = []
         self._writer: int | None = None  # the process whose writer thread runs
-        # A forked child starts with nothing waiting (its parent writes its own lines) and starts
-        # its own writer on its first line.
-        os.register_at_fork(after_in_child=self._pending.clear)
+        # A fork waits for a write in progress (the child must not inherit the stream's own lock
+        # held by the writer thread); the child starts with nothing waiting (its parent writes its
+        # own lines) and starts its own writer on its first line. (logging itself gives the child a
+        # fresh handler lock.)
+        os.register_at_fork(
+            before=self.acquire, after_in_parent=self.release, after_in_child=self._pending.clear
+        )
 
     def emit(self, record: logging.LogRecord) -> None:  # (called holding the handler's lock)
         try:
             self._pending.append(self.format(record))
             if record.levelno >= logging.WARNING:
                 self._write()
-            elif self._writer != os.getpid():
-                self._writer = os.getpid()
+            elif self._writer != os.getpid():  # (marked once started: a failed start is tried again)
                 threading.Thread(target=self._run, name="devpilot-log-writer", daemon=True).start()
+                self._writer = os.getpid()
         except Exception:
             self.handleError(record)
 
@@ -97,7 +103,10 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def _run(self) -> None:
         while True:
             time.sleep(self.every)
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # noqa: S112  # (a pipe full or gone for a moment: the lines of that write are lost, the next ones are not)
+                continue
 
 
 def setup_logging(level: int = logging.INFO, batched: bool = False) -> None:

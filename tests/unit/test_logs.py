@@ -95,3 +95,32 @@ def test_a_forked_child_does_not_write_its_parents_waiting_lines() -> None:
     assert [json.loads(line)["msg"] for line in written.splitlines()] == ["child's"]
     h.flush()
     assert [x["msg"] for x in lines(out)] == ["parent's"]
+
+
+class FailsOnce(io.StringIO):
+    """A stream whose first write fails, as a pipe that is full or gone for a moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def write(self, s: str) -> int:
+        if not self.failed:
+            self.failed = True
+            raise BlockingIOError("stderr's pipe is full")
+        return super().write(s)
+
+
+def test_a_write_that_fails_loses_its_lines_and_the_writer_goes_on() -> None:
+    out = FailsOnce()
+    h = BatchedStreamHandler(out, every=0.01)
+    h.setFormatter(StructuredFormatter(as_json=True))
+    record = {"name": "devpilot.t", "levelno": 20, "levelname": "INFO"}
+    h.handle(logging.makeLogRecord({**record, "msg": "lost"}))
+    deadline = time.monotonic() + 5
+    while not out.failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    h.handle(logging.makeLogRecord({**record, "msg": "written"}))
+    while not out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [x["msg"] for x in lines(out)] == ["written"]
