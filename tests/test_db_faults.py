@@ -304,6 +304,14 @@ class Rig:
             60,
             "every machine back",
         )
+        # A machine starts COMMAND after its ack (the launcher is a process of its own): a loaded
+        # host may take longer than the ack did. Stopped before that, the start would be left to the
+        # machine's next run, which this test does not make.
+        wait_for(
+            lambda: sum(len(m.starts()) for m in self.machines) >= len(answers),
+            30,
+            "every delivered message started",
+        )
         time.sleep(0.5)  # (a second start, were there one, would show by now)
         for m in self.machines:
             assert m.stop() == 0
