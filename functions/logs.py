@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -103,10 +104,9 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def _run(self) -> None:
         while True:
             time.sleep(self.every)
-            try:
+            # A pipe full or gone for a moment: the lines of that write are lost, the next ones are not.
+            with contextlib.suppress(Exception):
                 self.flush()
-            except Exception:  # noqa: S112  # (a pipe full or gone for a moment: the lines of that write are lost, the next ones are not)
-                continue
 
 
 def setup_logging(level: int = logging.INFO, batched: bool = False) -> None:
