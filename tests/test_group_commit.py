@@ -100,6 +100,11 @@ def _wait_for(predicate: Any, what: str) -> None:
         time.sleep(0.01)
 
 
+def waiting_on_locks(watch: Any) -> int:
+    """How many lock requests wait in the database (`watch`: a connection of the test's own)."""
+    return int(watch.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"])
+
+
 def _pile_up(
     api: Api, db_url: str, oid: str, bodies: list[tuple[dict[str, Any], str]]
 ) -> list[httpx.Response]:
@@ -115,15 +120,7 @@ def _pile_up(
             with connect(db_url) as watch:
                 for n, body in enumerate(bodies[:lanes], start=1):
                     futures.append(ex.submit(api.webhook, *body))
-                    _wait_for(
-                        lambda n=n: (
-                            watch.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()[
-                                "n"
-                            ]  # type: ignore[index]
-                            == n
-                        ),
-                        "each leader to wait on the lock",
-                    )
+                    _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on the lock")
             futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
             _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
             locker.commit()
@@ -208,9 +205,6 @@ def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_ma
     revokes.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (first,))
     bodies = [(issue_event(issue_id=f"iss-{i}"), f"d-{i}") for i in range(10)]
     combiner = intake._issue_starts(api.pool)
-
-    def waiting_on_locks(watch: Any) -> int:
-        return int(watch.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"])
 
     try:
         with ThreadPoolExecutor(len(bodies) + 1) as ex, connect(db_url) as watch:

@@ -16,11 +16,23 @@ import pytest
 from functions.logs import BatchedStreamHandler, Fields, StructuredFormatter
 
 
+def handler(out: io.StringIO, every: float = 3600) -> BatchedStreamHandler:
+    """A handler writing JSON lines to `out` (by default its writer thread never comes round)."""
+    h = BatchedStreamHandler(out, every=every)
+    h.setFormatter(StructuredFormatter(as_json=True))
+    return h
+
+
+def record(msg: str, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.makeLogRecord(
+        {"name": "devpilot.t", "levelno": level, "levelname": logging.getLevelName(level), "msg": msg}
+    )
+
+
 @pytest.fixture
 def logged() -> Iterator[tuple[logging.Logger, io.StringIO, BatchedStreamHandler]]:
     out = io.StringIO()
-    h = BatchedStreamHandler(out, every=3600)  # (the writer thread never comes round in a test)
-    h.setFormatter(StructuredFormatter(as_json=True))
+    h = handler(out)
     log = logging.getLogger(f"devpilot.test-logs-{time.monotonic_ns()}")
     log.propagate = False
     log.setLevel(logging.INFO)
@@ -60,9 +72,8 @@ def test_flush_writes_what_waits_once(
 
 def test_the_writer_thread_writes_without_being_asked() -> None:
     out = io.StringIO()
-    h = BatchedStreamHandler(out, every=0.01)
-    h.setFormatter(StructuredFormatter(as_json=True))
-    h.handle(logging.makeLogRecord({"name": "devpilot.t", "levelno": 20, "levelname": "INFO", "msg": "hi"}))
+    h = handler(out, every=0.01)
+    h.handle(record("hi"))
     deadline = time.monotonic() + 5
     while not out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -72,19 +83,12 @@ def test_the_writer_thread_writes_without_being_asked() -> None:
 def test_a_forked_child_does_not_write_its_parents_waiting_lines() -> None:
     r, w = os.pipe()
     out = io.StringIO()
-    h = BatchedStreamHandler(out, every=3600)
-    h.setFormatter(StructuredFormatter(as_json=True))
-    h.handle(
-        logging.makeLogRecord({"name": "devpilot.t", "levelno": 20, "levelname": "INFO", "msg": "parent's"})
-    )
+    h = handler(out)
+    h.handle(record("parent's"))
     pid = os.fork()
     if pid == 0:  # the child: what it writes is only its own line
         os.close(r)
-        h.handle(
-            logging.makeLogRecord(
-                {"name": "devpilot.t", "levelno": 30, "levelname": "WARNING", "msg": "child's"}
-            )
-        )
+        h.handle(record("child's", logging.WARNING))
         os.write(w, out.getvalue().encode())
         os._exit(0)
     os.close(w)
@@ -113,14 +117,12 @@ class FailsOnce(io.StringIO):
 
 def test_a_write_that_fails_loses_its_lines_and_the_writer_goes_on() -> None:
     out = FailsOnce()
-    h = BatchedStreamHandler(out, every=0.01)
-    h.setFormatter(StructuredFormatter(as_json=True))
-    record = {"name": "devpilot.t", "levelno": 20, "levelname": "INFO"}
-    h.handle(logging.makeLogRecord({**record, "msg": "lost"}))
+    h = handler(out, every=0.01)
+    h.handle(record("lost"))
     deadline = time.monotonic() + 5
     while not out.failed and time.monotonic() < deadline:
         time.sleep(0.01)
-    h.handle(logging.makeLogRecord({**record, "msg": "written"}))
+    h.handle(record("written"))
     while not out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [x["msg"] for x in lines(out)] == ["written"]
