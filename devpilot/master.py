@@ -12,68 +12,19 @@ often picks the thread that waits for the worker to exit. Python runs the handle
 main thread next runs Python code, and a main thread asleep in a lock (or in select) without a
 timeout never does: two SIGTERMs and a SIGINT sent at once hung it this way within a few tries.
 
-`WakeupPipe` is the event without a lock: setting it writes a byte to a pipe (one system call, safe
-in a signal handler and from any thread), waiting selects on the pipe. The pipe is also Python's
-signal wake-up fd, so a signal caught on any thread wakes the main thread, which then runs the
-handler; and the wait wakes every second regardless. `SignalSafeServer` is Granian's multi-process
-server with its main-loop event replaced by one.
+`WakeupPipe` (`shared/wakeup.py`) is the event without a lock, and also the signal wake-up fd, so a
+signal caught on any thread wakes the main thread, which then runs the handler; the wait wakes every
+second regardless. `SignalSafeServer` is Granian's multi-process server with its main-loop event
+replaced by one.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
-import signal
 import threading
-import time
 
 from granian.server.mp import MPServer
 
-
-class WakeupPipe:
-    """The part of `threading.Event` Granian's master uses (`set`, `clear`, `is_set`, `wait`), with no
-    lock anywhere: re-entering `set` from a signal handler is harmless."""
-
-    TICK = 1.0  # the longest a signal's handler waits for the main thread, whatever happens
-
-    def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-        self._flag = False
-
-    def wake_on_signals(self) -> None:
-        """Main thread only: every signal the process catches, on any thread, writes to the pipe.
-        (The forked worker inherits this: its own signals wake the master for nothing, harmlessly.)"""
-        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        self._flag = True
-        with contextlib.suppress(BlockingIOError):  # a full pipe has wake-ups enough; the flag is set
-            os.write(self._write, b"!")
-
-    def clear(self) -> None:
-        self._flag = False
-        self._drain()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._flag:
-            left = self.TICK if deadline is None else min(self.TICK, deadline - time.monotonic())
-            if left <= 0:
-                break
-            select.select([self._read], [], [], left)
-            self._drain()  # a call: pending signal handlers run here, on the main thread
-        return self._flag
-
-    def _drain(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._read, 512):
-                pass
+from shared.wakeup import WakeupPipe
 
 
 class SignalSafeServer(MPServer):

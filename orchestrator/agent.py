@@ -18,7 +18,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from orchestrator.repositories import LocalRepo
 from orchestrator.workplace import TOKEN_ENV, Workplace
 from orchestrator.worktrees import WorktreeError
 from shared.models import REPOSITORY_MISSING, repository_key
+from shared.wakeup import WakeupPipe
 
 Transport = Literal["poll", "listen", "realtime"]
 __all__ = ["TOKEN_ENV", "Config", "Orchestrator", "default_state_dir"]
@@ -121,7 +121,9 @@ class Orchestrator:
         self.earlier: dict[str, Earlier] = {}  # by message id: watched until reported
         self.stopping = False
         self._critical = 0  # > 0 while an ack is in flight: SIGTERM waits for it
-        self._wake = threading.Event()
+        # Set from signal handlers (SIGCHLD, SIGTERM) and the realtime thread: a lock-free pipe, since
+        # an Event's lock can be held by the very thread a handler interrupts (shared/wakeup.py).
+        self._wake = WakeupPipe()
         self._away_since: float | None = None
         self._backoff = 0.5
         self._realtime: Any = None
@@ -161,6 +163,7 @@ class Orchestrator:
 
     # --- main --------------------------------------------------------------------------------
     def run(self) -> int:
+        self._wake.wake_on_signals()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         # A COMMAND that exits wakes the loop: its conversation's next message may start now.

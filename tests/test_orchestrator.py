@@ -273,6 +273,26 @@ def test_sigterm_exits_zero_and_starts_nothing_new(api: Api, orch_factory: Any) 
     assert len(o.starts()) == 1
 
 
+def test_sigterm_after_a_storm_of_child_exits_still_stops_it(api: Api, orch_factory: Any) -> None:
+    """SIGCHLD (a COMMAND exited) wakes the loop from a signal handler, which Python runs between two
+    bytecodes of the main thread, also while that thread is inside the wake-up's own code. Thousands
+    of them, then SIGTERM: the orchestrator still claims, still stops, and exits 0 (a wake-up with a
+    lock hung it here, handler waiting on its own thread, and then ignored SIGTERM)."""
+    o = orch_factory("poll", interval=0.05)
+    o.start()
+    api.webhook(issue_event(issue_id="before-the-storm"))
+    wait_for(lambda: len(o.starts()) == 1, what="start")
+    assert o.proc is not None
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and o.proc.poll() is None:
+        for _ in range(200):
+            os.kill(o.proc.pid, signal.SIGCHLD)
+        time.sleep(0.001)
+    api.webhook(issue_event(issue_id="after-the-storm"))
+    wait_for(lambda: len(o.starts()) == 2, timeout=10, what="a claim after the storm")
+    assert o.stop() == 0
+
+
 @pytest.mark.parametrize(
     "api_overrides",
     [{"SUPABASE_URL": "http://127.0.0.1:9", "SUPABASE_ANON_KEY": "anon", "SUPABASE_JWT_SECRET": "x" * 40}],
