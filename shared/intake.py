@@ -5,7 +5,7 @@ queue row, the Linear notice that says so) or none of it does, so a crash mid-re
 Linear's retry to find nothing recorded and try again. A start with nothing to cancel first (an
 issue created with an assignee, an existing issue assigned with nothing undelivered, an agent
 session `created`) is first tried as one statement that is a transaction of its own: one round trip
-instead of four (issues through the group commit, several in one statement). So is an event that does nothing
+instead of four (through the group commit, several in one statement). So is an event that does nothing
 (an issue edited without its assignee changing: Linear sends an update for every change to an
 issue), whose delivery alone is recorded.
 
@@ -126,12 +126,10 @@ def _start_at_once(pool: Pool, start: Start) -> Received | None:
     the machine chosen revoked meanwhile, an agent session's user without a machine, or an issue
     with an undelivered dispatch to cancel first or whose turn another transaction has).
 
-    An issue's start goes through the pool's group commit (`_issue_starts`): issues that arrive
-    while another batch is being written are written together, in one statement and one commit."""
-    if start.message.agent_session_id is None:
-        routed = _issue_starts(pool).submit(start)
-    else:
-        routed = _one_statement(pool, start)
+    Starts go through the pool's group commit (`_group_commit`): starts that arrive while another
+    batch is being written are written together, in one statement and one commit (issues with
+    issues, agent sessions with agent sessions)."""
+    routed = _group_commit(pool, start.message.agent_session_id is not None).submit(start)
     if routed is None:
         return None
     if routed == NO_MACHINE:
@@ -143,37 +141,40 @@ def _start_at_once(pool: Pool, start: Start) -> Received | None:
     return Received(answer, _notices(enq), recorded=True)
 
 
-ISSUE_BATCH = 64  # the most issue starts written in one statement
-# Batches of issue starts written at once. With one, every caller waited for the batch ahead of it
-# to commit (its WAL flush) while the cores idled; with two, the next batch is written meanwhile
-# (+26 % existing issues assigned, median of 8 alternating pairs; three or four were no faster).
-# Two batches holding one issue are kept apart by the issue's turn (`devpilot_issue_turn_free`).
-ISSUE_LANES = 2
-_COMBINERS: weakref.WeakKeyDictionary[Pool, Combiner[Start, RouteOutcome]] = weakref.WeakKeyDictionary()
+BATCH = 64  # the most starts written in one statement
+# Batches of starts of one kind written at once. With one, every caller waited for the batch ahead
+# of it to commit (its WAL flush) while the cores idled; with two, the next batch is written
+# meanwhile (+26 % existing issues assigned, median of 8 alternating pairs; three or four were no
+# faster). Two batches holding one issue, or one agent session, are kept apart by its turn, which
+# each statement tries without waiting (`devpilot_issue_turn_free`, `free` in the agent sessions').
+LANES = 2
+_COMBINERS: weakref.WeakKeyDictionary[Pool, dict[bool, Combiner[Start, RouteOutcome]]] = (
+    weakref.WeakKeyDictionary()
+)
 _COMBINERS_LOCK = threading.Lock()
 
 
-def _issue_starts(pool: Pool) -> Combiner[Start, RouteOutcome]:
-    """The pool's group commit of issue starts (one per pool, made on first use). Copies of one
-    delivery in one batch are answered None by `route_and_enqueue_many`: each goes on to the
-    intake transaction, which finds the first copy's record and answers `duplicate`."""
+def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutcome]:
+    """The pool's group commit of issues' starts, or of agent sessions' (one each per pool, made on
+    first use). A start alone is written by `_one_statement`: an agent session's then waits for its
+    turn, as the intake transaction does. Copies of one delivery in one batch are answered None by
+    `route_and_enqueue_many`: each goes on to the intake transaction, which finds the first copy's
+    record and answers `duplicate`."""
     with _COMBINERS_LOCK:
-        combiner = _COMBINERS.get(pool)
+        kinds = _COMBINERS.setdefault(pool, {})
+        combiner = kinds.get(agent_sessions)
         if combiner is None:
 
             def many(starts: list[Start]) -> list[RouteOutcome]:
                 with statement(pool) as tx:
                     return route_and_enqueue_many(tx, starts)
 
-            combiner = _COMBINERS[pool] = Combiner(
-                many, partial(_one_statement, pool), ISSUE_BATCH, ISSUE_LANES
-            )
+            combiner = kinds[agent_sessions] = Combiner(many, partial(_one_statement, pool), BATCH, LANES)
         return combiner
 
 
 def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
-    """The start in a statement of its own (`route_and_enqueue`): an agent session's, or an issue's
-    that goes alone."""
+    """A start that goes alone, in a statement of its own (`route_and_enqueue`)."""
     with statement(pool) as tx:
         return route_and_enqueue(
             tx,

@@ -213,12 +213,15 @@ def _route_outcome(row: DictRow | None) -> RouteOutcome:
 
 
 def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
-    """`route_and_enqueue` for several issues in one statement (its own transaction, given by
-    `shared.db.statement()`): each element's outcome exactly as `route_and_enqueue` would answer
-    it alone, in order, and all of them committed together. A copy of an earlier element (its
-    delivery key or content key again), or a second element of the same issue, is not written: it
-    is answered None, and its caller's intake transaction then finds the first one's record (a
-    copy: `duplicate`) or its dispatch (the same issue: cancelled, and dispatched again)."""
+    """`route_and_enqueue` for several starts of one kind in one statement (its own transaction,
+    given by `shared.db.statement()`): issues' starts (`route_and_enqueue_many_for_delivery`), or
+    agent sessions `created` (`route_and_start_agent_sessions_many_for_delivery`). Each element's
+    outcome is what `route_and_enqueue` would answer it alone, in order, and all of them commit
+    together. A copy of an earlier element (its delivery key or content key again), or a second
+    element of the same issue or agent session, is not written: it is answered None, and its
+    caller's intake transaction then finds the first one's record (a copy: `duplicate`) or its
+    dispatch. So is an element whose turn another transaction holds (the statement does not wait
+    for it, where the intake transaction does)."""
     tx = require_tx(tx, "route_and_enqueue_many")
     return _route_and_enqueue_many(tx, starts, None, None)
 
@@ -226,15 +229,18 @@ def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
 def _route_and_enqueue_many(
     tx: Tx, starts: list[Start], session_id: UUID | None, now: datetime | None
 ) -> list[RouteOutcome]:
-    for st in starts:
-        if st.message.kind != "start" or st.message.agent_session_id is not None:
-            raise ValueError("route_and_enqueue_many is for an issue's start")
+    if any(st.message.kind != "start" for st in starts):
+        raise ValueError("route_and_enqueue_many is for starts")
+    agent = [st.message.agent_session_id is not None for st in starts]
+    if any(agent) and not all(agent):
+        raise ValueError("route_and_enqueue_many takes issues' starts or agent sessions' starts, not both")
     seen: set[object] = set()
     firsts: list[int] = []  # the elements written; a key twice in one statement would match twice
     for i, st in enumerate(starts):
-        # (An issue's turn is re-entrant within the transaction: two elements of one issue would
-        # both have it, and neither would see the other's dispatch.)
-        keys = (st.delivery_key, st.content_key, (st.org_id, st.message.issue.id))
+        # (A turn is re-entrant within the transaction: two elements of one issue, or of one agent
+        # session, would both have it, and neither would see the other's dispatch.)
+        turn = st.message.agent_session_id or st.message.issue.id
+        keys = (st.delivery_key, st.content_key, (st.org_id, turn))
         if not seen.intersection(keys):
             firsts.append(i)
         seen.update(keys)
@@ -251,11 +257,17 @@ def _route_and_enqueue_many(
             "session_id": str(session_id or uuid4()),
             "issue_id": st.message.issue.id,
             "issue_identifier": st.message.issue.identifier,
+            "agent_session_id": st.message.agent_session_id,
             "payload": st.message.model_dump(mode="json", by_alias=True),
         }
         for n, st in enumerate(starts[i] for i in firsts)
     ]
-    rows = tx.all(query("route_and_enqueue_many_for_delivery"), {"batch": Jsonb(batch), "now": now})
+    statement = (
+        "route_and_start_agent_sessions_many_for_delivery"
+        if starts and agent[0]
+        else "route_and_enqueue_many_for_delivery"
+    )
+    rows = tx.all(query(statement), {"batch": Jsonb(batch), "now": now})
     out: list[RouteOutcome] = [None] * len(starts)
     for i, row in zip(firsts, rows, strict=True):
         out[i] = _route_outcome(row)

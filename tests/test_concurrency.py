@@ -457,6 +457,46 @@ def test_issues_written_together_read_no_table_in_either_plan(
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_agent_sessions_written_together_read_no_table_in_either_plan(
+    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """The group commit's statement for agent sessions `created` together
+    (`route_and_start_agent_sessions_many_for_delivery`) finds each one's machine by the routing
+    index and locks it by its key, and writes the deliveries, sessions, queue rows and Linear's
+    notices, in both plans, with thousands of machines in the org and many queued sessions."""
+    from psycopg.types.json import Jsonb
+
+    from shared.sql import query
+
+    o = _a_busy_org(pool, make_orchestrator)
+    users = [o.linear_user_id] * 6 + ["someone-7", "nobody"]  # (someone-7 has a machine too)
+
+    def params(_tx: Tx, n: int) -> dict[str, Any]:
+        batch = [
+            {
+                "n": i,
+                "org_id": o.org_id,
+                "route_user": user,
+                "delivery_key": f"delivery-{n}-{i}",
+                "content_key": f"content-{n}-{i}",
+                "session_id": str(uuid.uuid4()),
+                "issue_id": f"i-{i}",
+                "issue_identifier": f"X-{i}",
+                "agent_session_id": f"as-{n}-{i}",
+                "payload": {"issue": {"id": f"i-{i}"}, "agentSessionId": f"as-{n}-{i}"},
+            }
+            for i, user in enumerate(users)
+        ]
+        return {"batch": Jsonb(batch), "now": None}
+
+    plan = _steady_write_plan(db_url, mode, query("route_and_start_agent_sessions_many_for_delivery"), params)
+    text = json.dumps(plan)
+    top = plan["QUERY PLAN"][0]["Plan"]
+    assert _relations(top) == sorted([*START_PLAN, ("ModifyTable", "linear_notices", None)]), text
+    assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
     mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:

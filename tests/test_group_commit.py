@@ -17,8 +17,9 @@ from shared import intake
 from shared.db import Pool, connect, statement
 from shared.models import DispatchPayload
 from shared.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
-from tests.helpers.api import Api, issue_event
-from tests.helpers.data import MakeOrch, issue, row_counts
+from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.data import MakeOrch, bulk, issue, row_counts
+from tests.helpers.linear import Linear
 
 
 def start(user: str, n: int, *, delivery: str | None = None, org: str = "org-a") -> Start:
@@ -112,8 +113,8 @@ def _pile_up(
     machine's lock; the others arrive meanwhile and wait in line for the next batch; then the lock
     is let go."""
     locker = _lock_machine(db_url, oid)
-    combiner = intake._issue_starts(api.pool)
-    lanes = intake.ISSUE_LANES
+    combiner = intake._group_commit(api.pool, False)
+    lanes = intake.LANES
     try:
         with ThreadPoolExecutor(len(bodies)) as ex:
             futures: list[Future[httpx.Response]] = []
@@ -142,7 +143,7 @@ def test_webhooks_that_arrive_together_commit_together_each_answered_as_alone(ap
             "SELECT created_at, count(*) AS n FROM dispatch_sessions GROUP BY created_at ORDER BY n"
         ).fetchall()
     # The leaders alone, then the rest that waited in one statement: one transaction, one now().
-    assert [r["n"] for r in commits] == [1] * intake.ISSUE_LANES + [21 - intake.ISSUE_LANES]
+    assert [r["n"] for r in commits] == [1] * intake.LANES + [21 - intake.LANES]
     for body, delivery in bodies:  # each retry is a duplicate of its own session
         again = api.webhook(body, delivery).json()
         assert again["status"] == "duplicate"
@@ -204,7 +205,7 @@ def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_ma
     revokes = _lock_machine(db_url, first)  # the batch waits here; the revoke commits meanwhile
     revokes.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (first,))
     bodies = [(issue_event(issue_id=f"iss-{i}"), f"d-{i}") for i in range(10)]
-    combiner = intake._issue_starts(api.pool)
+    combiner = intake._group_commit(api.pool, False)
 
     try:
         with ThreadPoolExecutor(len(bodies) + 1) as ex, connect(db_url) as watch:
@@ -212,7 +213,7 @@ def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_ma
             _wait_for(lambda: waiting_on_locks(watch) == 1, "the leader to wait on its machine")
             # The group commit's other lanes are taken by the first bodies, alone; the rest wait
             # in line for the leader's lane.
-            alone = intake.ISSUE_LANES - 1
+            alone = intake.LANES - 1
             futures = [ex.submit(api.webhook, *b) for b in bodies]
             _wait_for(lambda: len(combiner._waiting) == len(bodies) - alone, "the batch to wait in line")
             holds_leader.commit()
@@ -306,7 +307,7 @@ def test_existing_issues_assigned_together_commit_together_and_a_reassignment_ca
         cancelled = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (first["sessionId"],))
         assert cancelled.fetchone()["status"] == "cancelled"  # type: ignore[index]
     # The leaders alone, then the rest of the twelve in one statement.
-    assert [r["n"] for r in commits] == [1] * intake.ISSUE_LANES + [12 - intake.ISSUE_LANES]
+    assert [r["n"] for r in commits] == [1] * intake.LANES + [12 - intake.LANES]
     for body, delivery in bodies:  # retries: duplicates of their own sessions
         assert api.webhook(body, delivery).json()["status"] == "duplicate"
 
@@ -339,3 +340,177 @@ def test_concurrent_assignments_of_one_issue_leave_one_start(api: Api) -> None:
             ).fetchall()
         # every start but one was cancelled by the assignment after it
         assert {r["status"]: r["n"] for r in statuses} == {"queued": 1, "cancelled": len(users) - 1}
+
+
+# --- agent sessions `created` together ------------------------------------------------------------
+def agent_start(user: str, session: str, *, delivery: str | None = None, org: str = "org-a") -> Start:
+    key = delivery or f"d-{uuid.uuid4()}"
+    message = DispatchPayload(issue=issue(7, org), agent_session_id=session, kind="start")
+    return Start(org, user, message, key, f"c-{key}")
+
+
+def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
+    pool: Pool, make_orchestrator: MakeOrch, db_url: str
+) -> None:
+    """The agent sessions' statement writes each element as the one statement would: the session,
+    its queue row and the "Queued for" thought of a connected org, for the user's machine. It
+    writes nothing for a user with no machine (the intake transaction tells Linear), a delivery
+    seen before, a copy, a second element of one agent session, or one whose turn another
+    transaction holds (it does not wait for it)."""
+    laptop = make_orchestrator(linear_user_id="has-machine", name="laptop")
+    bulk(
+        pool,
+        "INSERT INTO linear_credentials (org_id, token_encrypted, kind) VALUES ('org-a', '\\x00', 'static')",
+    )
+    seen = agent_start("has-machine", "as-seen", delivery="seen-before")
+    assert isinstance(intake._one_statement(pool, seen), Routed)
+    busy = agent_start("has-machine", "as-busy")
+    holder = psycopg.connect(db_url)  # another intake transaction has as-busy's turn
+    holder.execute("SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key('org-a', 'as-busy'))")
+    batch = [
+        agent_start("has-machine", "as-1"),
+        agent_start("nobody", "as-2"),
+        seen,
+        agent_start("has-machine", "as-3"),
+        agent_start("has-machine", "as-3"),  # (the same agent session again)
+        busy,
+    ]
+    try:
+        with statement(pool) as tx:
+            out = route_and_enqueue_many(tx, batch)
+    finally:
+        holder.close()
+    assert isinstance(out[0], Routed) and isinstance(out[3], Routed)
+    assert out[1] is None and out[2] is None and out[4] is None and out[5] is None
+    assert out[0].orchestrator_id == out[3].orchestrator_id == laptop.id
+    recorded = deliveries(pool)
+    assert set(recorded) == {"seen-before", batch[0].delivery_key, batch[3].delivery_key}
+    for i in (0, 3):
+        routed = out[i]
+        assert isinstance(routed, Routed)
+        assert recorded[batch[i].delivery_key] == ("dispatched", routed.enqueued.session_id)
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT s.status, s.kind, s.agent_session_id, q.id AS queue_id, q.message_id,"
+                " q.agent_session_id AS queued_for, q.payload, n.id AS notice_id, n.body, n.kind AS notice"
+                " FROM dispatch_sessions s JOIN dispatch_queue q ON q.session_id = s.id"
+                " JOIN linear_notices n ON n.session_id = s.id WHERE s.id = %s",
+                (routed.enqueued.session_id,),
+            ).fetchone()
+        assert row is not None
+        assert (row["status"], row["kind"]) == ("queued", "start")
+        assert row["agent_session_id"] == row["queued_for"] == batch[i].message.agent_session_id
+        assert row["payload"]["agentSessionId"] == batch[i].message.agent_session_id
+        assert row["queue_id"] == routed.enqueued.queue_id and row["message_id"] == routed.enqueued.message_id
+        assert row["notice_id"] == routed.enqueued.notice_id
+        assert (row["notice"], row["body"]) == ("dispatched", "Queued for laptop")
+    assert row_counts(pool)["sessions"] == 3 and row_counts(pool)["queue"] == 3
+
+
+def test_a_batch_holds_starts_of_one_kind(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    make_orchestrator(linear_user_id="u")
+    with statement(pool) as tx, pytest.raises(ValueError, match="not both"):
+        route_and_enqueue_many(tx, [start("u", 1), agent_start("u", "as-1")])
+    assert row_counts(pool)["sessions"] == 0 and deliveries(pool) == {}
+
+
+def _pile_up_agent_sessions(
+    api: Api, db_url: str, oid: str, bodies: list[tuple[dict[str, Any], str]]
+) -> list[httpx.Response]:
+    """`_pile_up` for agent sessions `created`: the leaders wait on the machine's lock (each holding
+    its agent session's turn), the rest wait in line for the next batch."""
+    locker = _lock_machine(db_url, oid)
+    combiner = intake._group_commit(api.pool, True)
+    lanes = intake.LANES
+    try:
+        with ThreadPoolExecutor(len(bodies)) as ex:
+            futures: list[Future[httpx.Response]] = []
+            with connect(db_url) as watch:
+                for n, body in enumerate(bodies[:lanes], start=1):
+                    futures.append(ex.submit(api.webhook, *body))
+                    _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on the lock")
+            futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
+            _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
+            locker.commit()
+            return [f.result(30) for f in futures]
+    finally:
+        locker.close()
+
+
+def test_agent_sessions_created_together_commit_together_each_answered_as_alone(
+    api: Api, db_url: str, linear: Linear
+) -> None:
+    oid, token = api.register(user="user-1", name="laptop")
+    bodies = [(agent_session_event(session_id=f"as-{i}"), f"d-as-{i}") for i in range(14)]
+    bodies.append((agent_session_event(session_id="as-3"), "d-as-3"))  # a copy of one delivery
+    answers = [a.json() for a in _pile_up_agent_sessions(api, db_url, oid, bodies)]
+    assert [a["status"] for a in answers[:14]] == ["dispatched"] * 14
+    assert {a["kind"] for a in answers[:14]} == {"start"}
+    assert {a["orchestratorId"] for a in answers[:14]} == {oid}
+    assert answers[14] == {"status": "duplicate", "sessionId": answers[3]["sessionId"]}
+    assert row_counts(api.pool)["sessions"] == 14 and row_counts(api.pool)["queue"] == 14
+    with api.pool.connection() as conn:
+        commits = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions GROUP BY created_at ORDER BY n"
+        ).fetchall()
+    assert [r["n"] for r in commits] == [1] * intake.LANES + [14 - intake.LANES]
+    # Linear hears "Queued for laptop" in each of the fourteen agent sessions, once.
+    linear.wait(14)
+    queued = [a for a in linear.activities() if a["content"].get("body") == "Queued for laptop"]
+    assert sorted(a["agentSessionId"] for a in queued) == sorted(f"as-{i}" for i in range(14))
+    r = api.post_as(token, "/claim", {"max": 100})
+    assert sorted(m["agentSessionId"] for m in r.json()["messages"]) == sorted(f"as-{i}" for i in range(14))
+
+
+def test_a_follow_up_while_its_start_is_written_in_a_batch_is_queued_behind_it(api: Api, db_url: str) -> None:
+    """A `prompted` that arrives while its agent session's `created` is being written in a batch
+    (the batch holds the agent session's turn, and waits for the machine's row) waits for the
+    batch's commit, and is then a `prompt` for the machine that holds the conversation, queued
+    after the start. Had it not waited, it would have found no holder and become a second start."""
+    laptop, token = api.register(user="user-1", name="laptop")
+    elsewhere, _ = api.register(user="user-2", name="elsewhere")
+    holds_leaders = _lock_machine(db_url, elsewhere)  # the leaders wait here, alone
+    holds_batch = _lock_machine(db_url, laptop)  # the batch waits here, holding its turns
+    combiner = intake._group_commit(api.pool, True)
+    lanes = intake.LANES
+    leaders = [
+        (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}") for i in range(lanes)
+    ]
+    bodies = [(agent_session_event(session_id=f"as-{i}"), f"d-as-{i}") for i in range(4)]
+    follow = agent_session_event(session_id="as-3", action="prompted", body="and the docs too")
+    try:
+        with ThreadPoolExecutor(8) as ex, connect(db_url) as watch:
+            firsts = []
+            for n, body in enumerate(leaders, start=1):
+                firsts.append(ex.submit(api.webhook, *body))
+                _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on its machine")
+            futures = [ex.submit(api.webhook, *b) for b in bodies]
+            _wait_for(lambda: len(combiner._waiting) == len(bodies), "the batch to wait in line")
+            holds_leaders.commit()
+            assert {f.result(30).json()["orchestratorId"] for f in firsts} == {elsewhere}
+            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait on the laptop's row")
+            prompt = ex.submit(api.webhook, follow, "d-follow")
+            _wait_for(lambda: waiting_on_locks(watch) == 2, "the follow-up to wait for as-3's turn")
+            holds_batch.commit()
+            answers = [f.result(30).json() for f in futures]
+            answered = prompt.result(30).json()
+    finally:
+        holds_leaders.close()
+        holds_batch.close()
+    assert [a["status"] for a in answers] == ["dispatched"] * 4
+    assert {a["orchestratorId"] for a in answers} == {laptop}
+    assert answered["status"] == "dispatched" and answered["kind"] == "prompt"
+    assert answered["orchestratorId"] == laptop
+    with api.pool.connection() as conn:
+        commits = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions WHERE agent_session_id LIKE 'as-_'"
+            " AND kind = 'start' GROUP BY created_at"
+        ).fetchall()
+    assert [r["n"] for r in commits] == [4]  # the four starts in one statement
+    got = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
+    assert [m["kind"] for m in got if m["agentSessionId"] == "as-3"] == ["start"]  # the prompt waits
+    [start3] = [m for m in got if m["agentSessionId"] == "as-3"]
+    ack = {"queueId": start3["queueId"], "claimToken": start3["claimToken"]}
+    assert api.post_as(token, "/ack", ack).status_code == 200
+    [then] = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
+    assert (then["agentSessionId"], then["kind"]) == ("as-3", "prompt")

@@ -725,3 +725,84 @@ LEFT JOIN d ON d.delivery_key = w.delivery_key
 LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
 ORDER BY w.n;
 
+
+-- name: route_and_start_agent_sessions_many_for_delivery
+-- (none) -> AVAILABLE: `route_and_start_agent_session_for_delivery` for several agent sessions
+-- `created` together (`batch`, a JSON array, one element per webhook, numbered `n`), in one
+-- statement that is its own transaction (`shared.db.statement`): the whole batch commits together
+-- or not at all, after one round trip and one commit. The caller answers no webhook before the
+-- commit. Every element is judged alone, as the one statement judges it: its routing choice
+-- (`route`; a user whose machines differ (`mixed`) gets nothing written), its machine's lock FOR KEY
+-- SHARE (a revoke committed meanwhile is seen, and nothing is written for that element), its
+-- delivery (two keys) ON CONFLICT DO NOTHING, recorded as dispatched to the new session, the
+-- session and its queue row, and, for an org Linear is told about, the "Queued for <machine>"
+-- thought. A user with no machine gets nothing written: the intake transaction tells Linear why.
+-- One row per element, in order: `outcome` NULL means nothing was written for it.
+--
+-- Each element takes its agent session's turn (`agent_session_turn`) without waiting (`free`):
+-- several turns taken in one statement, each waiting, could wait in a circle with another batch.
+-- An element whose turn another transaction holds gets nothing written, and its intake
+-- transaction waits for the turn. The turn is held to the commit, so a `prompted` or a stop of the
+-- same agent session that comes meanwhile waits for this start and then finds it. The elements'
+-- keys and agent sessions are distinct (`route_and_enqueue_many` leaves copies out): a turn is
+-- re-entrant within one transaction, and a key twice would match one inserted record twice.
+WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of text are escaped in Python)
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
+             issue_id text, issue_identifier text, agent_session_id text, payload jsonb)
+), free AS MATERIALIZED (  -- (each agent session's turn tried once, before anything is written)
+    SELECT want.n FROM want
+    WHERE pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(want.org_id, want.agent_session_id))
+), routed AS (
+    SELECT want.n, r.id
+    FROM want JOIN free ON free.n = want.n CROSS JOIN LATERAL (
+-- include: route
+    ) r
+    WHERE NOT r.mixed
+), machine AS (
+    SELECT routed.n, o.id, o.name, o.listening_until > now() AS listening
+    FROM routed JOIN orchestrators o ON o.id = routed.id
+    WHERE o.revoked_at IS NULL
+    FOR KEY SHARE OF o
+), d AS (
+    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
+    SELECT w.delivery_key, w.content_key, w.session_id, 'dispatched'
+    FROM want w JOIN machine m ON m.n = w.n
+    ON CONFLICT DO NOTHING
+    RETURNING delivery_key, outcome
+), target AS (
+    SELECT m.n, m.id, m.name, m.listening, w.session_id, w.org_id, w.route_user, w.issue_id,
+           w.issue_identifier, w.agent_session_id, w.payload
+    FROM machine m JOIN want w ON w.n = m.n
+    JOIN d ON d.delivery_key = w.delivery_key
+), s AS (
+    INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
+                                   issue_identifier, agent_session_id, kind, queue_id, message_id)
+    SELECT t.session_id, t.org_id, t.id, 'queued', t.route_user, t.issue_id, t.issue_identifier,
+           t.agent_session_id, 'start', gen_random_uuid(), gen_random_uuid()
+    FROM target t
+    RETURNING id, queue_id, message_id, orchestrator_id, org_id
+), q AS (
+    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
+                                agent_session_id, available_at)
+    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id, t.payload, t.agent_session_id,
+           coalesce(%(now)s::timestamptz, now())
+    FROM s JOIN target t ON t.session_id = s.id
+    RETURNING id, message_id, session_id, orchestrator_id
+), told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT t.org_id, q.session_id, 'dispatched', t.agent_session_id, t.issue_id,
+           'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
+    FROM q JOIN target t ON t.session_id = q.session_id
+    WHERE devpilot_notifies(t.org_id)
+    RETURNING id, session_id
+)
+SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       told.id AS notice_id,
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
+        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
+FROM want w
+LEFT JOIN d ON d.delivery_key = w.delivery_key
+LEFT JOIN q ON q.session_id = w.session_id AND d.outcome IS NOT NULL
+LEFT JOIN told ON told.session_id = q.session_id
+ORDER BY w.n;
