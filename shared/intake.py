@@ -48,6 +48,7 @@ from shared.queue import (
     Start,
     cancel_issue,
     enqueue_dispatch,
+    prompt_holder,
     route_and_enqueue,
     route_and_enqueue_many,
 )
@@ -94,6 +95,11 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str 
         if done is not None:
             return done
         rounds -= 1  # (a round that wrote nothing; `_start_at_once` says when)
+    elif _prompt_alone(hook, plan):
+        done = _prompt_at_once(pool, hook, plan, key, content_key)
+        if done is not None:
+            return done
+        rounds -= 1
     for _ in range(rounds - 1):
         try:
             return _receive(pool, hook, plan, key, content_key)
@@ -103,6 +109,38 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str 
 
 
 ROUNDS = 3
+
+
+def _prompt_alone(hook: Webhook, plan: Intent) -> bool:
+    """A follow-up (`prompted`, not a stop) that may go straight to the machine holding its agent
+    session: its one statement finds out, and writes nothing when it cannot."""
+    return (
+        plan.kind == "prompt"
+        and hook.org_id is not None
+        and plan.agent_session_id is not None
+        and plan.issue is not None
+    )
+
+
+def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received | None:
+    """The follow-up as one statement, its own transaction (`prompt_holder`): one round trip where
+    the transaction below takes four. None: it wrote nothing (see `prompt_holder`)."""
+    assert hook.org_id is not None and plan.issue is not None
+    message = DispatchPayload(
+        issue=plan.issue, agent_session_id=plan.agent_session_id, kind="prompt", prompt=plan.prompt
+    )
+    with statement(pool) as tx:
+        routed = prompt_holder(
+            tx,
+            org_id=hook.org_id,
+            linear_user_id=plan.user_id,
+            message=message,
+            delivery_key=key,
+            content_key=content_key,
+        )
+    if routed is None:
+        return None
+    return Received(_dispatched(routed.enqueued, routed.orchestrator_id, "prompt"), recorded=True)
 
 
 def _start_alone(hook: Webhook, plan: Intent, key: str, content_key: str) -> Start | None:

@@ -197,6 +197,41 @@ def route_and_enqueue(
     return _route_outcome(row)
 
 
+def prompt_holder(
+    tx: Tx,
+    *,
+    org_id: str,
+    linear_user_id: str | None,
+    message: DispatchPayload,
+    delivery_key: str,
+    content_key: str,
+    now: datetime | None = None,
+) -> Routed | None:
+    """The webhook intake of a follow-up (`prompted`) in an agent session a machine holds, in one
+    statement (`prompt_holder_for_delivery`): records the delivery, tries the agent session's turn,
+    reads the holder after it and queues the `prompt` for it. `tx` is required, as for every write
+    to the queue; a `shared.db.statement()` makes the statement its own transaction.
+
+    None: nothing was written. The delivery was seen before, the turn is another transaction's,
+    nobody holds the agent session (or devpilot opened it for a plain assignment), or the holder
+    was revoked while this waited for its row; the caller decides in a full intake transaction."""
+    tx = require_tx(tx, "prompt_holder")
+    if message.kind != "prompt" or message.agent_session_id is None:
+        raise ValueError("prompt_holder is for an agent session's prompt")
+    row = tx.one(
+        query("prompt_holder_for_delivery"),
+        {
+            **_session_params(message, None, now),
+            "org_id": org_id,
+            "linear_user_id": linear_user_id,
+            "delivery_key": delivery_key,
+            "content_key": content_key,
+        },
+    )
+    routed = _route_outcome(row)
+    return routed if isinstance(routed, Routed) else None
+
+
 def _route_outcome(row: DictRow | None) -> RouteOutcome:
     """What a row of `route_enqueue_answer` (or of the batch's answer) says was written."""
     if row is None or row["outcome"] is None:

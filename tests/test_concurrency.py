@@ -534,6 +534,94 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
         conn.execute("DEALLOCATE probe")
 
 
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
+    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """A follow-up's one statement (`prompt_holder_for_delivery`) locks the holder's row by its key
+    and writes the delivery, the session and its queue row, in both plans, beside 20,000 queued
+    sessions of the same org (the holder is read by a function, below)."""
+    from shared.sql import query
+
+    o = _a_busy_org(pool, make_orchestrator)
+
+    def params(tx: Tx, n: int) -> dict[str, Any]:
+        held = f"agent-session-{n}"
+        start = DispatchPayload(issue=IssueRef(id="i", identifier="X-1"), agent_session_id=held, kind="start")
+        enqueue_dispatch(
+            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=start
+        )
+        prompt = start.model_copy(update={"kind": "prompt"})
+        return {
+            **_session_params(prompt, None, None),
+            "org_id": o.org_id,
+            "linear_user_id": o.linear_user_id,
+            "delivery_key": f"delivery-{n}",
+            "content_key": f"content-{n}",
+        }
+
+    plan = _steady_write_plan(db_url, mode, query("prompt_holder_for_delivery"), params)
+    text = json.dumps(plan)
+    top = plan["QUERY PLAN"][0]["Plan"]
+    assert _relations(top) == sorted(
+        [
+            ("Index Scan", "orchestrators", "orchestrators_pkey"),
+            ("ModifyTable", "webhook_deliveries", None),
+            ("ModifyTable", "dispatch_sessions", None),
+            ("ModifyTable", "dispatch_queue", None),
+        ]
+    ), text
+    assert top["Actual Rows"] == 1, text  # (written: the holder was found)
+    assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80, text
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_an_agent_sessions_holder_is_read_by_its_index(
+    mode: str, pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    """Who holds an agent session (`devpilot_agent_session_holder`, migration 0013: the intake
+    transaction's and a follow-up's statement's): the query inside the function, read from the
+    database itself, finds the agent session by its index, in both plans, beside 20,000 queued
+    sessions of the same org."""
+    import re
+
+    from psycopg import sql
+
+    o = make_orchestrator()
+    fill_queue(pool, o, 20_000)
+    held = DispatchPayload(issue=IssueRef(id="i", identifier="X-1"), agent_session_id="as-held", kind="start")
+    with transaction(pool) as tx:
+        enqueue_dispatch(
+            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=held
+        )
+    with pool.connection() as conn:
+        conn.execute("ANALYZE dispatch_sessions")
+        row = conn.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'devpilot_agent_session_holder'"
+        ).fetchone()
+        assert row is not None
+        found = re.search(r"RETURN QUERY(.*?);", row["prosrc"], re.S)
+        assert found is not None, row["prosrc"]
+        body = re.sub(r"\borg\b", "$1", found.group(1))
+        body = re.sub(r"\bagent_session\b", "$2", body)
+        body = re.sub(r"\bdelivered_only\b", "$3", body)
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        conn.execute(f"PREPARE holder(text, text, boolean) AS {body}")
+        for agent_session, rows in (("as-held", 1), ("as-elsewhere", 0)):
+            run = sql.SQL("EXECUTE holder({}, {}, false)").format(
+                sql.Literal(o.org_id), sql.Literal(agent_session)
+            )
+            for _ in range(6):  # (a generic plan is chosen after five custom ones, if at all)
+                conn.execute(run)
+            explained = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + run).fetchone()
+            assert explained is not None
+            plan = explained["QUERY PLAN"]
+            scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "dispatch_sessions"]
+            assert scans and all(r[2] == "dispatch_sessions_agent_idx" for r in scans), plan
+            assert plan[0]["Plan"]["Actual Rows"] == rows, plan
+        conn.execute("DEALLOCATE holder")
+
+
 @pytest.mark.parametrize("statement", ["ack", "ack_as"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_ack_plan_probes_by_key(

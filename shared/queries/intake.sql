@@ -91,23 +91,11 @@ SELECT pg_advisory_xact_lock(devpilot_issue_turn_key(%(org_id)s, %(issue_id)s))
 WHERE %(issue_id)s::text IS NOT NULL
 
 -- name: agent_session_holder
--- The machine that holds an agent session: the active orchestrator its most recent message went to
--- (with `delivered_only`, its most recent delivered message), and the issue it is about. A message
--- that was cancelled or failed before delivery gave no machine the conversation: with nothing
--- else queued or delivered, nobody holds it, and a follow-up starts it afresh. `opened_for`: when
--- devpilot opened the agent session for a plain assignment, that assignment's session (its
--- machine knows the conversation as `devpilot:<it>`).
-SELECT s.orchestrator_id, s.issue_id, s.issue_identifier,
-       (SELECT c.id FROM dispatch_sessions c
-        WHERE c.org_id = s.org_id AND c.agent_session_id = s.agent_session_id AND c.agent_session_created
-        LIMIT 1) AS opened_for
-FROM dispatch_sessions s
-JOIN orchestrators o ON o.id = s.orchestrator_id AND o.revoked_at IS NULL
-WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
-  AND s.status IN ('queued', 'delivered')
-  AND (NOT %(delivered_only)s OR s.status = 'delivered')
-ORDER BY s.created_at DESC
-LIMIT 1;
+-- In the intake transaction, after the agent session's turn: the machine that holds the agent
+-- session, and the issue it is about (`devpilot_agent_session_holder`, migration 0013, which says
+-- who holds one; `prompt_holder_for_delivery` reads it the same way).
+SELECT orchestrator_id, issue_id, issue_identifier, opened_for
+FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
 
 -- name: route
 -- A fragment, the routing policy (in `record_delivery` and the statements of `route_enqueue_rows`

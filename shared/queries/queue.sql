@@ -169,7 +169,8 @@ want AS (
 -- include: enqueue_session_rows
 
 -- name: route_enqueue_answer
--- A fragment, the answer of `route_and_start_agent_session_for_delivery`, after a CTE `told` (the
+-- A fragment, the answer of `route_and_start_agent_session_for_delivery` (and of
+-- `prompt_holder_for_delivery`), after a CTE `told` (the
 -- notice written, if any), with the NOTIFY of `enqueue`. No row: nothing was written (a delivery
 -- seen before, a machine revoked meanwhile, or a user with no machine). The caller then decides in
 -- a full intake transaction, which tells those apart (and tells Linear about the last).
@@ -806,3 +807,44 @@ LEFT JOIN d ON d.delivery_key = w.delivery_key
 LEFT JOIN q ON q.session_id = w.session_id AND d.outcome IS NOT NULL
 LEFT JOIN told ON told.session_id = q.session_id
 ORDER BY w.n;
+
+-- name: prompt_holder_for_delivery
+-- (none) -> AVAILABLE for a `prompted` webhook (a follow-up) in an agent session a machine holds:
+-- the whole intake in one statement that is its own transaction (`shared.db.statement`), where
+-- the intake transaction takes four round trips. The delivery's record (two keys, ON CONFLICT DO
+-- NOTHING), the session and its queue row (`enqueue_session_rows`: a `prompt` for the holder)
+-- commit together or not at all.
+-- * `turn`: the agent session's turn, tried without waiting; the statement's snapshot is older
+--   than the lock, so
+-- * `holder` is read by `devpilot_agent_session_holder` (migration 0013), whose query takes its own
+--   snapshot after the turn is held: a start committed by the turn's previous holder is seen.
+--   Nothing when the turn is another transaction's, when nobody holds the agent session, or when
+--   devpilot opened it for a plain assignment (its machine knows it by another name, which the
+--   intake transaction gives the message).
+-- * `machine`: the holder's row FOR KEY SHARE if it is still active (as `enqueue`'s `target`).
+-- No row: nothing was written; the caller decides in the intake transaction, which waits for the
+-- turn and tells the other cases apart (a follow-up with no holder starts the conversation, or
+-- waits behind a start still being routed). The queue row's `seq` is taken under the turn, so
+-- the prompt is ordered after every earlier message of the agent session.
+WITH turn AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(%(org_id)s, %(agent_session_id)s)) AS free
+), holder AS MATERIALIZED (
+    SELECT h.orchestrator_id
+    FROM turn CROSS JOIN LATERAL devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, false) h
+    WHERE turn.free AND h.opened_for IS NULL
+), machine AS (
+    SELECT id, name, listening_until > now() AS listening
+    FROM orchestrators
+    WHERE id = (SELECT orchestrator_id FROM holder) AND revoked_at IS NULL
+    FOR KEY SHARE
+), d AS (
+    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
+    SELECT %(delivery_key)s, %(content_key)s, %(session_id)s::uuid, 'dispatched' FROM machine
+    ON CONFLICT DO NOTHING
+    RETURNING outcome
+), target AS (
+    SELECT m.* FROM machine m WHERE EXISTS (SELECT FROM d)
+),
+-- include: enqueue_session_rows
+, told AS (SELECT NULL::uuid AS id WHERE false)  -- (a follow-up's first word is the agent's)
+-- include: route_enqueue_answer
