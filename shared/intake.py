@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -43,12 +44,14 @@ from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
 from shared.queue import (
     NO_MACHINE,
     SWEEP_BATCH,
+    FollowUp,
     MachineRevoked,
+    Routed,
     RouteOutcome,
     Start,
     cancel_issue,
     enqueue_dispatch,
-    prompt_holder,
+    prompt_holders,
     route_and_enqueue,
     route_and_enqueue_many,
 )
@@ -123,21 +126,15 @@ def _prompt_alone(hook: Webhook, plan: Intent) -> bool:
 
 
 def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received | None:
-    """The follow-up as one statement, its own transaction (`prompt_holder`): one round trip where
-    the transaction below takes four. None: it wrote nothing (see `prompt_holder`)."""
+    """The follow-up as one statement, its own transaction (`prompt_holders`), through the pool's
+    group commit of follow-ups: one round trip where the transaction below takes four. None: it
+    wrote nothing (see `prompt_holders`)."""
     assert hook.org_id is not None and plan.issue is not None
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="prompt", prompt=plan.prompt
     )
-    with statement(pool) as tx:
-        routed = prompt_holder(
-            tx,
-            org_id=hook.org_id,
-            linear_user_id=plan.user_id,
-            message=message,
-            delivery_key=key,
-            content_key=content_key,
-        )
+    follow_up = FollowUp(hook.org_id, plan.user_id, message, key, content_key)
+    routed = _follow_ups(pool).submit(follow_up)
     if routed is None:
         return None
     return Received(_dispatched(routed.enqueued, routed.orchestrator_id, "prompt"), recorded=True)
@@ -179,36 +176,53 @@ def _start_at_once(pool: Pool, start: Start) -> Received | None:
     return Received(answer, _notices(enq), recorded=True)
 
 
-BATCH = 64  # the most starts written in one statement
-# Batches of starts of one kind written at once. With one, every caller waited for the batch ahead
+BATCH = 64  # the most webhooks written in one statement
+# Batches of one kind (issues' starts, agent sessions' starts, follow-ups) written at once. With one, every caller waited for the batch ahead
 # of it to commit (its WAL flush) while the cores idled; with two, the next batch is written
 # meanwhile (+26 % existing issues assigned, median of 8 alternating pairs; three or four were no
 # faster). Two batches holding one issue, or one agent session, are kept apart by its turn, which
-# each statement tries without waiting (`devpilot_issue_turn_free`, `free` in the agent sessions').
+# each statement tries without waiting (`devpilot_issue_turn_free`; `free` in the agent sessions'
+# and the follow-ups').
 LANES = 2
-_COMBINERS: weakref.WeakKeyDictionary[Pool, dict[bool, Combiner[Start, RouteOutcome]]] = (
-    weakref.WeakKeyDictionary()
-)
+_COMBINERS: weakref.WeakKeyDictionary[Pool, dict[str, Combiner[Any, Any]]] = weakref.WeakKeyDictionary()
 _COMBINERS_LOCK = threading.Lock()
 
 
-def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutcome]:
-    """The pool's group commit of issues' starts, or of agent sessions' (one each per pool, made on
-    first use). A start alone is written by `_one_statement`: an agent session's then waits for its
-    turn, as the intake transaction does. Copies of one delivery in one batch are answered None by
-    `route_and_enqueue_many`: each goes on to the intake transaction, which finds the first copy's
-    record and answers `duplicate`."""
+def _combiner(
+    pool: Pool, name: str, many: Callable[[list[Any]], list[Any]], one: Callable[[Any], Any]
+) -> Combiner[Any, Any]:
+    """The pool's group commit called `name` (one per pool and name, made on first use)."""
     with _COMBINERS_LOCK:
         kinds = _COMBINERS.setdefault(pool, {})
-        combiner = kinds.get(agent_sessions)
+        combiner = kinds.get(name)
         if combiner is None:
-
-            def many(starts: list[Start]) -> list[RouteOutcome]:
-                with statement(pool) as tx:
-                    return route_and_enqueue_many(tx, starts)
-
-            combiner = kinds[agent_sessions] = Combiner(many, partial(_one_statement, pool), BATCH, LANES)
+            combiner = kinds[name] = Combiner(many, one, BATCH, LANES)
         return combiner
+
+
+def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutcome]:
+    """The pool's group commit of issues' starts, or of agent sessions'. A start alone is written by
+    `_one_statement`: an agent session's then waits for its turn, as the intake transaction does.
+    Copies of one delivery in one batch are answered None by `route_and_enqueue_many`: each goes
+    on to the intake transaction, which finds the first copy's record and answers `duplicate`."""
+
+    def many(starts: list[Start]) -> list[RouteOutcome]:
+        with statement(pool) as tx:
+            return route_and_enqueue_many(tx, starts)
+
+    name = "agent_sessions" if agent_sessions else "issues"
+    return _combiner(pool, name, many, partial(_one_statement, pool))
+
+
+def _follow_ups(pool: Pool) -> Combiner[FollowUp, Routed | None]:
+    """The pool's group commit of follow-ups for the machines that hold their agent sessions (one
+    statement alone, or several together: `prompt_holders` never waits for a turn)."""
+
+    def many(follow_ups: list[FollowUp]) -> list[Routed | None]:
+        with statement(pool) as tx:
+            return prompt_holders(tx, follow_ups)
+
+    return _combiner(pool, "follow_ups", many, lambda f: many([f])[0])
 
 
 def _one_statement(pool: Pool, start: Start) -> RouteOutcome:

@@ -197,39 +197,63 @@ def route_and_enqueue(
     return _route_outcome(row)
 
 
-def prompt_holder(
-    tx: Tx,
-    *,
-    org_id: str,
-    linear_user_id: str | None,
-    message: DispatchPayload,
-    delivery_key: str,
-    content_key: str,
-    now: datetime | None = None,
-) -> Routed | None:
-    """The webhook intake of a follow-up (`prompted`) in an agent session a machine holds, in one
-    statement (`prompt_holder_for_delivery`): records the delivery, tries the agent session's turn,
-    reads the holder after it and queues the `prompt` for it. `tx` is required, as for every write
-    to the queue; a `shared.db.statement()` makes the statement its own transaction.
+@dataclass(frozen=True)
+class FollowUp:
+    """A follow-up as one `prompted` webhook asks for it (`prompt_holders`): the org, the Linear
+    user who wrote it (None: an agent session an automation started), the `prompt` message, the
+    delivery's two keys."""
 
-    None: nothing was written. The delivery was seen before, the turn is another transaction's,
-    nobody holds the agent session (or devpilot opened it for a plain assignment), or the holder
-    was revoked while this waited for its row; the caller decides in a full intake transaction."""
-    tx = require_tx(tx, "prompt_holder")
-    if message.kind != "prompt" or message.agent_session_id is None:
-        raise ValueError("prompt_holder is for an agent session's prompt")
-    row = tx.one(
-        query("prompt_holder_for_delivery"),
+    org_id: str
+    linear_user_id: str | None
+    message: DispatchPayload
+    delivery_key: str
+    content_key: str
+
+
+def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = None) -> list[Routed | None]:
+    """The webhook intake of follow-ups (`prompted`) in agent sessions a machine holds, one or
+    several, in one statement (`prompt_holders_for_delivery`): each delivery recorded, its agent
+    session's turn tried, the holder read after it and the `prompt` queued for it; all of them
+    committed together. `tx` is required, as for every write to the queue; a
+    `shared.db.statement()` makes the statement its own transaction (one round trip in all).
+
+    Each element's outcome in order; None: nothing was written for it. Its delivery was seen before
+    (or is a copy of an earlier element's), the turn is another transaction's (or an earlier
+    element's, of the same agent session), nobody holds the agent session (or devpilot opened it
+    for a plain assignment), or the holder was revoked while this waited for its row; the caller
+    decides in a full intake transaction."""
+    tx = require_tx(tx, "prompt_holders")
+    for f in follow_ups:
+        if f.message.kind != "prompt" or f.message.agent_session_id is None:
+            raise ValueError("prompt_holders is for agent sessions' prompts")
+    seen: set[object] = set()
+    firsts: list[int] = []  # the elements written; a key twice in one statement would match twice
+    for i, f in enumerate(follow_ups):
+        keys = (f.delivery_key, f.content_key, (f.org_id, f.message.agent_session_id))
+        if not seen.intersection(keys):
+            firsts.append(i)
+        seen.update(keys)
+    batch = [
         {
-            **_session_params(message, None, now),
-            "org_id": org_id,
-            "linear_user_id": linear_user_id,
-            "delivery_key": delivery_key,
-            "content_key": content_key,
-        },
-    )
-    routed = _route_outcome(row)
-    return routed if isinstance(routed, Routed) else None
+            "n": n,
+            "org_id": f.org_id,
+            "linear_user_id": f.linear_user_id,
+            "delivery_key": f.delivery_key,
+            "content_key": f.content_key,
+            "session_id": str(uuid4()),
+            "issue_id": f.message.issue.id,
+            "issue_identifier": f.message.issue.identifier,
+            "agent_session_id": f.message.agent_session_id,
+            "payload": f.message.model_dump(mode="json", by_alias=True),
+        }
+        for n, f in enumerate(follow_ups[i] for i in firsts)
+    ]
+    rows = tx.all(query("prompt_holders_for_delivery"), {"batch": Jsonb(batch), "now": now})
+    out: list[Routed | None] = [None] * len(follow_ups)
+    for i, row in zip(firsts, rows, strict=True):
+        routed = _route_outcome(row)
+        out[i] = routed if isinstance(routed, Routed) else None
+    return out
 
 
 def _route_outcome(row: DictRow | None) -> RouteOutcome:

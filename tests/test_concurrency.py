@@ -538,29 +538,44 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
 def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
     mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
-    """A follow-up's one statement (`prompt_holder_for_delivery`) locks the holder's row by its key
-    and writes the delivery, the session and its queue row, in both plans, beside 20,000 queued
-    sessions of the same org (the holder is read by a function, below)."""
+    """The follow-ups' statement (`prompt_holders_for_delivery`) locks each holder's row by its key
+    and writes the deliveries, the sessions and their queue rows, in both plans, beside 20,000
+    queued sessions of the same org (the holder is read by a function, below)."""
+    from psycopg.types.json import Jsonb
+
     from shared.sql import query
 
     o = _a_busy_org(pool, make_orchestrator)
 
     def params(tx: Tx, n: int) -> dict[str, Any]:
-        held = f"agent-session-{n}"
-        start = DispatchPayload(issue=IssueRef(id="i", identifier="X-1"), agent_session_id=held, kind="start")
-        enqueue_dispatch(
-            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=start
-        )
-        prompt = start.model_copy(update={"kind": "prompt"})
-        return {
-            **_session_params(prompt, None, None),
-            "org_id": o.org_id,
-            "linear_user_id": o.linear_user_id,
-            "delivery_key": f"delivery-{n}",
-            "content_key": f"content-{n}",
-        }
+        batch = []
+        for i in range(4):
+            held = f"agent-session-{n}-{i}"
+            start = DispatchPayload(
+                issue=IssueRef(id="i", identifier="X-1"), agent_session_id=held, kind="start"
+            )
+            enqueue_dispatch(
+                tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=start
+            )
+            batch.append(
+                {
+                    "n": i,
+                    "org_id": o.org_id,
+                    "linear_user_id": o.linear_user_id,
+                    "delivery_key": f"delivery-{n}-{i}",
+                    "content_key": f"content-{n}-{i}",
+                    "session_id": str(uuid.uuid4()),
+                    "issue_id": "i",
+                    "issue_identifier": "X-1",
+                    "agent_session_id": held,
+                    "payload": start.model_copy(update={"kind": "prompt"}).model_dump(
+                        mode="json", by_alias=True
+                    ),
+                }
+            )
+        return {"batch": Jsonb(batch), "now": None}
 
-    plan = _steady_write_plan(db_url, mode, query("prompt_holder_for_delivery"), params)
+    plan = _steady_write_plan(db_url, mode, query("prompt_holders_for_delivery"), params)
     text = json.dumps(plan)
     top = plan["QUERY PLAN"][0]["Plan"]
     assert _relations(top) == sorted(
@@ -571,8 +586,12 @@ def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
             ("ModifyTable", "dispatch_queue", None),
         ]
     ), text
-    assert top["Actual Rows"] == 1, text  # (written: the holder was found)
-    assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80, text
+    assert top["Actual Rows"] == 4, text
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
+        assert conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions WHERE kind = 'prompt'"
+        ).fetchone() == {"n": 0}  # (rolled back)
+    assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * 4, text
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])

@@ -1,5 +1,6 @@
 """A follow-up (`prompted`) in an agent session a machine holds is one statement, its own
-transaction (`prompt_holder`, `prompt_holder_for_delivery`): everything else a follow-up can be is
+transaction (`prompt_holders`, `prompt_holders_for_delivery`; several that arrive together, one
+statement too): everything else a follow-up can be is
 left to the intake transaction, with nothing written. Real Postgres, real HTTP into the real app."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from shared import intake
 from shared.db import Pool, connect, statement
 from shared.models import DispatchPayload, IssueRef
-from shared.queue import Routed, Start, prompt_holder
+from shared.queue import FollowUp, Routed, Start, prompt_holders
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.data import MakeOrch, bulk, row_counts
 from tests.test_group_commit import _lock_machine, _wait_for, waiting_on_locks
@@ -31,18 +32,16 @@ def started(pool: Pool, user: str, agent_session: str) -> Routed:
     return routed
 
 
-def follow_up(pool: Pool, agent_session: str, *, delivery: str | None = None) -> Routed | None:
+def prompted(agent_session: str, *, delivery: str | None = None) -> FollowUp:
     key = delivery or f"d-{uuid.uuid4()}"
     message = DispatchPayload(issue=ISSUE, agent_session_id=agent_session, kind="prompt")
+    return FollowUp("org-a", "user-1", message, key, f"c-{key}")
+
+
+def follow_up(pool: Pool, agent_session: str, *, delivery: str | None = None) -> Routed | None:
     with statement(pool) as tx:
-        return prompt_holder(
-            tx,
-            org_id="org-a",
-            linear_user_id="user-1",
-            message=message,
-            delivery_key=key,
-            content_key=f"c-{key}",
-        )
+        [routed] = prompt_holders(tx, [prompted(agent_session, delivery=delivery)])
+    return routed
 
 
 def rows_of(pool: Pool, agent_session: str) -> list[dict[str, Any]]:
@@ -107,29 +106,41 @@ def test_a_follow_up_the_statement_cannot_decide_writes_nothing(
     assert row_counts(pool) == before and before["sessions"] == 2
 
 
-def test_a_follow_up_needs_a_transaction_and_is_for_a_prompt(pool: Pool, make_orchestrator: MakeOrch) -> None:
+def test_follow_ups_need_a_transaction_and_are_prompts(pool: Pool, make_orchestrator: MakeOrch) -> None:
     make_orchestrator(linear_user_id="user-1")
     started(pool, "user-1", "as-1")
-    message = DispatchPayload(issue=ISSUE, agent_session_id="as-1", kind="prompt")
     with pool.connection() as conn, pytest.raises(TypeError, match="open transaction"):
-        prompt_holder(
-            conn,  # type: ignore[arg-type]
-            org_id="org-a",
-            linear_user_id="user-1",
-            message=message,
-            delivery_key="k",
-            content_key="c",
-        )
-    with statement(pool) as tx, pytest.raises(ValueError, match="prompt"):
-        prompt_holder(
-            tx,
-            org_id="org-a",
-            linear_user_id="user-1",
-            message=message.model_copy(update={"kind": "start"}),
-            delivery_key="k",
-            content_key="c",
-        )
+        prompt_holders(conn, [prompted("as-1")])  # type: ignore[arg-type]
+    start = prompted("as-1")
+    start = FollowUp(start.org_id, None, start.message.model_copy(update={"kind": "start"}), "k", "c")
+    with statement(pool) as tx, pytest.raises(ValueError, match="prompts"):
+        prompt_holders(tx, [start])
     assert row_counts(pool)["sessions"] == 1
+
+
+def test_follow_ups_in_one_batch_are_each_answered_as_alone(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    """Several follow-ups in one statement: each for its own holder, in order, each behind its own
+    start; a copy of an earlier element's delivery, a second one of the same agent session and one
+    with no holder get nothing written (the intake transaction decides them)."""
+    laptop = make_orchestrator(linear_user_id="user-1", name="laptop")
+    desktop = make_orchestrator(linear_user_id="user-2", name="desktop")
+    started(pool, "user-1", "as-1")
+    started(pool, "user-2", "as-2")
+    one, two = prompted("as-1"), prompted("as-2")
+    batch = [one, prompted("as-nobody"), two, one, prompted("as-2")]
+    with statement(pool) as tx:
+        out = prompt_holders(tx, batch)
+    assert isinstance(out[0], Routed) and out[0].orchestrator_id == laptop.id
+    assert isinstance(out[2], Routed) and out[2].orchestrator_id == desktop.id
+    assert out[1] is None and out[3] is None and out[4] is None
+    for agent_session, machine in (("as-1", laptop.id), ("as-2", desktop.id)):
+        [first, then] = rows_of(pool, agent_session)
+        assert (first["kind"], then["kind"]) == ("start", "prompt") and then["seq"] > first["seq"]
+        assert then["orchestrator_id"] == machine
+    with pool.connection() as conn:
+        keys = {r["delivery_key"] for r in conn.execute("SELECT delivery_key FROM webhook_deliveries")}
+    assert {one.delivery_key, two.delivery_key} <= keys and batch[1].delivery_key not in keys
+    assert batch[4].delivery_key not in keys
 
 
 def test_over_http_a_follow_up_for_a_holder_is_the_statement_and_one_while_its_start_commits_waits(

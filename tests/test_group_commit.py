@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from shared import intake
+from shared.batching import Combiner
 from shared.db import Pool, connect, statement
 from shared.models import DispatchPayload
 from shared.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
@@ -107,13 +108,17 @@ def waiting_on_locks(watch: Any) -> int:
 
 
 def _pile_up(
-    api: Api, db_url: str, oid: str, bodies: list[tuple[dict[str, Any], str]]
+    api: Api,
+    db_url: str,
+    oid: str,
+    bodies: list[tuple[dict[str, Any], str]],
+    combiner: Combiner[Any, Any] | None = None,
 ) -> list[httpx.Response]:
-    """The first webhooks, one for each lane of the group commit, lead alone and wait on the
-    machine's lock; the others arrive meanwhile and wait in line for the next batch; then the lock
-    is let go."""
+    """The first webhooks, one for each lane of the group commit (`combiner`: the issues' unless
+    given), lead alone and wait on the machine's lock; the others arrive meanwhile and wait in line
+    for the next batch; then the lock is let go."""
     locker = _lock_machine(db_url, oid)
-    combiner = intake._group_commit(api.pool, False)
+    combiner = combiner or intake._group_commit(api.pool, False)
     lanes = intake.LANES
     try:
         with ThreadPoolExecutor(len(bodies)) as ex:
@@ -414,36 +419,13 @@ def test_a_batch_holds_starts_of_one_kind(pool: Pool, make_orchestrator: MakeOrc
     assert row_counts(pool)["sessions"] == 0 and deliveries(pool) == {}
 
 
-def _pile_up_agent_sessions(
-    api: Api, db_url: str, oid: str, bodies: list[tuple[dict[str, Any], str]]
-) -> list[httpx.Response]:
-    """`_pile_up` for agent sessions `created`: the leaders wait on the machine's lock (each holding
-    its agent session's turn), the rest wait in line for the next batch."""
-    locker = _lock_machine(db_url, oid)
-    combiner = intake._group_commit(api.pool, True)
-    lanes = intake.LANES
-    try:
-        with ThreadPoolExecutor(len(bodies)) as ex:
-            futures: list[Future[httpx.Response]] = []
-            with connect(db_url) as watch:
-                for n, body in enumerate(bodies[:lanes], start=1):
-                    futures.append(ex.submit(api.webhook, *body))
-                    _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on the lock")
-            futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
-            _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
-            locker.commit()
-            return [f.result(30) for f in futures]
-    finally:
-        locker.close()
-
-
 def test_agent_sessions_created_together_commit_together_each_answered_as_alone(
     api: Api, db_url: str, linear: Linear
 ) -> None:
     oid, token = api.register(user="user-1", name="laptop")
     bodies = [(agent_session_event(session_id=f"as-{i}"), f"d-as-{i}") for i in range(14)]
     bodies.append((agent_session_event(session_id="as-3"), "d-as-3"))  # a copy of one delivery
-    answers = [a.json() for a in _pile_up_agent_sessions(api, db_url, oid, bodies)]
+    answers = [a.json() for a in _pile_up(api, db_url, oid, bodies, intake._group_commit(api.pool, True))]
     assert [a["status"] for a in answers[:14]] == ["dispatched"] * 14
     assert {a["kind"] for a in answers[:14]} == {"start"}
     assert {a["orchestratorId"] for a in answers[:14]} == {oid}
@@ -514,3 +496,28 @@ def test_a_follow_up_while_its_start_is_written_in_a_batch_is_queued_behind_it(a
     assert api.post_as(token, "/ack", ack).status_code == 200
     [then] = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
     assert (then["agentSessionId"], then["kind"]) == ("as-3", "prompt")
+
+
+def test_follow_ups_that_arrive_together_commit_together_each_for_its_holder(api: Api, db_url: str) -> None:
+    """Follow-ups in agent sessions a machine holds take their own group commit: the leaders alone,
+    then the rest in one statement, each a `prompt` for its holder queued behind its start."""
+    oid, token = api.register(user="user-1", name="laptop")
+    for i in range(12):
+        assert api.webhook(agent_session_event(session_id=f"as-{i}"), f"d-as-{i}").json()["kind"] == "start"
+    bodies = [
+        (agent_session_event(session_id=f"as-{i}", action="prompted", body=f"more {i}"), f"d-p-{i}")
+        for i in range(12)
+    ]
+    answers = [a.json() for a in _pile_up(api, db_url, oid, bodies, intake._follow_ups(api.pool))]
+    assert [(a["status"], a["kind"], a["orchestratorId"]) for a in answers] == [
+        ("dispatched", "prompt", oid)
+    ] * 12
+    with api.pool.connection() as conn:
+        commits = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions WHERE kind = 'prompt' GROUP BY created_at ORDER BY n"
+        ).fetchall()
+    assert [r["n"] for r in commits] == [1] * intake.LANES + [12 - intake.LANES]
+    starts = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
+    assert sorted(m["kind"] for m in starts) == ["start"] * 12  # each prompt behind its start
+    for body, delivery in bodies:  # retries: duplicates of their own sessions
+        assert api.webhook(body, delivery).json()["status"] == "duplicate"

@@ -3,7 +3,7 @@
 -- The intake transaction takes an agent session's turn waiting (`agent_session_turn`). Two
 -- statements that are transactions of their own try it without waiting: the group commit of agent
 -- sessions `created` together (`route_and_start_agent_sessions_many_for_delivery`) and a follow-up
--- for the machine that holds its agent session (`prompt_holder_for_delivery`). All of them must
+-- for the machine that holds its agent session (`prompt_holders_for_delivery`). All of them must
 -- lock the same key: it is written here once. (The value is the one the earlier inline expression
 -- computed, so a service still running the code before this migration takes the same turns.)
 CREATE OR REPLACE FUNCTION devpilot_agent_session_turn_key(org text, agent_session text) RETURNS bigint
@@ -24,7 +24,7 @@ RETURN hashtextextended(org || '/' || agent_session, 0);
 -- dispatch_sessions_agent_idx.
 CREATE OR REPLACE FUNCTION devpilot_agent_session_holder(org text, agent_session text, delivered_only boolean)
 RETURNS TABLE (orchestrator_id uuid, issue_id text, issue_identifier text, opened_for uuid)
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE ROWS 1  -- (at most one: the planner then reaches each holder by its key)
 AS $$
 BEGIN
     RETURN QUERY

@@ -93,7 +93,7 @@ WHERE %(issue_id)s::text IS NOT NULL
 -- name: agent_session_holder
 -- In the intake transaction, after the agent session's turn: the machine that holds the agent
 -- session, and the issue it is about (`devpilot_agent_session_holder`, migration 0013, which says
--- who holds one; `prompt_holder_for_delivery` reads it the same way).
+-- who holds one; `prompt_holders_for_delivery` reads it the same way).
 SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
 

@@ -169,8 +169,7 @@ want AS (
 -- include: enqueue_session_rows
 
 -- name: route_enqueue_answer
--- A fragment, the answer of `route_and_start_agent_session_for_delivery` (and of
--- `prompt_holder_for_delivery`), after a CTE `told` (the
+-- A fragment, the answer of `route_and_start_agent_session_for_delivery`, after a CTE `told` (the
 -- notice written, if any), with the NOTIFY of `enqueue`. No row: nothing was written (a delivery
 -- seen before, a machine revoked meanwhile, or a user with no machine). The caller then decides in
 -- a full intake transaction, which tells those apart (and tells Linear about the last).
@@ -808,43 +807,79 @@ LEFT JOIN q ON q.session_id = w.session_id AND d.outcome IS NOT NULL
 LEFT JOIN told ON told.session_id = q.session_id
 ORDER BY w.n;
 
--- name: prompt_holder_for_delivery
--- (none) -> AVAILABLE for a `prompted` webhook (a follow-up) in an agent session a machine holds:
--- the whole intake in one statement that is its own transaction (`shared.db.statement`), where
--- the intake transaction takes four round trips. The delivery's record (two keys, ON CONFLICT DO
--- NOTHING), the session and its queue row (`enqueue_session_rows`: a `prompt` for the holder)
--- commit together or not at all.
--- * `turn`: the agent session's turn, tried without waiting; the statement's snapshot is older
---   than the lock, so
+-- name: prompt_holders_for_delivery
+-- (none) -> AVAILABLE for `prompted` webhooks (follow-ups) in agent sessions a machine holds, one
+-- or several (`batch`, a JSON array, one element per webhook, numbered `n`): the whole intake in one
+-- statement that is its own transaction (`shared.db.statement`), where the intake transaction takes
+-- four round trips; several follow-ups that arrive together commit together. For each element, its
+-- delivery's record (two keys, ON CONFLICT DO NOTHING), the session and its queue row (a `prompt`
+-- for the holder) are written, or nothing at all. One row per element, in order: `outcome` NULL
+-- means nothing was written for it, and its caller decides in the intake transaction, which waits
+-- for the turn and tells the cases apart (a follow-up with no holder starts the conversation, or
+-- waits behind a start still being routed).
+-- * `free`: each element's agent session's turn, tried without waiting (taken waiting, several
+--   turns in one statement could wait in a circle with another batch); the statement's snapshot
+--   is older than the lock, so
 -- * `holder` is read by `devpilot_agent_session_holder` (migration 0013), whose query takes its own
 --   snapshot after the turn is held: a start committed by the turn's previous holder is seen.
 --   Nothing when the turn is another transaction's, when nobody holds the agent session, or when
 --   devpilot opened it for a plain assignment (its machine knows it by another name, which the
 --   intake transaction gives the message).
 -- * `machine`: the holder's row FOR KEY SHARE if it is still active (as `enqueue`'s `target`).
--- No row: nothing was written; the caller decides in the intake transaction, which waits for the
--- turn and tells the other cases apart (a follow-up with no holder starts the conversation, or
--- waits behind a start still being routed). The queue row's `seq` is taken under the turn, so
--- the prompt is ordered after every earlier message of the agent session.
-WITH turn AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(%(org_id)s, %(agent_session_id)s)) AS free
+-- The queue row's `seq` is taken under the turn: the prompt is ordered after every earlier message
+-- of its agent session. The elements' keys and agent sessions are distinct (`prompt_holders` leaves
+-- copies out): a turn is re-entrant within one transaction.
+WITH want AS (  -- (one JSON array: the client dumps it in C)
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, org_id text, linear_user_id text, delivery_key text, content_key text, session_id uuid,
+             issue_id text, issue_identifier text, agent_session_id text, payload jsonb)
+), free AS MATERIALIZED (  -- (each agent session's turn tried once, before anything is read or written)
+    SELECT want.n FROM want
+    WHERE pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(want.org_id, want.agent_session_id))
 ), holder AS MATERIALIZED (
-    SELECT h.orchestrator_id
-    FROM turn CROSS JOIN LATERAL devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, false) h
-    WHERE turn.free AND h.opened_for IS NULL
-), machine AS (
-    SELECT id, name, listening_until > now() AS listening
-    FROM orchestrators
-    WHERE id = (SELECT orchestrator_id FROM holder) AND revoked_at IS NULL
-    FOR KEY SHARE
+    SELECT want.n, h.orchestrator_id
+    FROM want JOIN free ON free.n = want.n
+    CROSS JOIN LATERAL devpilot_agent_session_holder(want.org_id, want.agent_session_id, false) h
+    WHERE h.opened_for IS NULL
+), machine AS (  -- (each holder's row by its key: a join here was planned as a scan of every machine)
+    SELECT holder.n, m.id, m.listening
+    FROM holder CROSS JOIN LATERAL (
+        SELECT o.id, o.listening_until > now() AS listening
+        FROM orchestrators o
+        WHERE o.id = holder.orchestrator_id AND o.revoked_at IS NULL
+        FOR KEY SHARE
+    ) m
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
-    SELECT %(delivery_key)s, %(content_key)s, %(session_id)s::uuid, 'dispatched' FROM machine
+    SELECT w.delivery_key, w.content_key, w.session_id, 'dispatched'
+    FROM want w JOIN machine m ON m.n = w.n
     ON CONFLICT DO NOTHING
-    RETURNING outcome
+    RETURNING delivery_key, outcome
 ), target AS (
-    SELECT m.* FROM machine m WHERE EXISTS (SELECT FROM d)
-),
--- include: enqueue_session_rows
-, told AS (SELECT NULL::uuid AS id WHERE false)  -- (a follow-up's first word is the agent's)
--- include: route_enqueue_answer
+    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.linear_user_id, w.issue_id,
+           w.issue_identifier, w.agent_session_id, w.payload
+    FROM machine m JOIN want w ON w.n = m.n
+    JOIN d ON d.delivery_key = w.delivery_key
+), s AS (
+    INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
+                                   issue_identifier, agent_session_id, kind, queue_id, message_id)
+    SELECT t.session_id, t.org_id, t.id, 'queued', t.linear_user_id, t.issue_id, t.issue_identifier,
+           t.agent_session_id, 'prompt', gen_random_uuid(), gen_random_uuid()
+    FROM target t
+    RETURNING id, queue_id, message_id, orchestrator_id, org_id
+), q AS (
+    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
+                                agent_session_id, available_at)
+    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id, t.payload, t.agent_session_id,
+           coalesce(%(now)s::timestamptz, now())
+    FROM s JOIN target t ON t.session_id = s.id
+    RETURNING id, message_id, session_id, orchestrator_id
+)
+SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       NULL::uuid AS notice_id,
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
+        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
+FROM want w
+LEFT JOIN d ON d.delivery_key = w.delivery_key
+LEFT JOIN q ON q.session_id = w.session_id AND d.outcome IS NOT NULL
+ORDER BY w.n;
