@@ -36,6 +36,8 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
+from psycopg.types.json import Jsonb
+
 from shared import linear_auth, notices, routing
 from shared.batching import Combiner
 from shared.db import Pool, Tx, statement, transaction
@@ -245,12 +247,41 @@ def _does_nothing(hook: Webhook, plan: Intent) -> bool:
 
 
 def _ignore_at_once(pool: Pool, plan: Intent, key: str, content_key: str) -> Received | None:
-    """The delivery recorded as ignored in one statement that is its own transaction, where the
-    transaction below takes four round trips (BEGIN, record, its outcome, COMMIT). None: it was
-    seen before, and nothing was written."""
+    """The delivery recorded as ignored in one statement that is its own transaction (through the
+    pool's group commit of such deliveries), where the transaction below takes four round trips
+    (BEGIN, record, its outcome, COMMIT). None: it was seen before, and nothing was written."""
+    if not _ignored_deliveries(pool).submit((key, content_key)):
+        return None
+    return Received(_ignored(plan), recorded=True)
+
+
+def _ignored_deliveries(pool: Pool) -> Combiner[tuple[str, str], bool]:
+    """The pool's group commit of deliveries that do nothing: each recorded (True) or seen before."""
+
+    def many(deliveries: list[tuple[str, str]]) -> list[bool]:
+        return record_ignored(pool, deliveries)
+
+    return _combiner(pool, "ignored", many, lambda d: many([d])[0])
+
+
+def record_ignored(pool: Pool, deliveries: list[tuple[str, str]]) -> list[bool]:
+    """Record deliveries that do nothing (their delivery key and content key) as `ignored`, in one
+    statement that is its own transaction: for each, whether it was recorded now (False: seen
+    before, or a copy of an earlier element's keys, which the intake transaction answers
+    `duplicate`)."""
+    seen: set[str] = set()
+    firsts: list[int] = []
+    for i, (key, content_key) in enumerate(deliveries):
+        if key not in seen and content_key not in seen:
+            firsts.append(i)
+        seen.update((key, content_key))
+    batch = [{"key": deliveries[i][0], "content_key": deliveries[i][1]} for i in firsts]
     with statement(pool) as tx:
-        recorded = tx.one(query("record_ignored"), {"key": key, "content_key": content_key})
-    return None if recorded is None else Received(_ignored(plan), recorded=True)
+        recorded = {r["delivery_key"] for r in tx.all(query("record_ignored"), {"batch": Jsonb(batch)})}
+    out = [False] * len(deliveries)
+    for i in firsts:
+        out[i] = deliveries[i][0] in recorded
+    return out
 
 
 def _ignored(plan: Intent) -> dict[str, Any]:

@@ -606,6 +606,7 @@ def after_the_turn(db_url: str, issue_id: str, deliver: Callable[[], Attempt]) -
                 lambda: (
                     holder.execute(
                         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                     ).fetchone()
                     == (1,)
                 ),

@@ -103,8 +103,14 @@ def _wait_for(predicate: Any, what: str) -> None:
 
 
 def waiting_on_locks(watch: Any) -> int:
-    """How many lock requests wait in the database (`watch`: a connection of the test's own)."""
-    return int(watch.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted").fetchone()["n"])
+    """How many lock requests wait in this test's database (`watch`: a connection of the test's own
+    to it; pg_locks is the whole server's, where other tests run at the same time)."""
+    return int(
+        watch.execute(
+            "SELECT count(*) AS n FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE NOT l.granted AND a.datname = current_database()"
+        ).fetchone()["n"]
+    )
 
 
 def _pile_up(
@@ -521,3 +527,58 @@ def test_follow_ups_that_arrive_together_commit_together_each_for_its_holder(api
     assert sorted(m["kind"] for m in starts) == ["start"] * 12  # each prompt behind its start
     for body, delivery in bodies:  # retries: duplicates of their own sessions
         assert api.webhook(body, delivery).json()["status"] == "duplicate"
+
+
+# --- deliveries that do nothing (an issue edited, its assignee unchanged) ----------------------------
+def edited(issue_id: str) -> dict[str, Any]:
+    return issue_event("update", issue_id=issue_id, updated_from={"title": "an older title"})
+
+
+def test_deliveries_that_do_nothing_are_recorded_together_each_once(pool: Pool) -> None:
+    """One statement records several: each recorded now is True; one seen before, and a copy of an
+    earlier element's delivery key or content key, are False and get nothing written."""
+    assert intake.record_ignored(pool, [("k-seen", "c-seen")]) == [True]
+    batch = [("k-1", "c-1"), ("k-seen", "c-new"), ("k-2", "c-2"), ("k-1", "c-other"), ("k-3", "c-2")]
+    assert intake.record_ignored(pool, batch) == [True, False, True, False, False]
+    recorded = deliveries(pool)
+    assert set(recorded) == {"k-seen", "k-1", "k-2"}
+    assert {outcome for outcome, _ in recorded.values()} == {"ignored"}
+
+
+def _held_deliveries(db_url: str, keys: list[str]) -> psycopg.Connection[Any]:
+    """An open transaction that has inserted these delivery keys: a statement inserting one of them
+    waits for it (and, when it rolls back, inserts it)."""
+    conn = psycopg.connect(db_url)
+    for key in keys:
+        conn.execute("INSERT INTO webhook_deliveries (delivery_key, outcome) VALUES (%s, 'held')", (key,))
+    return conn
+
+
+def test_edits_that_arrive_together_commit_together_each_answered_as_alone(api: Api, db_url: str) -> None:
+    """Deliveries that do nothing take their own group commit: while the leaders wait (here on a
+    transaction that holds their keys), the rest wait in line and are recorded in one statement;
+    each is answered `ignored`, and each retry `duplicate`."""
+    bodies = [(edited(f"iss-{i}"), f"d-edit-{i}") for i in range(14)]
+    lanes = intake.LANES
+    combiner = intake._ignored_deliveries(api.pool)
+    holder = _held_deliveries(db_url, [f"delivery:d-edit-{i}" for i in range(lanes)])
+    try:
+        with ThreadPoolExecutor(len(bodies)) as ex, connect(db_url) as watch:
+            futures: list[Future[httpx.Response]] = []
+            for n, body in enumerate(bodies[:lanes], start=1):
+                futures.append(ex.submit(api.webhook, *body))
+                _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on its key")
+            futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
+            _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
+            holder.rollback()
+            answers = [f.result(30).json() for f in futures]
+    finally:
+        holder.close()
+    assert answers == [{"status": "ignored", "reason": "assignee_unchanged"}] * 14
+    with api.pool.connection() as conn:
+        commits = conn.execute(
+            "SELECT count(*) AS n FROM webhook_deliveries GROUP BY received_at ORDER BY n"
+        ).fetchall()
+    assert [r["n"] for r in commits] == [1] * lanes + [14 - lanes]
+    for edit, delivery in bodies:
+        assert api.webhook(edit, delivery).json()["status"] == "duplicate"

@@ -38,13 +38,16 @@ ORDER BY session_id IS NULL, received_at
 LIMIT 1;
 
 -- name: record_ignored
--- A delivery that does nothing (an issue edited without its assignee changing, an event type we
--- do not handle): only its keys are recorded, as `ignored`, in one statement that is its own
--- transaction. ON CONFLICT DO NOTHING, as `record_delivery`: a delivery seen before, or a
--- concurrent copy once that commits, writes nothing and returns no row, and the caller answers it
--- `duplicate` through the intake transaction.
+-- Deliveries that do nothing (an issue edited without its assignee changing, an event type we do
+-- not handle), one or several (`batch`, a JSON array of their two keys): only their keys are
+-- recorded, as `ignored`, in one statement that is its own transaction (several that arrive
+-- together commit together, `shared.intake`). ON CONFLICT DO NOTHING, as `record_delivery`: a
+-- delivery seen before, or a concurrent copy once that commits, writes nothing and returns no row,
+-- and its caller answers it `duplicate` through the intake transaction. The elements' keys are
+-- distinct (the caller leaves copies out).
 INSERT INTO webhook_deliveries (delivery_key, content_key, outcome)
-VALUES (%(key)s, %(content_key)s, 'ignored')
+SELECT w.key, w.content_key, 'ignored'
+FROM jsonb_to_recordset(%(batch)s::jsonb) AS w(key text, content_key text)
 ON CONFLICT DO NOTHING
 RETURNING delivery_key;
 
