@@ -185,7 +185,7 @@ class Orchestrator:
                     self._came_back()
                 except Unreachable as exc:
                     self._went_away(str(exc))
-                    self._sleep(self._next_backoff())
+                    self._wait_wake(self._next_backoff())
         except Shutdown:
             pass
         except Rejected as exc:
@@ -216,7 +216,7 @@ class Orchestrator:
                 for m in self.api.claim(min(room, 100), wait_seconds=wait):
                     self._process(m)
                 return
-            self._sleep(0.5)
+            self._wait_wake(0.5)
         elif (
             self.cfg.transport == "realtime"
             and self._realtime is not None
@@ -560,16 +560,25 @@ class Orchestrator:
                     self._watch(pid, entry.message)
 
     def _reap(self) -> None:
+        """Each COMMAND that ended: forgotten as running and its last word said, SIGTERM waiting
+        for both (a SIGTERM between them would leave the last word unsaid, and the next run,
+        finding the COMMAND gone, would not say it either: Linear would wait on the session)."""
         for mid, run in list(self.running.items()):
-            code = run.proc.poll()
-            if code is None:
-                continue
-            del self.running[mid]
-            self.log("finished", f"{run.name} finished with exit code {code}", messageId=mid, exitCode=code)
-            if mid in self.stopped:
-                self.stopped.discard(mid)
-                continue
-            self._after_exit(run.message, run.conv, code)
+            self._critical += 1
+            try:
+                code = run.proc.poll()
+                if code is None:
+                    continue
+                del self.running[mid]
+                self.log(
+                    "finished", f"{run.name} finished with exit code {code}", messageId=mid, exitCode=code
+                )
+                if mid in self.stopped:
+                    self.stopped.discard(mid)
+                    continue
+                self._after_exit(run.message, run.conv, code)
+            finally:
+                self._critical -= 1
         for mid, earlier in list(self.earlier.items()):
             if commands.running_pid(self._marker(mid), mid):
                 continue
@@ -713,11 +722,12 @@ class Orchestrator:
 
     # --- waiting and connectivity -----------------------------------------------------------
     def _wait_wake(self, seconds: float) -> None:
+        """Wait `seconds`, or until woken (a COMMAND exited, a realtime event, a signal), then
+        forget the wake-up: the cycle about to run handles whatever woke it. (Never waiting without
+        forgetting: one COMMAND's exit would leave it set, and every later wait, a backoff included,
+        would return at once, in a loop that spins.)"""
         self._wake.wait(seconds)
         self._wake.clear()
-
-    def _sleep(self, seconds: float) -> None:
-        self._wake.wait(seconds)
 
     def _next_backoff(self) -> float:
         delay = self._backoff * random.uniform(0.5, 1.5)

@@ -40,7 +40,8 @@ from psycopg.types.json import Jsonb
 
 from shared import linear_auth, notices, routing
 from shared.batching import Combiner
-from shared.db import Pool, Tx, statement, transaction
+from shared.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, transaction
+from shared.in_order import InOrder
 from shared.linear import Intent, Webhook, intent
 from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
 from shared.queue import (
@@ -85,9 +86,34 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str 
     A start that may have nothing to cancel first (an issue created with an assignee or assigned,
     an agent session `created`) is first tried as one statement that is its own transaction
     (`_start_at_once`): its first round. Only when that writes nothing (an issue with an undelivered
-    dispatch to cancel, among other reasons) is it decided in the transaction."""
+    dispatch to cancel, among other reasons) is it decided in the transaction. A follow-up in an
+    agent session a machine holds is tried the same way (`_prompt_at_once`).
+
+    Webhooks of one issue, or of one agent session, are handled one at a time in arrival order in
+    this process (`shared.in_order`): one waiting in a group commit's line holds no turn yet, and a
+    later one of the same key must not overtake it."""
     plan = intent(hook, own_client_id)
     key, content_key = hook.delivery_keys(delivery)
+    with IN_ORDER.place(_order_key(hook, plan)):
+        return _receive_in_order(pool, hook, plan, key, content_key)
+
+
+# Within this process, webhooks of one issue or agent session in arrival order (`shared.in_order`).
+IN_ORDER = InOrder(DEFAULT_DEADLINE_SECONDS)
+
+
+def _order_key(hook: Webhook, plan: Intent) -> tuple[str, str, str] | None:
+    """What orders this webhook among others: its agent session, or the issue whose assignment it
+    changes; None for an event that orders against nothing (an edit, the app uninstalled)."""
+    if hook.org_id is None or (plan.kind == "ignore" and not plan.agent_session_id):
+        return None
+    if plan.agent_session_id is not None:
+        return (hook.org_id, "agent_session", plan.agent_session_id)
+    issue = plan.cancel_issue_id or (plan.issue.id if plan.issue is not None else None)
+    return None if issue is None else (hook.org_id, "issue", issue)
+
+
+def _receive_in_order(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
     if _does_nothing(hook, plan):
         ignored = _ignore_at_once(pool, plan, key, content_key)
         if ignored is not None:
@@ -104,7 +130,7 @@ def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str 
         done = _prompt_at_once(pool, hook, plan, key, content_key)
         if done is not None:
             return done
-        rounds -= 1
+        # (Not a round: it wrote nothing mostly because nobody holds the agent session yet.)
     for _ in range(rounds - 1):
         try:
             return _receive(pool, hook, plan, key, content_key)

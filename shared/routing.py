@@ -349,6 +349,9 @@ def _short(r: Repository | None) -> str:
 
 
 def _holder(pool: Pool, org: str, agent: str | None) -> UUID | None:
+    """A hint, outside the turn: the machine that holds the agent session, so Linear need not be
+    asked. None also while another transaction has the agent session's turn (the holder is read
+    only with the turn: `devpilot_agent_session_holder`); `_decide` reads it again under the turn."""
     if agent is None:
         return None
     with lend(pool) as conn:

@@ -113,3 +113,12 @@ def linear(api: Api, httpserver: HTTPServer) -> Linear:
 def repo(tmp_path: Path) -> Path:
     """A git checkout for the orchestrator to run in."""
     return checkout(tmp_path / "checkout")
+
+
+@pytest.fixture
+def across_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if each webhook reached another instance of the service: this process's arrival order
+    (`shared.in_order`) does not hold them back, only the database's turns order them."""
+    from shared import intake
+
+    monkeypatch.setattr(intake, "_order_key", lambda hook, plan: None)

@@ -144,11 +144,11 @@ def test_follow_ups_in_one_batch_are_each_answered_as_alone(pool: Pool, make_orc
 
 
 def test_over_http_a_follow_up_for_a_holder_is_the_statement_and_one_while_its_start_commits_waits(
-    api: Api, db_url: str, monkeypatch: pytest.MonkeyPatch
+    api: Api, db_url: str, monkeypatch: pytest.MonkeyPatch, across_instances: None
 ) -> None:
     """Over HTTP: a follow-up for a machine that holds its agent session is written by its one
-    statement. One that arrives while its `created` is still being written (its transaction holds
-    the turn, waiting for the machine's row) is not: the statement does not wait, and the intake
+    statement. One that arrives (at another instance of the service) while its `created` is still
+    being written (its one statement holds the turn, waiting for the machine's row) is not: the statement does not wait, and the intake
     transaction waits for the turn, then finds the start and queues the prompt behind it, for the
     same machine (had it not waited, it would have found no holder and made a second start)."""
     laptop, token = api.register(user="user-1", name="laptop")

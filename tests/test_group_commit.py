@@ -162,7 +162,9 @@ def test_webhooks_that_arrive_together_commit_together_each_answered_as_alone(ap
     assert {api.webhook(b, d).json()["sessionId"] for b, d in bodies} == sessions
 
 
-def test_copies_of_one_delivery_in_a_batch_make_one_session(api: Api, db_url: str) -> None:
+def test_copies_of_one_delivery_in_a_batch_make_one_session(
+    api: Api, db_url: str, across_instances: None
+) -> None:
     oid, _ = api.register(user="user-1")
     copy = (issue_event(issue_id="iss-copied"), "d-copied")
     bodies = [(issue_event(issue_id=f"iss-{i}"), f"d-{i}") for i in range(8)] + [copy] * 4
@@ -247,7 +249,7 @@ def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_ma
 
 
 # --- an existing issue assigned (Issue `update` with `updatedFrom.assigneeId`) ----------------------
-def assigned(issue_id: str, user: str, before: str | None = None) -> dict[str, Any]:
+def assigned(issue_id: str, user: str | None, before: str | None = None) -> dict[str, Any]:
     """An existing issue assigned to `user` (its assignee was `before`)."""
     return issue_event("update", issue_id=issue_id, assignee=user, updated_from={"assigneeId": before})
 
@@ -426,8 +428,10 @@ def test_a_batch_holds_starts_of_one_kind(pool: Pool, make_orchestrator: MakeOrc
 
 
 def test_agent_sessions_created_together_commit_together_each_answered_as_alone(
-    api: Api, db_url: str, linear: Linear
+    api: Api, db_url: str, linear: Linear, across_instances: None
 ) -> None:
+    """(The copy of a delivery reaches another instance of the service, as Linear's two webhooks
+    of one change may: it waits in the same line, and is left out of the batch.)"""
     oid, token = api.register(user="user-1", name="laptop")
     bodies = [(agent_session_event(session_id=f"as-{i}"), f"d-as-{i}") for i in range(14)]
     bodies.append((agent_session_event(session_id="as-3"), "d-as-3"))  # a copy of one delivery
@@ -450,10 +454,12 @@ def test_agent_sessions_created_together_commit_together_each_answered_as_alone(
     assert sorted(m["agentSessionId"] for m in r.json()["messages"]) == sorted(f"as-{i}" for i in range(14))
 
 
-def test_a_follow_up_while_its_start_is_written_in_a_batch_is_queued_behind_it(api: Api, db_url: str) -> None:
-    """A `prompted` that arrives while its agent session's `created` is being written in a batch
-    (the batch holds the agent session's turn, and waits for the machine's row) waits for the
-    batch's commit, and is then a `prompt` for the machine that holds the conversation, queued
+def test_a_follow_up_while_its_start_is_written_in_a_batch_is_queued_behind_it(
+    api: Api, db_url: str, across_instances: None
+) -> None:
+    """A `prompted` that arrives (at another instance of the service) while its agent session's
+    `created` is being written in a batch (the batch holds the agent session's turn, and waits for
+    the machine's row) waits for the batch's commit, and is then a `prompt` for the machine that holds the conversation, queued
     after the start. Had it not waited, it would have found no holder and become a second start."""
     laptop, token = api.register(user="user-1", name="laptop")
     elsewhere, _ = api.register(user="user-2", name="elsewhere")
@@ -582,3 +588,111 @@ def test_edits_that_arrive_together_commit_together_each_answered_as_alone(api: 
     assert [r["n"] for r in commits] == [1] * lanes + [14 - lanes]
     for edit, delivery in bodies:
         assert api.webhook(edit, delivery).json()["status"] == "duplicate"
+
+
+# --- one issue's, or one agent session's, webhooks in arrival order within an instance --------------
+def _in_line_for_a_batch(
+    api: Api, db_url: str, combiner: Combiner[Any, Any], leaders: list[tuple[dict[str, Any], str]], oid: str
+) -> tuple[ThreadPoolExecutor, psycopg.Connection[Any], list[Future[httpx.Response]]]:
+    """Every lane of `combiner` taken by `leaders`, each waiting on the row of machine `oid`."""
+    locker = _lock_machine(db_url, oid)
+    ex = ThreadPoolExecutor(8)
+    with connect(db_url) as watch:
+        futures = []
+        for n, body in enumerate(leaders, start=1):
+            futures.append(ex.submit(api.webhook, *body))
+            _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on its machine")
+    return ex, locker, futures
+
+
+def test_a_stop_never_overtakes_the_start_waiting_in_line_before_it(api: Api, db_url: str) -> None:
+    """An agent session's `created` waits in the group commit's line (every lane busy): it holds no
+    turn yet. Its stop, arriving next, waits for it in this instance's line of the agent session
+    (`shared.in_order`) and then cancels the start, which the machine never gets. Overtaking, it
+    would find nothing to cancel, and the start would be queued after the stop."""
+    _, token = api.register(user="user-1", name="laptop")
+    elsewhere, _ = api.register(user="user-2", name="elsewhere")
+    combiner = intake._group_commit(api.pool, True)
+    leaders = [
+        (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}") for i in range(intake.LANES)
+    ]
+    ex, locker, firsts = _in_line_for_a_batch(api, db_url, combiner, leaders, elsewhere)
+    try:
+        created = ex.submit(api.webhook, agent_session_event(session_id="as-3"), "d-as-3")
+        _wait_for(lambda: len(combiner._waiting) == 1, "the start to wait in line")
+        stop = ex.submit(
+            api.webhook, agent_session_event(session_id="as-3", action="prompted", signal="stop")
+        )
+        key = ("org-a", "agent_session", "as-3")
+        _wait_for(lambda: intake.IN_ORDER.waiting(key) == 2, "the stop to wait behind the start")
+        locker.commit()
+        started = created.result(30).json()
+        stopped = stop.result(30).json()
+        assert [f.result(30).status_code for f in firsts] == [200] * intake.LANES
+    finally:
+        locker.close()
+        ex.shutdown()
+    assert started["status"] == "dispatched"
+    assert stopped["status"] == "stopped" and stopped["cancelledSessionIds"] == [started["sessionId"]]
+    assert api.post_as(token, "/claim", {"max": 100}).json()["messages"] == []
+
+
+def test_a_follow_up_never_overtakes_the_start_waiting_in_line_before_it(api: Api, db_url: str) -> None:
+    """The same for a follow-up: it waits for the start in this instance's line and is then a
+    `prompt` behind it. Overtaking, it would find no holder and be queued as a second start."""
+    laptop, _ = api.register(user="user-1", name="laptop")
+    elsewhere, _ = api.register(user="user-2", name="elsewhere")
+    combiner = intake._group_commit(api.pool, True)
+    leaders = [
+        (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}") for i in range(intake.LANES)
+    ]
+    ex, locker, _ = _in_line_for_a_batch(api, db_url, combiner, leaders, elsewhere)
+    try:
+        created = ex.submit(api.webhook, agent_session_event(session_id="as-3"), "d-as-3")
+        _wait_for(lambda: len(combiner._waiting) == 1, "the start to wait in line")
+        follow = ex.submit(
+            api.webhook, agent_session_event(session_id="as-3", action="prompted", body="more")
+        )
+        key = ("org-a", "agent_session", "as-3")
+        _wait_for(lambda: intake.IN_ORDER.waiting(key) == 2, "the follow-up to wait behind the start")
+        locker.commit()
+        assert created.result(30).json()["kind"] == "start"
+        answered = follow.result(30).json()
+    finally:
+        locker.close()
+        ex.shutdown()
+    assert answered["kind"] == "prompt" and answered["orchestratorId"] == laptop
+    with api.pool.connection() as conn:
+        kinds = conn.execute(
+            "SELECT s.kind FROM dispatch_sessions s JOIN dispatch_queue q ON q.session_id = s.id"
+            " WHERE s.agent_session_id = 'as-3' ORDER BY q.seq"
+        ).fetchall()
+    assert [k["kind"] for k in kinds] == ["start", "prompt"]
+
+
+def test_an_unassignment_never_overtakes_the_assignment_waiting_in_line_before_it(
+    api: Api, db_url: str
+) -> None:
+    """An issue created assigned waits in the issues' line; its unassignment, arriving next, waits
+    for it in this instance's line of the issue and then cancels its start. Overtaking, it would
+    find nothing to cancel, and the start would be queued for an issue nobody is assigned."""
+    _, token = api.register(user="user-1", name="laptop")
+    elsewhere, _ = api.register(user="user-2", name="elsewhere")
+    combiner = intake._group_commit(api.pool, False)
+    leaders = [(issue_event(issue_id=f"iss-x{i}", assignee="user-2"), f"d-x{i}") for i in range(intake.LANES)]
+    ex, locker, _ = _in_line_for_a_batch(api, db_url, combiner, leaders, elsewhere)
+    try:
+        created = ex.submit(api.webhook, issue_event(issue_id="iss-3"), "d-iss-3")
+        _wait_for(lambda: len(combiner._waiting) == 1, "the assignment to wait in line")
+        unassigned = ex.submit(api.webhook, assigned("iss-3", None, "user-1"), "d-iss-3-off")
+        key = ("org-a", "issue", "iss-3")
+        _wait_for(lambda: intake.IN_ORDER.waiting(key) == 2, "the unassignment to wait behind it")
+        locker.commit()
+        started = created.result(30).json()
+        cancelled = unassigned.result(30).json()
+    finally:
+        locker.close()
+        ex.shutdown()
+    assert started["status"] == "dispatched"
+    assert cancelled == {"status": "cancelled", "sessionId": started["sessionId"]}
+    assert api.post_as(token, "/claim", {"max": 100}).json()["messages"] == []

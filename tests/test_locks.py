@@ -338,11 +338,14 @@ def test_two_machines_of_one_user_revoked_at_once_hand_their_work_to_the_third(a
     assert sorted(m["issue"]["id"] for m in messages) == sorted([issue(1).id, issue(2).id])
 
 
-def test_a_stop_waits_for_the_start_its_agent_session_is_committing(api: Api, db_url: str) -> None:
+def test_a_stop_waits_for_the_start_its_agent_session_is_committing(
+    api: Api, db_url: str, across_instances: None
+) -> None:
     """The events of one agent session are applied one at a time, in commit order. A stop that
     arrives while the session's start is still committing must wait for it and cancel it: were it
     to look first, it would find nothing to cancel, and the start would then commit after the user
-    pressed stop, and run."""
+    pressed stop, and run. (The stop reaches another instance of the service: the database's turn
+    orders them; within one instance they also wait in arrival order, `shared.in_order`.)"""
     machine, _ = api.register()
     with connect(db_url, autocommit=False) as holder:
         # Holds the start's enqueue (which reads its machine's row FOR KEY SHARE) mid-transaction.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from pytest_httpserver import HTTPServer
 
 from tests.helpers.api import Api, issue_event
 
@@ -271,6 +272,29 @@ def test_sigterm_exits_zero_and_starts_nothing_new(api: Api, orch_factory: Any) 
     api.webhook(issue_event(issue_id="two"))
     time.sleep(0.5)
     assert len(o.starts()) == 1
+
+
+@pytest.mark.parametrize("transport", ["poll", "listen"])
+def test_a_child_exit_while_the_service_is_away_does_not_make_it_spin(
+    transport: str, tmp_path: Path, httpserver: HTTPServer
+) -> None:
+    """The service answers 503 to everything: the orchestrator backs off (0.5 s, doubling). One
+    SIGCHLD (a COMMAND exited) wakes it once; it must not leave every later wait, the backoff
+    included, returning at once (a wake-up never forgotten had it retry hundreds of thousands of
+    times a second)."""
+    httpserver.expect_request("/claim").respond_with_data("down", status=503)
+    httpserver.expect_request("/machine").respond_with_data("down", status=503)
+    o = Orch(httpserver.url_for("").rstrip("/"), "dpo_unused", tmp_path, transport, 0.3)
+    o.start()
+    try:
+        wait_for(lambda: "service unreachable" in o.log(), what="the service to be away")
+        assert o.proc is not None
+        o.signal(signal.SIGCHLD)
+        time.sleep(3)
+        claims = sum(1 for req, _ in httpserver.log if req.path == "/claim")
+        assert claims < 30, claims  # (about five: 0.5 + 1 + 2 s of backoff, and the one woken)
+    finally:
+        assert o.stop() == 0
 
 
 def test_sigterm_after_a_storm_of_child_exits_still_stops_it(api: Api, orch_factory: Any) -> None:

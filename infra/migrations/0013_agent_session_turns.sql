@@ -15,18 +15,26 @@ RETURN hashtextextended(org || '/' || agent_session, 0);
 -- that was cancelled or failed before delivery gave no machine the conversation: with nothing
 -- else queued or delivered, nobody holds it, and a follow-up starts it afresh. `opened_for`: when
 -- devpilot opened the agent session for a plain assignment, that assignment's session (its
--- machine knows the conversation as `devpilot:<it>`). Read after the agent session's turn is held.
+-- machine knows the conversation as `devpilot:<it>`).
+--
+-- Read only with the agent session's turn held: the function first tries it without waiting and
+-- answers nothing when another transaction has it (the intake transaction, which took it waiting,
+-- always has it: a transaction's advisory locks are re-entrant). Trying the lock here, not in the
+-- calling statement, keeps the lock before the read whatever plan the statement gets.
 --
 -- VOLATILE and PL/pgSQL on purpose, as `devpilot_issue_turn_free` (0012): its query runs with a
--- snapshot taken when it runs, after the turn was granted, so a start committed by the turn's
--- previous holder is seen even by a statement whose own snapshot is older than the lock; and a
--- PL/pgSQL function is never inlined into the calling statement. It reads
--- dispatch_sessions_agent_idx.
+-- snapshot taken when it runs, after the turn was granted, so a message committed by the turn's
+-- previous holder (a start, a stop's cancels) is seen even by a statement whose own snapshot is
+-- older than the lock; and a PL/pgSQL function is never inlined into the calling statement. It
+-- reads dispatch_sessions_agent_idx.
 CREATE OR REPLACE FUNCTION devpilot_agent_session_holder(org text, agent_session text, delivered_only boolean)
 RETURNS TABLE (orchestrator_id uuid, issue_id text, issue_identifier text, opened_for uuid)
 LANGUAGE plpgsql VOLATILE ROWS 1  -- (at most one: the planner then reaches each holder by its key)
 AS $$
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(org, agent_session)) THEN
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT s.orchestrator_id, s.issue_id, s.issue_identifier,
            (SELECT c.id FROM dispatch_sessions c

@@ -817,14 +817,13 @@ ORDER BY w.n;
 -- means nothing was written for it, and its caller decides in the intake transaction, which waits
 -- for the turn and tells the cases apart (a follow-up with no holder starts the conversation, or
 -- waits behind a start still being routed).
--- * `free`: each element's agent session's turn, tried without waiting (taken waiting, several
---   turns in one statement could wait in a circle with another batch); the statement's snapshot
---   is older than the lock, so
--- * `holder` is read by `devpilot_agent_session_holder` (migration 0013), whose query takes its own
---   snapshot after the turn is held: a start committed by the turn's previous holder is seen.
---   Nothing when the turn is another transaction's, when nobody holds the agent session, or when
---   devpilot opened it for a plain assignment (its machine knows it by another name, which the
---   intake transaction gives the message).
+-- * `holder`: `devpilot_agent_session_holder` (migration 0013) tries each element's agent session's
+--   turn without waiting (taken waiting, several turns in one statement could wait in a circle
+--   with another batch) and then reads the holder with a snapshot of its own, after the lock: the
+--   statement's snapshot is older than the lock, and a start (or a stop's cancels) committed by
+--   the turn's previous holder must be seen. Nothing when the turn is another transaction's, when
+--   nobody holds the agent session, or when devpilot opened it for a plain assignment (its machine
+--   knows it by another name, which the intake transaction gives the message).
 -- * `machine`: the holder's row FOR KEY SHARE if it is still active (as `enqueue`'s `target`).
 -- The queue row's `seq` is taken under the turn: the prompt is ordered after every earlier message
 -- of its agent session. The elements' keys and agent sessions are distinct (`prompt_holders` leaves
@@ -833,13 +832,9 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, linear_user_id text, delivery_key text, content_key text, session_id uuid,
              issue_id text, issue_identifier text, agent_session_id text, payload jsonb)
-), free AS MATERIALIZED (  -- (each agent session's turn tried once, before anything is read or written)
-    SELECT want.n FROM want
-    WHERE pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(want.org_id, want.agent_session_id))
-), holder AS MATERIALIZED (
+), holder AS MATERIALIZED (  -- (the turn tried, then the holder read, in one call per element)
     SELECT want.n, h.orchestrator_id
-    FROM want JOIN free ON free.n = want.n
-    CROSS JOIN LATERAL devpilot_agent_session_holder(want.org_id, want.agent_session_id, false) h
+    FROM want CROSS JOIN LATERAL devpilot_agent_session_holder(want.org_id, want.agent_session_id, false) h
     WHERE h.opened_for IS NULL
 ), machine AS (  -- (each holder's row by its key: a join here was planned as a scan of every machine)
     SELECT holder.n, m.id, m.listening

@@ -1,0 +1,68 @@
+"""Webhooks of one issue, or of one agent session, handled one at a time in the order they
+arrived, within this process.
+
+The database orders them by the issue's or the agent session's turn (an advisory lock held to the
+commit). But the one-statement paths write through a group commit (`shared.batching`), where a
+webhook may wait in line for a batch without holding its turn; a later webhook of the same issue or
+agent session (a stop, a follow-up, an unassignment) could then take the turn first: a stop
+committed before the start it should cancel, a follow-up that finds no holder and becomes a second
+start. So the intake takes a place in this line before anything else, and gives it up when its
+webhook is answered: a later webhook of the same key waits for every earlier one to be written
+or refused. (Across processes, webhooks that arrive together were never ordered beyond their turn:
+Linear sends an agent session's events one after another, as the person acts.)
+
+A place is waited for only until the request's database deadline (`shared.deadline`): past it the
+webhook is refused as the database's other waits are (`deadline.Passed`, answered 503, nothing
+written) and Linear delivers it again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
+from time import monotonic
+
+from shared import deadline
+
+
+class InOrder:
+    """`place(key)`: callers with the same key run their blocks one at a time, first come first
+    served. A key of None runs at once."""
+
+    def __init__(self, default_wait_seconds: float) -> None:
+        self._default = default_wait_seconds
+        self._lock = threading.Lock()
+        self._lines: dict[Hashable, deque[threading.Event]] = {}
+
+    @contextmanager
+    def place(self, key: Hashable | None) -> Iterator[None]:
+        if key is None:
+            yield
+            return
+        me = threading.Event()
+        with self._lock:
+            line = self._lines.setdefault(key, deque())
+            line.append(me)
+            if len(line) == 1:
+                me.set()  # (nobody ahead)
+        try:
+            if not me.wait(max(0.0, deadline.until(self._default) - monotonic())):
+                raise deadline.Passed(
+                    "an earlier webhook of the same issue or agent session is still being written"
+                )
+            yield
+        finally:
+            with self._lock:
+                first = line[0] is me
+                line.remove(me)
+                if first and line:
+                    line[0].set()  # (the next in line goes)
+                if not line:
+                    del self._lines[key]
+
+    def waiting(self, key: Hashable) -> int:
+        """How many callers hold or wait for a place of `key` (for tests)."""
+        with self._lock:
+            return len(self._lines.get(key, ()))
