@@ -34,21 +34,28 @@ class InOrder:
     def __init__(self, default_wait_seconds: float) -> None:
         self._default = default_wait_seconds
         self._lock = threading.Lock()
-        self._lines: dict[Hashable, deque[threading.Event]] = {}
+        self._lines: dict[Hashable, deque[object]] = {}
 
     @contextmanager
     def place(self, key: Hashable | None) -> Iterator[None]:
         if key is None:
             yield
             return
-        me = threading.Event()
+        # The first in line runs at once and needs nothing to wait on (most webhooks: nobody else
+        # of their issue or agent session is in flight); each one behind it waits on an Event of
+        # its own, set by the one ahead when it leaves.
+        waits: threading.Event | None = None
+        me: object
         with self._lock:
-            line = self._lines.setdefault(key, deque())
-            line.append(me)
-            if len(line) == 1:
-                me.set()  # (nobody ahead)
+            line = self._lines.get(key)
+            if line is None:
+                me = object()
+                self._lines[key] = line = deque((me,))
+            else:
+                me = waits = threading.Event()
+                line.append(me)
         try:
-            if not me.wait(max(0.0, deadline.until(self._default) - monotonic())):
+            if waits is not None and not waits.wait(max(0.0, deadline.until(self._default) - monotonic())):
                 raise deadline.Passed(
                     "an earlier webhook of the same issue or agent session is still being written"
                 )
@@ -57,10 +64,12 @@ class InOrder:
             with self._lock:
                 first = line[0] is me
                 line.remove(me)
-                if first and line:
-                    line[0].set()  # (the next in line goes)
                 if not line:
                     del self._lines[key]
+                elif first:
+                    nxt = line[0]
+                    assert isinstance(nxt, threading.Event)  # (only the first in line has none)
+                    nxt.set()
 
     def waiting(self, key: Hashable) -> int:
         """How many callers hold or wait for a place of `key` (for tests)."""

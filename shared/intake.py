@@ -217,14 +217,16 @@ _COMBINERS_LOCK = threading.Lock()
 
 
 def _combiner(
-    pool: Pool, name: str, many: Callable[[list[Any]], list[Any]], one: Callable[[Any], Any]
+    pool: Pool, name: str, many: Callable[[Pool, list[Any]], list[Any]], one: Callable[[Pool, Any], Any]
 ) -> Combiner[Any, Any]:
     """The pool's group commit called `name` (one per pool and name, made on first use)."""
     with _COMBINERS_LOCK:
-        kinds = _COMBINERS.setdefault(pool, {})
+        kinds = _COMBINERS.get(pool)
+        if kinds is None:
+            kinds = _COMBINERS[pool] = {}
         combiner = kinds.get(name)
         if combiner is None:
-            combiner = kinds[name] = Combiner(many, one, BATCH, LANES)
+            combiner = kinds[name] = Combiner(partial(many, pool), partial(one, pool), BATCH, LANES)
         return combiner
 
 
@@ -233,24 +235,27 @@ def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutc
     `_one_statement`: an agent session's then waits for its turn, as the intake transaction does.
     Copies of one delivery in one batch are answered None by `route_and_enqueue_many`: each goes
     on to the intake transaction, which finds the first copy's record and answers `duplicate`."""
+    return _combiner(pool, "agent_sessions" if agent_sessions else "issues", _starts, _one_statement)
 
-    def many(starts: list[Start]) -> list[RouteOutcome]:
-        with statement(pool) as tx:
-            return route_and_enqueue_many(tx, starts)
 
-    name = "agent_sessions" if agent_sessions else "issues"
-    return _combiner(pool, name, many, partial(_one_statement, pool))
+def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
+    with statement(pool) as tx:
+        return route_and_enqueue_many(tx, starts)
 
 
 def _follow_ups(pool: Pool) -> Combiner[FollowUp, Routed | None]:
     """The pool's group commit of follow-ups for the machines that hold their agent sessions (one
     statement alone, or several together: `prompt_holders` never waits for a turn)."""
+    return _combiner(pool, "follow_ups", _prompts, _prompt)
 
-    def many(follow_ups: list[FollowUp]) -> list[Routed | None]:
-        with statement(pool) as tx:
-            return prompt_holders(tx, follow_ups)
 
-    return _combiner(pool, "follow_ups", many, lambda f: many([f])[0])
+def _prompts(pool: Pool, follow_ups: list[FollowUp]) -> list[Routed | None]:
+    with statement(pool) as tx:
+        return prompt_holders(tx, follow_ups)
+
+
+def _prompt(pool: Pool, follow_up: FollowUp) -> Routed | None:
+    return _prompts(pool, [follow_up])[0]
 
 
 def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
@@ -283,11 +288,11 @@ def _ignore_at_once(pool: Pool, plan: Intent, key: str, content_key: str) -> Rec
 
 def _ignored_deliveries(pool: Pool) -> Combiner[tuple[str, str], bool]:
     """The pool's group commit of deliveries that do nothing: each recorded (True) or seen before."""
+    return _combiner(pool, "ignored", record_ignored, _record_one_ignored)
 
-    def many(deliveries: list[tuple[str, str]]) -> list[bool]:
-        return record_ignored(pool, deliveries)
 
-    return _combiner(pool, "ignored", many, lambda d: many([d])[0])
+def _record_one_ignored(pool: Pool, delivery: tuple[str, str]) -> bool:
+    return record_ignored(pool, [delivery])[0]
 
 
 def record_ignored(pool: Pool, deliveries: list[tuple[str, str]]) -> list[bool]:

@@ -1,0 +1,69 @@
+"""shared/in_order.py: callers with one key run one at a time, first come first served."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shared import deadline
+from shared.in_order import InOrder
+
+
+def test_callers_of_one_key_run_one_at_a_time_in_arrival_order_and_other_keys_at_once() -> None:
+    line = InOrder(30)
+    ran: list[str] = []
+    first_in = threading.Event()
+    release = threading.Event()
+
+    def first() -> None:
+        with line.place("k"):
+            first_in.set()
+            release.wait(10)
+            ran.append("first")
+
+    def later(name: str) -> None:
+        with line.place("k"):
+            ran.append(name)
+
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    first_in.wait(10)
+    for name in ("second", "third", "fourth"):
+        t = threading.Thread(target=later, args=(name,))
+        t.start()
+        threads.append(t)
+        deadline_at = time.monotonic() + 10
+        while line.waiting("k") < len(threads) and time.monotonic() < deadline_at:
+            time.sleep(0.001)
+    with line.place("other"):  # another key does not wait
+        ran.append("other")
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert ran == ["other", "first", "second", "third", "fourth"]
+    assert line.waiting("k") == 0
+
+
+def test_a_caller_waits_only_until_its_deadline_and_the_line_goes_on_without_it() -> None:
+    line = InOrder(30)
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with line.place("k"):
+            holding.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    holding.wait(10)
+    with deadline.bound(0.2), pytest.raises(deadline.Passed), line.place("k"):
+        pass  # (never reached)
+    assert line.waiting("k") == 1  # only the holder is left
+    release.set()
+    t.join(10)
+    with line.place("k"):  # the line is free again
+        assert line.waiting("k") == 1
+    assert line.waiting("k") == 0
