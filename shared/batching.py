@@ -13,7 +13,7 @@ request. The items that arrive while every lane is busy make the next batch: the
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -98,3 +98,17 @@ class Combiner(Generic[T, R]):
                 raise failed
             return self._one(item)  # (the batch failed: this item alone, as every other caller does)
         return batch[0].result  # type: ignore[return-value]
+
+
+def firsts(keys: Iterable[tuple[Hashable, ...]]) -> list[int]:
+    """The positions of the items (given by their keys) that share no key with an item before them:
+    the ones a batch statement writes. A key twice in one statement would match one written row
+    twice; a later item that repeats one is left out and answered as not written, and its own
+    request decides it (a copy: `duplicate`)."""
+    seen: set[Hashable] = set()
+    out: list[int] = []
+    for i, item_keys in enumerate(keys):
+        if seen.isdisjoint(item_keys):
+            out.append(i)
+        seen.update(item_keys)
+    return out

@@ -39,7 +39,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from shared import linear_auth, notices, routing
-from shared.batching import Combiner
+from shared.batching import Combiner, firsts
 from shared.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, transaction
 from shared.in_order import InOrder
 from shared.linear import Intent, Webhook, intent
@@ -300,17 +300,12 @@ def record_ignored(pool: Pool, deliveries: list[tuple[str, str]]) -> list[bool]:
     statement that is its own transaction: for each, whether it was recorded now (False: seen
     before, or a copy of an earlier element's keys, which the intake transaction answers
     `duplicate`)."""
-    seen: set[str] = set()
-    firsts: list[int] = []
-    for i, (key, content_key) in enumerate(deliveries):
-        if key not in seen and content_key not in seen:
-            firsts.append(i)
-        seen.update((key, content_key))
-    batch = [{"key": deliveries[i][0], "content_key": deliveries[i][1]} for i in firsts]
+    written = firsts(deliveries)
+    batch = [{"key": deliveries[i][0], "content_key": deliveries[i][1]} for i in written]
     with statement(pool) as tx:
         recorded = {r["delivery_key"] for r in tx.all(query("record_ignored"), {"batch": Jsonb(batch)})}
     out = [False] * len(deliveries)
-    for i in firsts:
+    for i in written:
         out[i] = deliveries[i][0] in recorded
     return out
 

@@ -26,6 +26,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from shared import orchestrators
+from shared.batching import firsts
 from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, Repository, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
@@ -226,13 +227,9 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
     for f in follow_ups:
         if f.message.kind != "prompt" or f.message.agent_session_id is None:
             raise ValueError("prompt_holders is for agent sessions' prompts")
-    seen: set[object] = set()
-    firsts: list[int] = []  # the elements written; a key twice in one statement would match twice
-    for i, f in enumerate(follow_ups):
-        keys = (f.delivery_key, f.content_key, (f.org_id, f.message.agent_session_id))
-        if not seen.intersection(keys):
-            firsts.append(i)
-        seen.update(keys)
+    written = firsts(
+        (f.delivery_key, f.content_key, (f.org_id, f.message.agent_session_id)) for f in follow_ups
+    )
     batch = [
         {
             "n": n,
@@ -246,11 +243,11 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
             "agent_session_id": f.message.agent_session_id,
             "payload": f.message.model_dump(mode="json", by_alias=True),
         }
-        for n, f in enumerate(follow_ups[i] for i in firsts)
+        for n, f in enumerate(follow_ups[i] for i in written)
     ]
     rows = tx.all(query("prompt_holders_for_delivery"), {"batch": Jsonb(batch), "now": now})
     out: list[Routed | None] = [None] * len(follow_ups)
-    for i, row in zip(firsts, rows, strict=True):
+    for i, row in zip(written, rows, strict=True):
         routed = _route_outcome(row)
         out[i] = routed if isinstance(routed, Routed) else None
     return out
@@ -293,16 +290,12 @@ def _route_and_enqueue_many(
     agent = [st.message.agent_session_id is not None for st in starts]
     if any(agent) and not all(agent):
         raise ValueError("route_and_enqueue_many takes issues' starts or agent sessions' starts, not both")
-    seen: set[object] = set()
-    firsts: list[int] = []  # the elements written; a key twice in one statement would match twice
-    for i, st in enumerate(starts):
-        # (A turn is re-entrant within the transaction: two elements of one issue, or of one agent
-        # session, would both have it, and neither would see the other's dispatch.)
-        turn = st.message.agent_session_id or st.message.issue.id
-        keys = (st.delivery_key, st.content_key, (st.org_id, turn))
-        if not seen.intersection(keys):
-            firsts.append(i)
-        seen.update(keys)
+    # (A turn is re-entrant within the transaction: two elements of one issue, or of one agent
+    # session, would both have it, and neither would see the other's dispatch.)
+    written = firsts(
+        (st.delivery_key, st.content_key, (st.org_id, st.message.agent_session_id or st.message.issue.id))
+        for st in starts
+    )
     # The batch as one JSON document (`jsonb_to_recordset`): psycopg dumps it with the standard
     # library's C encoder, where each array of text would be escaped element by element in Python
     # (a third of the server's CPU per webhook under cProfile, in nine arrays).
@@ -319,7 +312,7 @@ def _route_and_enqueue_many(
             "agent_session_id": st.message.agent_session_id,
             "payload": st.message.model_dump(mode="json", by_alias=True),
         }
-        for n, st in enumerate(starts[i] for i in firsts)
+        for n, st in enumerate(starts[i] for i in written)
     ]
     statement = (
         "route_and_start_agent_sessions_many_for_delivery"
@@ -328,7 +321,7 @@ def _route_and_enqueue_many(
     )
     rows = tx.all(query(statement), {"batch": Jsonb(batch), "now": now})
     out: list[RouteOutcome] = [None] * len(starts)
-    for i, row in zip(firsts, rows, strict=True):
+    for i, row in zip(written, rows, strict=True):
         out[i] = _route_outcome(row)
     return out
 

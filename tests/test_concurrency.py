@@ -418,13 +418,16 @@ def test_an_agent_session_start_in_one_statement_reads_no_table_in_either_plan(
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80, text
 
 
+@pytest.mark.parametrize("agent_sessions", [False, True], ids=["issues", "agent-sessions"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-def test_issues_written_together_read_no_table_in_either_plan(
-    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
+def test_starts_written_together_read_no_table_in_either_plan(
+    mode: str, agent_sessions: bool, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
-    """The group commit's one statement (`route_and_enqueue_many_for_delivery`) finds each issue's
-    machine by the routing index and locks it by its key, and writes the deliveries, sessions and
-    queue rows, in both plans, with thousands of machines in the org and many queued sessions."""
+    """A group commit's one statement for starts — of issues (`route_and_enqueue_many_for_delivery`)
+    or of agent sessions `created` (`route_and_start_agent_sessions_many_for_delivery`, with Linear's
+    notices) — finds each one's machine by the routing index and locks it by its key, and writes the
+    deliveries, sessions and queue rows, in both plans, with thousands of machines in the org and
+    many queued sessions."""
     from psycopg.types.json import Jsonb
 
     from shared.sql import query
@@ -443,56 +446,26 @@ def test_issues_written_together_read_no_table_in_either_plan(
                 "session_id": str(uuid.uuid4()),
                 "issue_id": f"i-{i}",
                 "issue_identifier": f"X-{i}",
-                "payload": {"issue": {"id": f"i-{i}"}},
+                "agent_session_id": f"as-{n}-{i}" if agent_sessions else None,
+                "payload": {
+                    "issue": {"id": f"i-{i}"},
+                    "agentSessionId": f"as-{n}-{i}" if agent_sessions else None,
+                },
             }
             for i, user in enumerate(users)
         ]
         return {"batch": Jsonb(batch), "now": None}
 
-    plan = _steady_write_plan(db_url, mode, query("route_and_enqueue_many_for_delivery"), params)
+    statement = (
+        "route_and_start_agent_sessions_many_for_delivery"
+        if agent_sessions
+        else "route_and_enqueue_many_for_delivery"
+    )
+    plan = _steady_write_plan(db_url, mode, query(statement), params)
     text = json.dumps(plan)
     top = plan["QUERY PLAN"][0]["Plan"]
-    assert _relations(top) == sorted(START_PLAN), text
-    assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
-
-
-@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-def test_agent_sessions_written_together_read_no_table_in_either_plan(
-    mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
-) -> None:
-    """The group commit's statement for agent sessions `created` together
-    (`route_and_start_agent_sessions_many_for_delivery`) finds each one's machine by the routing
-    index and locks it by its key, and writes the deliveries, sessions, queue rows and Linear's
-    notices, in both plans, with thousands of machines in the org and many queued sessions."""
-    from psycopg.types.json import Jsonb
-
-    from shared.sql import query
-
-    o = _a_busy_org(pool, make_orchestrator)
-    users = [o.linear_user_id] * 6 + ["someone-7", "nobody"]  # (someone-7 has a machine too)
-
-    def params(_tx: Tx, n: int) -> dict[str, Any]:
-        batch = [
-            {
-                "n": i,
-                "org_id": o.org_id,
-                "route_user": user,
-                "delivery_key": f"delivery-{n}-{i}",
-                "content_key": f"content-{n}-{i}",
-                "session_id": str(uuid.uuid4()),
-                "issue_id": f"i-{i}",
-                "issue_identifier": f"X-{i}",
-                "agent_session_id": f"as-{n}-{i}",
-                "payload": {"issue": {"id": f"i-{i}"}, "agentSessionId": f"as-{n}-{i}"},
-            }
-            for i, user in enumerate(users)
-        ]
-        return {"batch": Jsonb(batch), "now": None}
-
-    plan = _steady_write_plan(db_url, mode, query("route_and_start_agent_sessions_many_for_delivery"), params)
-    text = json.dumps(plan)
-    top = plan["QUERY PLAN"][0]["Plan"]
-    assert _relations(top) == sorted([*START_PLAN, ("ModifyTable", "linear_notices", None)]), text
+    notices = [("ModifyTable", "linear_notices", None)] if agent_sessions else []
+    assert _relations(top) == sorted([*START_PLAN, *notices]), text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
 
 

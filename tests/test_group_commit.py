@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 
 from shared import intake
 from shared.batching import Combiner
@@ -87,6 +88,19 @@ def test_a_batch_needs_a_transaction_and_writes_a_copy_once(pool: Pool, make_orc
     assert row_counts(pool)["sessions"] == 2 and len(deliveries(pool)) == 2
 
 
+def commit_sizes(pool: Pool, where: str = "true", table: str = "dispatch_sessions") -> list[int]:
+    """How many rows each commit wrote, smallest first: the rows one transaction writes share its
+    now() (`created_at`, a delivery's `received_at`), and no two transactions here share one."""
+    at = "received_at" if table == "webhook_deliveries" else "created_at"
+    statement = sql.SQL("SELECT count(*) AS n FROM {} WHERE {} GROUP BY {} ORDER BY n").format(
+        sql.Identifier(table),
+        sql.SQL(where),
+        sql.Identifier(at),
+    )
+    with pool.connection() as conn:
+        return [int(r["n"]) for r in conn.execute(statement)]
+
+
 def _lock_machine(db_url: str, oid: str) -> psycopg.Connection[Any]:
     """Holds the machine's row FOR UPDATE, so a statement that takes it FOR KEY SHARE waits."""
     conn = psycopg.connect(db_url)
@@ -116,14 +130,15 @@ def waiting_on_locks(watch: Any) -> int:
 def _pile_up(
     api: Api,
     db_url: str,
-    oid: str,
+    oid: str | None,
     bodies: list[tuple[dict[str, Any], str]],
     combiner: Combiner[Any, Any] | None = None,
+    holder: psycopg.Connection[Any] | None = None,
 ) -> list[httpx.Response]:
     """The first webhooks, one for each lane of the group commit (`combiner`: the issues' unless
-    given), lead alone and wait on the machine's lock; the others arrive meanwhile and wait in line
-    for the next batch; then the lock is let go."""
-    locker = _lock_machine(db_url, oid)
+    given), lead alone and wait on a lock (machine `oid`'s row, or what `holder` holds); the others
+    arrive meanwhile and wait in line for the next batch; then the lock is let go (rolled back)."""
+    locker = holder or _lock_machine(db_url, str(oid))
     combiner = combiner or intake._group_commit(api.pool, False)
     lanes = intake.LANES
     try:
@@ -135,7 +150,7 @@ def _pile_up(
                     _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on the lock")
             futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
             _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
-            locker.commit()
+            locker.rollback()
             return [f.result(30) for f in futures]
     finally:
         locker.close()
@@ -149,12 +164,8 @@ def test_webhooks_that_arrive_together_commit_together_each_answered_as_alone(ap
     assert {a.json()["status"] for a in answers} == {"dispatched"}
     assert len({a.json()["sessionId"] for a in answers}) == 21
     assert row_counts(api.pool)["sessions"] == 21 and row_counts(api.pool)["queue"] == 21
-    with api.pool.connection() as conn:
-        commits = conn.execute(
-            "SELECT created_at, count(*) AS n FROM dispatch_sessions GROUP BY created_at ORDER BY n"
-        ).fetchall()
     # The leaders alone, then the rest that waited in one statement: one transaction, one now().
-    assert [r["n"] for r in commits] == [1] * intake.LANES + [21 - intake.LANES]
+    assert commit_sizes(api.pool) == [1] * intake.LANES + [21 - intake.LANES]
     for body, delivery in bodies:  # each retry is a duplicate of its own session
         again = api.webhook(body, delivery).json()
         assert again["status"] == "duplicate"
@@ -313,14 +324,11 @@ def test_existing_issues_assigned_together_commit_together_and_a_reassignment_ca
     assert "cancelledSessionId" not in answers[0]
     assert open_dispatches(api.pool, "iss-re") == [uuid.UUID(other)]
     with api.pool.connection() as conn:
-        commits = conn.execute(
-            "SELECT count(*) AS n FROM dispatch_sessions WHERE issue_id LIKE 'iss-%%' AND issue_id <> 'iss-re'"
-            " GROUP BY created_at ORDER BY n"
-        ).fetchall()
         cancelled = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (first["sessionId"],))
         assert cancelled.fetchone()["status"] == "cancelled"  # type: ignore[index]
     # The leaders alone, then the rest of the twelve in one statement.
-    assert [r["n"] for r in commits] == [1] * intake.LANES + [12 - intake.LANES]
+    twelve = "issue_id LIKE 'iss-%' AND issue_id <> 'iss-re'"
+    assert commit_sizes(api.pool, twelve) == [1] * intake.LANES + [12 - intake.LANES]
     for body, delivery in bodies:  # retries: duplicates of their own sessions
         assert api.webhook(body, delivery).json()["status"] == "duplicate"
 
@@ -441,11 +449,7 @@ def test_agent_sessions_created_together_commit_together_each_answered_as_alone(
     assert {a["orchestratorId"] for a in answers[:14]} == {oid}
     assert answers[14] == {"status": "duplicate", "sessionId": answers[3]["sessionId"]}
     assert row_counts(api.pool)["sessions"] == 14 and row_counts(api.pool)["queue"] == 14
-    with api.pool.connection() as conn:
-        commits = conn.execute(
-            "SELECT count(*) AS n FROM dispatch_sessions GROUP BY created_at ORDER BY n"
-        ).fetchall()
-    assert [r["n"] for r in commits] == [1] * intake.LANES + [14 - intake.LANES]
+    assert commit_sizes(api.pool) == [1] * intake.LANES + [14 - intake.LANES]
     # Linear hears "Queued for laptop" in each of the fourteen agent sessions, once.
     linear.wait(14)
     queued = [a for a in linear.activities() if a["content"].get("body") == "Queued for laptop"]
@@ -495,12 +499,7 @@ def test_a_follow_up_while_its_start_is_written_in_a_batch_is_queued_behind_it(
     assert {a["orchestratorId"] for a in answers} == {laptop}
     assert answered["status"] == "dispatched" and answered["kind"] == "prompt"
     assert answered["orchestratorId"] == laptop
-    with api.pool.connection() as conn:
-        commits = conn.execute(
-            "SELECT count(*) AS n FROM dispatch_sessions WHERE agent_session_id LIKE 'as-_'"
-            " AND kind = 'start' GROUP BY created_at"
-        ).fetchall()
-    assert [r["n"] for r in commits] == [4]  # the four starts in one statement
+    assert commit_sizes(api.pool, "agent_session_id LIKE 'as-_' AND kind = 'start'") == [4]  # one statement
     got = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
     assert [m["kind"] for m in got if m["agentSessionId"] == "as-3"] == ["start"]  # the prompt waits
     [start3] = [m for m in got if m["agentSessionId"] == "as-3"]
@@ -524,11 +523,7 @@ def test_follow_ups_that_arrive_together_commit_together_each_for_its_holder(api
     assert [(a["status"], a["kind"], a["orchestratorId"]) for a in answers] == [
         ("dispatched", "prompt", oid)
     ] * 12
-    with api.pool.connection() as conn:
-        commits = conn.execute(
-            "SELECT count(*) AS n FROM dispatch_sessions WHERE kind = 'prompt' GROUP BY created_at ORDER BY n"
-        ).fetchall()
-    assert [r["n"] for r in commits] == [1] * intake.LANES + [12 - intake.LANES]
+    assert commit_sizes(api.pool, "kind = 'prompt'") == [1] * intake.LANES + [12 - intake.LANES]
     starts = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
     assert sorted(m["kind"] for m in starts) == ["start"] * 12  # each prompt behind its start
     for body, delivery in bodies:  # retries: duplicates of their own sessions
@@ -566,101 +561,74 @@ def test_edits_that_arrive_together_commit_together_each_answered_as_alone(api: 
     each is answered `ignored`, and each retry `duplicate`."""
     bodies = [(edited(f"iss-{i}"), f"d-edit-{i}") for i in range(14)]
     lanes = intake.LANES
-    combiner = intake._ignored_deliveries(api.pool)
     holder = _held_deliveries(db_url, [f"delivery:d-edit-{i}" for i in range(lanes)])
-    try:
-        with ThreadPoolExecutor(len(bodies)) as ex, connect(db_url) as watch:
-            futures: list[Future[httpx.Response]] = []
-            for n, body in enumerate(bodies[:lanes], start=1):
-                futures.append(ex.submit(api.webhook, *body))
-                _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on its key")
-            futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
-            _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
-            holder.rollback()
-            answers = [f.result(30).json() for f in futures]
-    finally:
-        holder.close()
+    combiner = intake._ignored_deliveries(api.pool)
+    answers = [a.json() for a in _pile_up(api, db_url, None, bodies, combiner, holder)]
     assert answers == [{"status": "ignored", "reason": "assignee_unchanged"}] * 14
-    with api.pool.connection() as conn:
-        commits = conn.execute(
-            "SELECT count(*) AS n FROM webhook_deliveries GROUP BY received_at ORDER BY n"
-        ).fetchall()
-    assert [r["n"] for r in commits] == [1] * lanes + [14 - lanes]
+    assert commit_sizes(api.pool, table="webhook_deliveries") == [1] * lanes + [14 - lanes]
     for edit, delivery in bodies:
         assert api.webhook(edit, delivery).json()["status"] == "duplicate"
 
 
 # --- one issue's, or one agent session's, webhooks in arrival order within an instance --------------
-def _in_line_for_a_batch(
-    api: Api, db_url: str, combiner: Combiner[Any, Any], leaders: list[tuple[dict[str, Any], str]], oid: str
-) -> tuple[ThreadPoolExecutor, psycopg.Connection[Any], list[Future[httpx.Response]]]:
-    """Every lane of `combiner` taken by `leaders`, each waiting on the row of machine `oid`."""
-    locker = _lock_machine(db_url, oid)
-    ex = ThreadPoolExecutor(8)
-    with connect(db_url) as watch:
-        futures = []
-        for n, body in enumerate(leaders, start=1):
-            futures.append(ex.submit(api.webhook, *body))
-            _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on its machine")
-    return ex, locker, futures
+def _one_behind_the_other(
+    api: Api, db_url: str, agent_sessions: bool, first: tuple[dict[str, Any], str], then: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`first` waits in the group commit's line (every lane taken by leaders waiting on another
+    user's machine); `then`, of the same issue or agent session, is sent next and must wait behind
+    it in this instance's line (`shared.in_order`); then the leaders go. Both answers."""
+    elsewhere, _ = api.register(user="user-2", name="elsewhere")
+    combiner = intake._group_commit(api.pool, agent_sessions)
+    leaders = [
+        (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}")
+        if agent_sessions
+        else (issue_event(issue_id=f"iss-x{i}", assignee="user-2"), f"d-x{i}")
+        for i in range(intake.LANES)
+    ]
+    key = (
+        ("org-a", "agent_session", first[0]["agentSession"]["id"])
+        if agent_sessions
+        else ("org-a", "issue", first[0]["data"]["id"])
+    )
+    locker = _lock_machine(db_url, elsewhere)
+    try:
+        with ThreadPoolExecutor(8) as ex, connect(db_url) as watch:
+            for n, body in enumerate(leaders, start=1):
+                ex.submit(api.webhook, *body)
+                _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on its machine")
+            ahead = ex.submit(api.webhook, *first)
+            _wait_for(lambda: len(combiner._waiting) == 1, "the first to wait in the group commit's line")
+            behind = ex.submit(api.webhook, then)
+            _wait_for(lambda: intake.IN_ORDER.waiting(key) == 2, "the next to wait behind it")
+            locker.commit()
+            return ahead.result(30).json(), behind.result(30).json()
+    finally:
+        locker.close()
 
 
 def test_a_stop_never_overtakes_the_start_waiting_in_line_before_it(api: Api, db_url: str) -> None:
-    """An agent session's `created` waits in the group commit's line (every lane busy): it holds no
-    turn yet. Its stop, arriving next, waits for it in this instance's line of the agent session
-    (`shared.in_order`) and then cancels the start, which the machine never gets. Overtaking, it
-    would find nothing to cancel, and the start would be queued after the stop."""
+    """An agent session's `created` waits in the group commit's line: it holds no turn yet. Its
+    stop, arriving next, waits for it and then cancels the start, which the machine never gets.
+    Overtaking, it would find nothing to cancel, and the start would be queued after the stop."""
     _, token = api.register(user="user-1", name="laptop")
-    elsewhere, _ = api.register(user="user-2", name="elsewhere")
-    combiner = intake._group_commit(api.pool, True)
-    leaders = [
-        (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}") for i in range(intake.LANES)
-    ]
-    ex, locker, firsts = _in_line_for_a_batch(api, db_url, combiner, leaders, elsewhere)
-    try:
-        created = ex.submit(api.webhook, agent_session_event(session_id="as-3"), "d-as-3")
-        _wait_for(lambda: len(combiner._waiting) == 1, "the start to wait in line")
-        stop = ex.submit(
-            api.webhook, agent_session_event(session_id="as-3", action="prompted", signal="stop")
-        )
-        key = ("org-a", "agent_session", "as-3")
-        _wait_for(lambda: intake.IN_ORDER.waiting(key) == 2, "the stop to wait behind the start")
-        locker.commit()
-        started = created.result(30).json()
-        stopped = stop.result(30).json()
-        assert [f.result(30).status_code for f in firsts] == [200] * intake.LANES
-    finally:
-        locker.close()
-        ex.shutdown()
+    stop = agent_session_event(session_id="as-3", action="prompted", signal="stop")
+    started, stopped = _one_behind_the_other(
+        api, db_url, True, (agent_session_event(session_id="as-3"), "d"), stop
+    )
     assert started["status"] == "dispatched"
     assert stopped["status"] == "stopped" and stopped["cancelledSessionIds"] == [started["sessionId"]]
     assert api.post_as(token, "/claim", {"max": 100}).json()["messages"] == []
 
 
 def test_a_follow_up_never_overtakes_the_start_waiting_in_line_before_it(api: Api, db_url: str) -> None:
-    """The same for a follow-up: it waits for the start in this instance's line and is then a
-    `prompt` behind it. Overtaking, it would find no holder and be queued as a second start."""
+    """The same for a follow-up: it waits for the start and is then a `prompt` behind it.
+    Overtaking, it would find no holder and be queued as a second start."""
     laptop, _ = api.register(user="user-1", name="laptop")
-    elsewhere, _ = api.register(user="user-2", name="elsewhere")
-    combiner = intake._group_commit(api.pool, True)
-    leaders = [
-        (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}") for i in range(intake.LANES)
-    ]
-    ex, locker, _ = _in_line_for_a_batch(api, db_url, combiner, leaders, elsewhere)
-    try:
-        created = ex.submit(api.webhook, agent_session_event(session_id="as-3"), "d-as-3")
-        _wait_for(lambda: len(combiner._waiting) == 1, "the start to wait in line")
-        follow = ex.submit(
-            api.webhook, agent_session_event(session_id="as-3", action="prompted", body="more")
-        )
-        key = ("org-a", "agent_session", "as-3")
-        _wait_for(lambda: intake.IN_ORDER.waiting(key) == 2, "the follow-up to wait behind the start")
-        locker.commit()
-        assert created.result(30).json()["kind"] == "start"
-        answered = follow.result(30).json()
-    finally:
-        locker.close()
-        ex.shutdown()
+    more = agent_session_event(session_id="as-3", action="prompted", body="more")
+    started, answered = _one_behind_the_other(
+        api, db_url, True, (agent_session_event(session_id="as-3"), "d"), more
+    )
+    assert started["kind"] == "start"
     assert answered["kind"] == "prompt" and answered["orchestratorId"] == laptop
     with api.pool.connection() as conn:
         kinds = conn.execute(
@@ -674,25 +642,11 @@ def test_an_unassignment_never_overtakes_the_assignment_waiting_in_line_before_i
     api: Api, db_url: str
 ) -> None:
     """An issue created assigned waits in the issues' line; its unassignment, arriving next, waits
-    for it in this instance's line of the issue and then cancels its start. Overtaking, it would
-    find nothing to cancel, and the start would be queued for an issue nobody is assigned."""
+    for it and then cancels its start. Overtaking, it would find nothing to cancel, and the start
+    would be queued for an issue nobody is assigned."""
     _, token = api.register(user="user-1", name="laptop")
-    elsewhere, _ = api.register(user="user-2", name="elsewhere")
-    combiner = intake._group_commit(api.pool, False)
-    leaders = [(issue_event(issue_id=f"iss-x{i}", assignee="user-2"), f"d-x{i}") for i in range(intake.LANES)]
-    ex, locker, _ = _in_line_for_a_batch(api, db_url, combiner, leaders, elsewhere)
-    try:
-        created = ex.submit(api.webhook, issue_event(issue_id="iss-3"), "d-iss-3")
-        _wait_for(lambda: len(combiner._waiting) == 1, "the assignment to wait in line")
-        unassigned = ex.submit(api.webhook, assigned("iss-3", None, "user-1"), "d-iss-3-off")
-        key = ("org-a", "issue", "iss-3")
-        _wait_for(lambda: intake.IN_ORDER.waiting(key) == 2, "the unassignment to wait behind it")
-        locker.commit()
-        started = created.result(30).json()
-        cancelled = unassigned.result(30).json()
-    finally:
-        locker.close()
-        ex.shutdown()
+    off = assigned("iss-3", None, "user-1")
+    started, cancelled = _one_behind_the_other(api, db_url, False, (issue_event(issue_id="iss-3"), "d"), off)
     assert started["status"] == "dispatched"
     assert cancelled == {"status": "cancelled", "sessionId": started["sessionId"]}
     assert api.post_as(token, "/claim", {"max": 100}).json()["messages"] == []

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.helpers.api import ADMIN, SECRET, Api, issue_event
+from tests.helpers.mid_call import run_script
 
 ROOT = Path(__file__).parent.parent
 
@@ -422,27 +423,14 @@ import os, signal, sys
 from granian._signals import set_main_signals
 from granian.constants import Interfaces
 from devpilot.master import SignalSafeServer
+from tests.helpers.mid_call import done, signal_inside
 
 server = SignalSafeServer("devpilot.serve:worker_app", interface=Interfaces.WSGI)
 set_main_signals(server.signal_handler_interrupt, server.signal_handler_reload)
 wake = server.main_loop_interrupt
-lines = []
-
-def inside_set(frame, event, arg):
-    if event == "line":
-        lines.append(frame.f_lineno)
-        if len(lines) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-    return inside_set
-
-def calls(frame, event, arg):
-    if event == "call" and frame.f_code.co_name == "set" and frame.f_locals.get("self") is wake and not lines:
-        return inside_set
-    return None
-
-sys.settrace(calls)
+lines = signal_inside(wake, "set", signal.SIGTERM)
 server.signal_handler_interrupt()
-sys.settrace(None)
+done()
 assert len(lines) >= 2, lines
 print("woke", wake.wait(0), server.interrupt_signal, flush=True)
 """
@@ -451,18 +439,5 @@ print("woke", wake.wait(0), server.interrupt_signal, flush=True)
 def test_a_second_signal_while_the_master_wakes_does_not_hang_it() -> None:
     """The moment that hung Granian's own master (its SIGTERM handler re-entered while holding its
     event's lock), made to happen on purpose: the master's wake-up survives it and is set."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SECOND_SIGNAL_MID_WAKEUP],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # SIGKILL: a hung master ignores SIGTERM (its handler is what hangs)
-        proc.communicate()
-        pytest.fail("the master hung when a second signal arrived while it was waking up")
-    assert proc.returncode == 0, err
-    assert out.split() == ["woke", "True", "True"]
+    hung = "the master hung when a second signal arrived while it was waking up"
+    assert run_script(_SECOND_SIGNAL_MID_WAKEUP, hung=hung) == ["woke", "True", "True"]

@@ -697,33 +697,15 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
 ), target AS (
-    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.route_user, w.issue_id,
-           w.issue_identifier, w.payload
+    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.route_user AS linear_user_id, w.issue_id,
+           w.issue_identifier, NULL::text AS agent_session_id, 'start'::text AS kind, w.payload
     FROM machine m JOIN want w ON w.n = m.n
     JOIN d ON d.delivery_key = w.delivery_key AND d.outcome = 'dispatched'
-), s AS (
-    INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
-                                   issue_identifier, agent_session_id, kind, queue_id, message_id)
-    SELECT t.session_id, t.org_id, t.id, 'queued', t.route_user, t.issue_id, t.issue_identifier,
-           NULL, 'start', gen_random_uuid(), gen_random_uuid()
-    FROM target t
-    RETURNING id, queue_id, message_id, orchestrator_id, org_id
-), q AS (
-    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
-                                agent_session_id, available_at)
-    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id, t.payload, NULL,
-           coalesce(%(now)s::timestamptz, now())
-    FROM s JOIN target t ON t.session_id = s.id
-    RETURNING id, message_id, session_id, orchestrator_id
-)
-SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
-       NULL::uuid AS notice_id,
-       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
-        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
-FROM want w
-LEFT JOIN d ON d.delivery_key = w.delivery_key
-LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
-ORDER BY w.n;
+),
+-- include: batch_session_rows
+, told AS (SELECT NULL::uuid AS id, NULL::uuid AS session_id WHERE false)  -- (no notice)
+-- include: batch_answer
+;
 
 
 -- name: route_and_start_agent_sessions_many_for_delivery
@@ -764,32 +746,16 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
     FROM routed JOIN orchestrators o ON o.id = routed.id
     WHERE o.revoked_at IS NULL
     FOR KEY SHARE OF o
-), d AS (
-    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
-    SELECT w.delivery_key, w.content_key, w.session_id, 'dispatched'
-    FROM want w JOIN machine m ON m.n = w.n
-    ON CONFLICT DO NOTHING
-    RETURNING delivery_key, outcome
-), target AS (
-    SELECT m.n, m.id, m.name, m.listening, w.session_id, w.org_id, w.route_user, w.issue_id,
-           w.issue_identifier, w.agent_session_id, w.payload
+),
+-- include: batch_dispatched
+, target AS (
+    SELECT m.n, m.id, m.name, m.listening, w.session_id, w.org_id, w.route_user AS linear_user_id,
+           w.issue_id, w.issue_identifier, w.agent_session_id, 'start'::text AS kind, w.payload
     FROM machine m JOIN want w ON w.n = m.n
     JOIN d ON d.delivery_key = w.delivery_key
-), s AS (
-    INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
-                                   issue_identifier, agent_session_id, kind, queue_id, message_id)
-    SELECT t.session_id, t.org_id, t.id, 'queued', t.route_user, t.issue_id, t.issue_identifier,
-           t.agent_session_id, 'start', gen_random_uuid(), gen_random_uuid()
-    FROM target t
-    RETURNING id, queue_id, message_id, orchestrator_id, org_id
-), q AS (
-    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
-                                agent_session_id, available_at)
-    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id, t.payload, t.agent_session_id,
-           coalesce(%(now)s::timestamptz, now())
-    FROM s JOIN target t ON t.session_id = s.id
-    RETURNING id, message_id, session_id, orchestrator_id
-), told AS (
+),
+-- include: batch_session_rows
+, told AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
     SELECT t.org_id, q.session_id, 'dispatched', t.agent_session_id, t.issue_id,
            'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
@@ -797,15 +763,8 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
     WHERE devpilot_notifies(t.org_id)
     RETURNING id, session_id
 )
-SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
-       told.id AS notice_id,
-       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
-        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
-FROM want w
-LEFT JOIN d ON d.delivery_key = w.delivery_key
-LEFT JOIN q ON q.session_id = w.session_id AND d.outcome IS NOT NULL
-LEFT JOIN told ON told.session_id = q.session_id
-ORDER BY w.n;
+-- include: batch_answer
+;
 
 -- name: prompt_holders_for_delivery
 -- (none) -> AVAILABLE for `prompted` webhooks (follow-ups) in agent sessions a machine holds, one
@@ -844,22 +803,43 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
         WHERE o.id = holder.orchestrator_id AND o.revoked_at IS NULL
         FOR KEY SHARE
     ) m
-), d AS (
+),
+-- include: batch_dispatched
+, target AS (
+    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.linear_user_id, w.issue_id,
+           w.issue_identifier, w.agent_session_id, 'prompt'::text AS kind, w.payload
+    FROM machine m JOIN want w ON w.n = m.n
+    JOIN d ON d.delivery_key = w.delivery_key
+),
+-- include: batch_session_rows
+, told AS (SELECT NULL::uuid AS id, NULL::uuid AS session_id WHERE false)  -- (no notice)
+-- include: batch_answer
+;
+
+-- name: batch_dispatched
+-- A fragment of the batch statements of agent sessions (`route_and_start_agent_sessions_many_for_delivery`,
+-- `prompt_holders_for_delivery`), after `want` (the elements) and `machine` (each element's machine,
+-- locked: `n`, `id`): `d`, each element's delivery (its two keys) recorded as dispatched to its new
+-- session, ON CONFLICT DO NOTHING (a delivery seen before, or a concurrent copy once that commits,
+-- writes nothing for its element).
+d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
     SELECT w.delivery_key, w.content_key, w.session_id, 'dispatched'
     FROM want w JOIN machine m ON m.n = w.n
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
-), target AS (
-    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.linear_user_id, w.issue_id,
-           w.issue_identifier, w.agent_session_id, w.payload
-    FROM machine m JOIN want w ON w.n = m.n
-    JOIN d ON d.delivery_key = w.delivery_key
-), s AS (
+)
+
+-- name: batch_session_rows
+-- A fragment of the batch statements, after a CTE `target` (one row per element to write: its
+-- machine `id`, `session_id`, `org_id`, `linear_user_id`, `issue_id`, `issue_identifier`,
+-- `agent_session_id`, `kind`, `payload`): `s`, the sessions, and `q`, their queue rows, as
+-- `enqueue_session_rows` writes one (the session written once, with its queue row's ids chosen).
+s AS (
     INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
                                    issue_identifier, agent_session_id, kind, queue_id, message_id)
     SELECT t.session_id, t.org_id, t.id, 'queued', t.linear_user_id, t.issue_id, t.issue_identifier,
-           t.agent_session_id, 'prompt', gen_random_uuid(), gen_random_uuid()
+           t.agent_session_id, t.kind, gen_random_uuid(), gen_random_uuid()
     FROM target t
     RETURNING id, queue_id, message_id, orchestrator_id, org_id
 ), q AS (
@@ -870,11 +850,17 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
     FROM s JOIN target t ON t.session_id = s.id
     RETURNING id, message_id, session_id, orchestrator_id
 )
+
+-- name: batch_answer
+-- A fragment, the answer of the batch statements, after `want`, `d`, `target`, `q` and `told` (the
+-- notices written, by session): one row per element, in order (`n`); `outcome` NULL when nothing
+-- was written for it. With the NOTIFY of `enqueue`, once per listening machine.
 SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
-       NULL::uuid AS notice_id,
+       told.id AS notice_id,
        (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
         FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
 FROM want w
 LEFT JOIN d ON d.delivery_key = w.delivery_key
-LEFT JOIN q ON q.session_id = w.session_id AND d.outcome IS NOT NULL
-ORDER BY w.n;
+LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
+LEFT JOIN told ON told.session_id = q.session_id
+ORDER BY w.n

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from shared.wakeup import WakeupPipe
+from tests.helpers.mid_call import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,32 +34,19 @@ def test_set_from_another_thread_wakes_a_wait_and_stays_set_until_cleared() -> N
 _MID_CALL = """
 import os, signal, sys
 from shared.wakeup import WakeupPipe
+from tests.helpers.mid_call import done, signal_inside
 wake = WakeupPipe()
 method = sys.argv[1]
 handled = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: (wake.set(), handled.append(signum)))
-lines = []
-
-def inside(frame, event, arg):
-    if event == "line":
-        lines.append(frame.f_lineno)
-        if len(lines) == 2:
-            os.kill(os.getpid(), signal.SIGUSR1)
-    return inside
-
-def calls(frame, event, arg):
-    if event == "call" and frame.f_code.co_name == method and frame.f_locals.get("self") is wake and not lines:
-        return inside
-    return None
-
-sys.settrace(calls)
+lines = signal_inside(wake, method, signal.SIGUSR1)
 if method == "set":
     wake.set()
 elif method == "clear":
     wake.clear()
 else:
     wake.wait(0.01)
-sys.settrace(None)
+done()
 assert len(lines) >= 2, lines
 print("done", handled == [signal.SIGUSR1], wake.is_set(), flush=True)
 """
@@ -69,18 +54,5 @@ print("done", handled == [signal.SIGUSR1], wake.is_set(), flush=True)
 
 @pytest.mark.parametrize("method", ["set", "clear", "wait"])
 def test_a_signal_handler_that_sets_it_inside_its_own_call_does_not_hang(method: str) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _MID_CALL, method],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # SIGKILL: what hangs is a signal handler
-        proc.communicate()
-        raise AssertionError(f"a signal handler setting the wake-up inside {method}() hung") from None
-    assert proc.returncode == 0, err[-2000:]
-    assert out.split() == ["done", "True", "True"]
+    hung = f"a signal handler setting the wake-up inside {method}() hung"
+    assert run_script(_MID_CALL, method, hung=hung) == ["done", "True", "True"]
