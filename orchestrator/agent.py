@@ -580,21 +580,25 @@ class Orchestrator:
             finally:
                 self._critical -= 1
         for mid, earlier in list(self.earlier.items()):
-            if commands.running_pid(self._marker(mid), mid):
-                continue
-            del self.earlier[mid]
-            code = commands.exit_code(self.cfg.state_dir / "exited" / mid)
-            self.log(
-                "finished",
-                f"{earlier.name} (started before the orchestrator restarted) finished with exit code "
-                f"{'unknown' if code is None else code}",
-                messageId=mid,
-                exitCode=code,
-            )
-            if mid in self.stopped:
-                self.stopped.discard(mid)
-                continue
-            self._after_exit(earlier.message, earlier.conv, code)
+            self._critical += 1  # (as above, for a COMMAND an earlier run started)
+            try:
+                if commands.running_pid(self._marker(mid), mid):
+                    continue
+                del self.earlier[mid]
+                code = commands.exit_code(self.cfg.state_dir / "exited" / mid)
+                self.log(
+                    "finished",
+                    f"{earlier.name} (started before the orchestrator restarted) finished with exit code "
+                    f"{'unknown' if code is None else code}",
+                    messageId=mid,
+                    exitCode=code,
+                )
+                if mid in self.stopped:
+                    self.stopped.discard(mid)
+                    continue
+                self._after_exit(earlier.message, earlier.conv, code)
+            finally:
+                self._critical -= 1
 
     # --- conversations -----------------------------------------------------------------------
     def _after_exit(self, m: dict[str, Any], conv: Conversation, code: int | None) -> None:
@@ -681,7 +685,11 @@ class Orchestrator:
                 return
             except Unreachable as exc:
                 self._went_away(str(exc))
-                time.sleep(self._next_backoff() if attempt < 2 else 0)
+                # SIGTERM waits for a last word (`_reap`), but not through the backoffs of a service
+                # that is away: stopping, this was the last try; and a SIGTERM ends the wait.
+                if attempt == 2 or self.stopping:
+                    break
+                self._wake.wait(self._next_backoff())
         self.log("activity", f"could not post a {content['type']} for agent session {agent_session_id}")
 
     def _stop(self, m: dict[str, Any], name: str) -> None:
