@@ -20,6 +20,8 @@ import sqlite3
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -120,7 +122,7 @@ class Orchestrator:
         self.running: dict[str, Running] = {}  # by message id
         self.earlier: dict[str, Earlier] = {}  # by message id: watched until reported
         self.stopping = False
-        self._critical = 0  # > 0 while an ack is in flight: SIGTERM waits for it
+        self._critical = 0  # > 0 inside `_uninterrupted` (an ack in flight, a last word): SIGTERM waits
         # Set from signal handlers (SIGCHLD, SIGTERM) and the realtime thread: a lock-free pipe, since
         # an Event's lock can be held by the very thread a handler interrupts (shared/wakeup.py).
         self._wake = WakeupPipe()
@@ -154,6 +156,16 @@ class Orchestrator:
         self._announce_after = 0.0  # (monotonic) when to try telling it again
 
     # --- signals -----------------------------------------------------------------------------
+    @contextmanager
+    def _uninterrupted(self) -> Iterator[None]:
+        """A block SIGTERM waits for: the handler sets `stopping` instead of raising, and the loop
+        sees it afterwards."""
+        self._critical += 1
+        try:
+            yield
+        finally:
+            self._critical -= 1
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         first = not self.stopping
         self.stopping = True
@@ -236,14 +248,12 @@ class Orchestrator:
         (`orchestrator.housekeeping`). SIGTERM waits for it; a failure is said and tried again later."""
         if not self.housekeeping.due():
             return
-        self._critical += 1
         try:
-            pruned = self.housekeeping.run()
+            with self._uninterrupted():
+                pruned = self.housekeeping.run()
         except (OSError, sqlite3.Error, subprocess.SubprocessError, WorktreeError) as exc:
             self.log("housekeeping", f"housekeeping failed ({exc}); trying again in an hour")
             return
-        finally:
-            self._critical -= 1
         for folder in pruned.conversations:
             self._waiting.pop(folder, None)
         for said in pruned.kept:
@@ -330,11 +340,8 @@ class Orchestrator:
     # --- one message -------------------------------------------------------------------------
     def _process(self, m: dict[str, Any]) -> None:
         """Journal, hand over, ack: SIGTERM never interrupts this, it waits for the end of it."""
-        self._critical += 1
-        try:
+        with self._uninterrupted():
             self._process_inner(m)
-        finally:
-            self._critical -= 1  # if SIGTERM came meanwhile, the loop sees `stopping`
 
     def _process_inner(self, m: dict[str, Any]) -> None:
         if not is_uuid(m.get("messageId")):
@@ -516,8 +523,7 @@ class Orchestrator:
 
     def _resume(self) -> None:
         """After a crash: finish what the journal shows was interrupted (see orchestrator/journal.py)."""
-        self._critical += 1
-        try:
+        with self._uninterrupted():
             for entry in self.journal.unfinished():
                 if self.stopping:
                     return
@@ -546,8 +552,6 @@ class Orchestrator:
                         )
                     else:  # still in the inbox (or read by its agent): the loop starts it if due
                         self.journal.mark(mid, "delivered")
-        finally:
-            self._critical -= 1
 
     def _find_earlier(self) -> None:
         """At start-up, once: the COMMANDs an earlier run started that still run are watched."""
@@ -564,8 +568,7 @@ class Orchestrator:
         for both (a SIGTERM between them would leave the last word unsaid, and the next run,
         finding the COMMAND gone, would not say it either: Linear would wait on the session)."""
         for mid, run in list(self.running.items()):
-            self._critical += 1
-            try:
+            with self._uninterrupted():
                 code = run.proc.poll()
                 if code is None:
                     continue
@@ -577,11 +580,8 @@ class Orchestrator:
                     self.stopped.discard(mid)
                     continue
                 self._after_exit(run.message, run.conv, code)
-            finally:
-                self._critical -= 1
         for mid, earlier in list(self.earlier.items()):
-            self._critical += 1  # (as above, for a COMMAND an earlier run started)
-            try:
+            with self._uninterrupted():  # (as above, for a COMMAND an earlier run started)
                 if commands.running_pid(self._marker(mid), mid):
                     continue
                 del self.earlier[mid]
@@ -597,8 +597,6 @@ class Orchestrator:
                     self.stopped.discard(mid)
                     continue
                 self._after_exit(earlier.message, earlier.conv, code)
-            finally:
-                self._critical -= 1
 
     # --- conversations -----------------------------------------------------------------------
     def _after_exit(self, m: dict[str, Any], conv: Conversation, code: int | None) -> None:
