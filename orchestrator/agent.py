@@ -684,10 +684,10 @@ class Orchestrator:
             except Unreachable as exc:
                 self._went_away(str(exc))
                 # SIGTERM waits for a last word (`_reap`), but not through the backoffs of a service
-                # that is away: stopping, this was the last try; and a SIGTERM ends the wait.
+                # that is away: stopping, this was the last try; and a SIGTERM ends the pause.
                 if attempt == 2 or self.stopping:
                     break
-                self._wake.wait(self._next_backoff())
+                self._pause(self._next_backoff())
         self.log("activity", f"could not post a {content['type']} for agent session {agent_session_id}")
 
     def _stop(self, m: dict[str, Any], name: str) -> None:
@@ -734,6 +734,14 @@ class Orchestrator:
         would return at once, in a loop that spins.)"""
         self._wake.wait(seconds)
         self._wake.clear()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep `seconds`, cut short only by SIGTERM (`stopping`), in the middle of a cycle. (Not
+        the wake-up: one set before, by the COMMAND whose exit is being reaped, would end every
+        pause at once; and what it says is for the loop, which still sees it afterwards.)"""
+        end = time.monotonic() + seconds
+        while not self.stopping and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
 
     def _next_backoff(self) -> float:
         delay = self._backoff * random.uniform(0.5, 1.5)

@@ -36,13 +36,17 @@ class _Slot(Generic[T, R]):
 class Combiner(Generic[T, R]):
     """`submit(item)` answers `one(item)`'s result, written in a batch (`many(items)`, a result
     per item, in order) with the items of concurrent callers, at most `most` at a time, and at most
-    `lanes` batches at once."""
+    `lanes` batches at once. `one` None: an item alone is a batch of one."""
 
     def __init__(
-        self, many: Callable[[list[T]], list[R]], one: Callable[[T], R], most: int, lanes: int = 1
+        self,
+        many: Callable[[list[T]], list[R]],
+        one: Callable[[T], R] | None,
+        most: int,
+        lanes: int = 1,
     ) -> None:
         self._many = many
-        self._one = one
+        self._one = one if one is not None else lambda item: many([item])[0]  # (a batch of one)
         self._most = most
         self._lanes = lanes
         self._lock = threading.Lock()

@@ -205,28 +205,34 @@ def _start_at_once(pool: Pool, start: Start) -> Received | None:
 
 
 BATCH = 64  # the most webhooks written in one statement
-# Batches of one kind (issues' starts, agent sessions' starts, follow-ups) written at once. With one, every caller waited for the batch ahead
-# of it to commit (its WAL flush) while the cores idled; with two, the next batch is written
-# meanwhile (+26 % existing issues assigned, median of 8 alternating pairs; three or four were no
-# faster). Two batches holding one issue, or one agent session, are kept apart by its turn, which
-# each statement tries without waiting (`devpilot_issue_turn_free`; `free` in the agent sessions'
-# and the follow-ups').
+# Batches of one kind (issues' starts, agent sessions' starts, follow-ups, edits) written at once.
+# With one, every caller waited for the batch ahead of it to commit (its WAL flush) while the cores
+# idled; with two, the next batch is written meanwhile (+26 % existing issues assigned, median of 8
+# alternating pairs; three or four were no faster). Two batches holding one issue, or one agent
+# session, are kept apart by its turn, which each statement tries without waiting
+# (`devpilot_issue_turn_free`; `free` in the agent sessions'; `devpilot_agent_session_holder` for
+# the follow-ups').
 LANES = 2
 _COMBINERS: weakref.WeakKeyDictionary[Pool, dict[str, Combiner[Any, Any]]] = weakref.WeakKeyDictionary()
 _COMBINERS_LOCK = threading.Lock()
 
 
 def _combiner(
-    pool: Pool, name: str, many: Callable[[Pool, list[Any]], list[Any]], one: Callable[[Pool, Any], Any]
+    pool: Pool,
+    name: str,
+    many: Callable[[Pool, list[Any]], list[Any]],
+    one: Callable[[Pool, Any], Any] | None = None,
 ) -> Combiner[Any, Any]:
-    """The pool's group commit called `name` (one per pool and name, made on first use)."""
+    """The pool's group commit called `name` (one per pool and name, made on first use). `one`:
+    how an item alone is written, when not as a batch of one."""
     with _COMBINERS_LOCK:
         kinds = _COMBINERS.get(pool)
         if kinds is None:
             kinds = _COMBINERS[pool] = {}
         combiner = kinds.get(name)
         if combiner is None:
-            combiner = kinds[name] = Combiner(partial(many, pool), partial(one, pool), BATCH, LANES)
+            alone = None if one is None else partial(one, pool)
+            combiner = kinds[name] = Combiner(partial(many, pool), alone, BATCH, LANES)
         return combiner
 
 
@@ -246,16 +252,12 @@ def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
 def _follow_ups(pool: Pool) -> Combiner[FollowUp, Routed | None]:
     """The pool's group commit of follow-ups for the machines that hold their agent sessions (one
     statement alone, or several together: `prompt_holders` never waits for a turn)."""
-    return _combiner(pool, "follow_ups", _prompts, _prompt)
+    return _combiner(pool, "follow_ups", _prompts)
 
 
 def _prompts(pool: Pool, follow_ups: list[FollowUp]) -> list[Routed | None]:
     with statement(pool) as tx:
         return prompt_holders(tx, follow_ups)
-
-
-def _prompt(pool: Pool, follow_up: FollowUp) -> Routed | None:
-    return _prompts(pool, [follow_up])[0]
 
 
 def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
@@ -288,11 +290,7 @@ def _ignore_at_once(pool: Pool, plan: Intent, key: str, content_key: str) -> Rec
 
 def _ignored_deliveries(pool: Pool) -> Combiner[tuple[str, str], bool]:
     """The pool's group commit of deliveries that do nothing: each recorded (True) or seen before."""
-    return _combiner(pool, "ignored", record_ignored, _record_one_ignored)
-
-
-def _record_one_ignored(pool: Pool, delivery: tuple[str, str]) -> bool:
-    return record_ignored(pool, [delivery])[0]
+    return _combiner(pool, "ignored", record_ignored)
 
 
 def record_ignored(pool: Pool, deliveries: list[tuple[str, str]]) -> list[bool]:

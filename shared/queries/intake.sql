@@ -79,8 +79,9 @@ WHERE delivery_key = %(key)s;
 -- A fragment (in `record_delivery`): serialises the intake transactions of one agent session
 -- (created, prompted, stop) until commit, so their messages take their queue order (seq) in commit
 -- order and a stop sees every earlier one, the start still committing included. Every statement
--- after it in the transaction reads a snapshot taken after the turn was granted. The group commit
--- of agent sessions `created` tries the same turn without waiting (migration 0013: one key).
+-- after it in the transaction reads a snapshot taken after the turn was granted. The one-statement
+-- paths try the same turn without waiting: the group commit of agent sessions `created`, and the
+-- follow-ups' through `devpilot_agent_session_holder` (migration 0013: one key).
 SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key(%(org_id)s, %(agent_session_id)s))
 WHERE %(agent_session_id)s::text IS NOT NULL
 
@@ -96,7 +97,8 @@ WHERE %(issue_id)s::text IS NOT NULL
 -- name: agent_session_holder
 -- In the intake transaction, after the agent session's turn: the machine that holds the agent
 -- session, and the issue it is about (`devpilot_agent_session_holder`, migration 0013, which says
--- who holds one; `prompt_holders_for_delivery` reads it the same way).
+-- who holds one; `prompt_holders_for_delivery` reads it the same way). Also routing's hint, outside
+-- any turn, which reads none while another transaction has the turn (`shared.routing._holder`).
 SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
 
