@@ -385,6 +385,13 @@ def _apply(
         return Received({"status": "ignored", "reason": plan.reason})
     if plan.kind == "stop":
         return _stop(tx, org, plan)
+    if plan.kind == "dispatch" and plan.agent_session_id is not None:
+        # An agent session `created` that comes after its stop, or after a message of it was
+        # queued (a follow-up that arrived first started it): Linear's retry of a delivery that
+        # failed, or one that reached another instance first. It starts nothing.
+        seen = tx.one(query("agent_session_seen"), {"org_id": org, "agent_session_id": plan.agent_session_id})
+        if seen is not None and seen["seen"] is not None:
+            return Received({"status": "ignored", "reason": f"agent_session_{seen['seen']}"})
     if plan.kind == "prompt":
         holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
         if holder is not None:
@@ -510,6 +517,7 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
     """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
     waiting to be routed), and tell the machine that has it."""
     assert plan.agent_session_id is not None
+    tx.execute(query("record_stop"), {"org_id": org, "agent_session_id": plan.agent_session_id})
     routing.cancel(tx, org, plan.agent_session_id)
     rows = tx.all(
         query("cancel_agent_session"),
@@ -575,10 +583,11 @@ PRUNE_BATCHES = 20  # at most this many batches a sweep: a backlog is worked off
 
 
 def prune_deliveries(pool: Pool, settings: Settings, now: datetime | None = None) -> int:
-    """Forget the delivery records older than `DEVPILOT_DELIVERY_RETENTION_HOURS` (by the sweep):
-    oldest first, the sweep's SWEEP_BATCH per statement, each its own transaction
-    (`prune_deliveries` in intake.sql), and at most PRUNE_BATCHES of them, so one sweep stays short
-    however large the backlog (the first sweep after an upgrade, say). How many were forgotten."""
+    """Forget the delivery records, and the agent sessions' stops (`record_stop`), older than
+    `DEVPILOT_DELIVERY_RETENTION_HOURS` (by the sweep): oldest first, the sweep's SWEEP_BATCH of
+    each per statement, each its own transaction (`prune_deliveries` in intake.sql), and at most
+    PRUNE_BATCHES of them, so one sweep stays short however large the backlog (the first sweep
+    after an upgrade, say). How many delivery records were forgotten."""
     if settings.delivery_retention_hours == 0:
         return 0
     params = {"hours": settings.delivery_retention_hours, "batch": SWEEP_BATCH, "now": now}
@@ -588,6 +597,6 @@ def prune_deliveries(pool: Pool, settings: Settings, now: datetime | None = None
             row = tx.one(query("prune_deliveries"), params)
         assert row is not None
         pruned += row["pruned"]
-        if row["pruned"] < SWEEP_BATCH:
+        if row["pruned"] < SWEEP_BATCH and row["stops_pruned"] < SWEEP_BATCH:
             break
     return pruned

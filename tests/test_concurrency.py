@@ -567,18 +567,50 @@ def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * 4, text
 
 
+def _function_query_plans(
+    conn: Any, mode: str, function: str, query_pattern: str, params: list[str], runs: list[tuple[Any, ...]]
+) -> list[Any]:
+    """The plans, in `mode`, of one query inside a PL/pgSQL function (`query_pattern`: a regular
+    expression whose group 1 is the query, read from the database's own copy of the function),
+    prepared with the function's `params` as $1, $2, ... and run with each of `runs`."""
+    import re
+
+    from psycopg import sql
+
+    row = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (function,)).fetchone()
+    assert row is not None
+    found = re.search(query_pattern, row["prosrc"], re.S)
+    assert found is not None, row["prosrc"]
+    body = found.group(1)
+    for i, name in enumerate(params, 1):
+        body = re.sub(rf"\b{name}\b", f"${i}", body)
+    conn.execute(f"SET plan_cache_mode = {mode}")
+    types = conn.execute(
+        "SELECT array_to_string(proargtypes::regtype[], ', ') AS t FROM pg_proc WHERE proname = %s",
+        (function,),
+    ).fetchone()["t"]
+    conn.execute(f"PREPARE inside({types}) AS {body}")
+    plans = []
+    for args in runs:
+        run = sql.SQL("EXECUTE inside({})").format(sql.SQL(", ").join(map(sql.Literal, args)))
+        for _ in range(6):  # (a generic plan is chosen after five custom ones, if at all)
+            conn.execute(run)
+        explained = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + run).fetchone()
+        assert explained is not None
+        plans.append(explained["QUERY PLAN"])
+    conn.execute("DEALLOCATE inside")
+    return plans
+
+
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_an_agent_sessions_holder_is_read_by_its_index(
     mode: str, pool: Pool, make_orchestrator: MakeOrch
 ) -> None:
     """Who holds an agent session (`devpilot_agent_session_holder`, migration 0013: the intake
-    transaction's and a follow-up's statement's): the query inside the function, read from the
-    database itself, finds the agent session by its index, in both plans, beside 20,000 queued
-    sessions of the same org."""
-    import re
-
-    from psycopg import sql
-
+    transaction's and a follow-up's statement's), and whether it was ever started
+    (`devpilot_agent_session_seen`, migration 0014: a `created`'s): the queries inside the functions,
+    read from the database itself, find the agent session by its index, in both plans, beside 20,000
+    queued sessions of the same org."""
     o = make_orchestrator()
     fill_queue(pool, o, 20_000)
     held = DispatchPayload(issue=IssueRef(id="i", identifier="X-1"), agent_session_id="as-held", kind="start")
@@ -588,30 +620,27 @@ def test_an_agent_sessions_holder_is_read_by_its_index(
         )
     with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_sessions")
-        row = conn.execute(
-            "SELECT prosrc FROM pg_proc WHERE proname = 'devpilot_agent_session_holder'"
-        ).fetchone()
-        assert row is not None
-        found = re.search(r"RETURN QUERY(.*?);", row["prosrc"], re.S)
-        assert found is not None, row["prosrc"]
-        body = re.sub(r"\borg\b", "$1", found.group(1))
-        body = re.sub(r"\bagent_session\b", "$2", body)
-        body = re.sub(r"\bdelivered_only\b", "$3", body)
-        conn.execute(f"SET plan_cache_mode = {mode}")
-        conn.execute(f"PREPARE holder(text, text, boolean) AS {body}")
-        for agent_session, rows in (("as-held", 1), ("as-elsewhere", 0)):
-            run = sql.SQL("EXECUTE holder({}, {}, false)").format(
-                sql.Literal(o.org_id), sql.Literal(agent_session)
-            )
-            for _ in range(6):  # (a generic plan is chosen after five custom ones, if at all)
-                conn.execute(run)
-            explained = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + run).fetchone()
-            assert explained is not None
-            plan = explained["QUERY PLAN"]
+        holder = _function_query_plans(
+            conn,
+            mode,
+            "devpilot_agent_session_holder",
+            r"RETURN QUERY(.*?);",
+            ["org", "agent_session", "delivered_only"],
+            [(o.org_id, "as-held", False), (o.org_id, "as-elsewhere", False)],
+        )
+        seen = _function_query_plans(
+            conn,
+            mode,
+            "devpilot_agent_session_seen",
+            r"IF EXISTS \((SELECT FROM dispatch_sessions .*?)\) THEN",
+            ["org", "agent_session", "wait"],
+            [(o.org_id, "as-held", False), (o.org_id, "as-elsewhere", False)],
+        )
+    for plans, rows in ((holder, [1, 0]), (seen, [1, 0])):
+        for plan, n in zip(plans, rows, strict=True):
             scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "dispatch_sessions"]
             assert scans and all(r[2] == "dispatch_sessions_agent_idx" for r in scans), plan
-            assert plan[0]["Plan"]["Actual Rows"] == rows, plan
-        conn.execute("DEALLOCATE holder")
+            assert plan[0]["Plan"]["Actual Rows"] == n, plan
 
 
 @pytest.mark.parametrize("statement", ["ack", "ack_as"])

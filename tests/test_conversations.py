@@ -501,6 +501,49 @@ def test_a_follow_up_after_a_stop_that_reached_no_machine_starts_afresh(api: Api
     assert (m["kind"], m["prompt"]["body"]) == ("start", "try again")
 
 
+def _sessions_of(api: Api, agent_session: str) -> list[tuple[str, str]]:
+    with api.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT kind, status FROM dispatch_sessions WHERE agent_session_id = %s ORDER BY created_at",
+            (agent_session,),
+        ).fetchall()
+    return [(r["kind"], r["status"]) for r in rows]
+
+
+def test_a_created_handled_after_its_stop_starts_nothing(api: Api, linear: Linear) -> None:
+    """Linear's `created` can reach us after the stop the person pressed next: its first delivery
+    failed and Linear retries it a minute later, or it reached another instance of the service,
+    which had not written it yet. The stop found nothing to stop and told Linear so; the late
+    `created` must not start the agent after all."""
+    _, token = api.register(user="user-1")
+    stop = api.webhook(agent_session_event(session_id="as-late", action="prompted", signal="stop")).json()
+    assert stop == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    late = api.webhook(agent_session_event(session_id="as-late")).json()
+    assert late == {"status": "ignored", "reason": "agent_session_stopped"}
+    assert claim_all(api, token) == [] and _sessions_of(api, "as-late") == []
+    linear.wait(1)
+    time.sleep(0.3)  # (nothing more comes: no "Queued for" for a start that was never queued)
+    assert [a["content"]["type"] for a in linear.activities()] == ["response"]
+
+
+def test_a_created_handled_after_a_follow_up_that_started_it_starts_nothing_more(
+    api: Api, linear: Linear
+) -> None:
+    """A follow-up handled before its agent session's `created` finds no machine holding the
+    conversation and starts it, carrying what was asked. The `created` that comes after must not
+    start it a second time: one conversation, one start."""
+    _, token = api.register(user="user-1")
+    first = api.webhook(
+        agent_session_event(session_id="as-swap", action="prompted", body="and the docs")
+    ).json()
+    assert first["status"] == "dispatched" and first["kind"] == "start"
+    late = api.webhook(agent_session_event(session_id="as-swap", body="@agent fix it")).json()
+    assert late == {"status": "ignored", "reason": "agent_session_started"}
+    [m] = claim_all(api, token)
+    assert (m["kind"], m["prompt"]["body"]) == ("start", "and the docs")
+    assert _sessions_of(api, "as-swap") == [("start", "queued")]
+
+
 def test_a_start_that_fails_takes_the_follow_ups_queued_behind_it(api: Api, linear: Linear) -> None:
     """A start no machine acks is dead-lettered at the attempt limit. The follow-ups the user sent
     while it waited belong to a conversation no machine has: they fail with it (Linear told once),

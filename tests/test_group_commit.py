@@ -376,8 +376,9 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
     """The agent sessions' statement writes each element as the one statement would: the session,
     its queue row and the "Queued for" thought of a connected org, for the user's machine. It
     writes nothing for a user with no machine (the intake transaction tells Linear), a delivery
-    seen before, a copy, a second element of one agent session, or one whose turn another
-    transaction holds (it does not wait for it)."""
+    seen before, a copy, a second element of one agent session, one whose turn another
+    transaction holds (it does not wait for it), or an agent session started already or stopped
+    (the intake transaction answers them: they start nothing). Neither does the one statement."""
     laptop = make_orchestrator(linear_user_id="has-machine", name="laptop")
     bulk(
         pool,
@@ -386,6 +387,10 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
     seen = agent_start("has-machine", "as-seen", delivery="seen-before")
     assert isinstance(intake._one_statement(pool, seen), Routed)
     busy = agent_start("has-machine", "as-busy")
+    bulk(pool, "INSERT INTO agent_session_stops (org_id, agent_session_id) VALUES ('org-a', 'as-stopped')")
+    stopped = agent_start("has-machine", "as-stopped")
+    again = agent_start("has-machine", "as-seen")  # (another delivery: a follow-up started it)
+    assert intake._one_statement(pool, stopped) is None and intake._one_statement(pool, again) is None
     holder = psycopg.connect(db_url)  # another intake transaction has as-busy's turn
     holder.execute("SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key('org-a', 'as-busy'))")
     batch = [
@@ -395,6 +400,8 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
         agent_start("has-machine", "as-3"),
         agent_start("has-machine", "as-3"),  # (the same agent session again)
         busy,
+        stopped,
+        again,
     ]
     try:
         with statement(pool) as tx:
@@ -403,6 +410,7 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
         holder.close()
     assert isinstance(out[0], Routed) and isinstance(out[3], Routed)
     assert out[1] is None and out[2] is None and out[4] is None and out[5] is None
+    assert out[6] is None and out[7] is None
     assert out[0].orchestrator_id == out[3].orchestrator_id == laptop.id
     recorded = deliveries(pool)
     assert set(recorded) == {"seen-before", batch[0].delivery_key, batch[3].delivery_key}

@@ -366,6 +366,32 @@ def test_a_stop_waits_for_the_start_its_agent_session_is_committing(
     assert _queue_of(api) == []
 
 
+def test_a_created_waiting_behind_its_stop_sees_the_stop(
+    api: Api, db_url: str, across_instances: None
+) -> None:
+    """The reverse order: the stop's transaction has the agent session's turn (it found nothing to
+    stop) when the `created` arrives, at another instance. The `created`'s one statement waits for
+    the turn, and must then see the stop that committed meanwhile, although the statement began
+    before that commit: it starts nothing. (Its check reads with a snapshot taken after the turn,
+    `devpilot_agent_session_seen`; a check in the statement's own snapshot would miss the stop.)"""
+    api.register(user="user-1")
+    with connect(db_url, autocommit=False) as stop:
+        stop.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
+        stop.execute(query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
+        late_t, late = in_thread(lambda: api.webhook(agent_session_event(session_id="as-stopped")))
+        _blocked_by(api.pool, stop.info.backend_pid)  # the `created` waits for the stop's turn
+        stop.commit()
+    late_t.join(timeout=10)
+    assert late[0].status_code == 200, late[0].text
+    assert late[0].json() == {"status": "ignored", "reason": "agent_session_stopped"}
+    assert _queue_of(api) == []
+    with api.pool.connection() as conn:
+        written = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_sessions WHERE agent_session_id = 'as-stopped'"
+        ).fetchone()
+    assert written is not None and written["n"] == 0
+
+
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
     api: Api, db_url: str
 ) -> None:

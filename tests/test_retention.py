@@ -1,6 +1,6 @@
 """Webhook delivery records are kept for DEVPILOT_DELIVERY_RETENTION_HOURS, then the sweep forgets
-them: a retry within the retention is still a duplicate, and the table does not grow for ever.
-Nor does the sweep's own record of its runs."""
+them (and the stops of agent sessions with them): a retry within the retention is still a
+duplicate, and the tables do not grow for ever. Nor does the sweep's own record of its runs."""
 
 from __future__ import annotations
 
@@ -114,6 +114,27 @@ def test_the_retention_is_the_setting(pool: Pool, hours: int) -> None:
     with pool.connection() as conn:
         conn.execute("UPDATE webhook_deliveries SET received_at = received_at - interval '2 hours'")
     assert prune_deliveries(pool, retention) == 5
+
+
+def test_agent_sessions_stops_are_kept_as_long_as_the_deliveries(pool: Pool) -> None:
+    """A stop is remembered so that a `created` handled after it starts nothing; once Linear can no
+    longer retry that `created` (the deliveries' retention), the record is forgotten with them, in
+    the same bounded batches (a backlog over several statements of one sweep)."""
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO agent_session_stops (org_id, agent_session_id, stopped_at)"
+            " SELECT 'org-a', 'as-' || i, now() - interval '25 hours' FROM generate_series(1, %s) i",
+            (SWEEP_BATCH + 10,),
+        )
+        conn.execute(
+            "INSERT INTO agent_session_stops (org_id, agent_session_id) VALUES ('org-a', 'as-recent')"
+        )
+    assert prune_deliveries(pool, Settings(DATABASE_URL=None, DEVPILOT_DELIVERY_RETENTION_HOURS=24)) == 0
+    with pool.connection() as conn:
+        left = [
+            r["agent_session_id"] for r in conn.execute("SELECT agent_session_id FROM agent_session_stops")
+        ]
+    assert left == ["as-recent"]
 
 
 def test_the_sweep_keeps_only_the_last_runs_record(pool: Pool, settings: Settings) -> None:

@@ -53,7 +53,8 @@ RETURNING delivery_key;
 
 -- name: prune_deliveries
 -- Forgets the oldest delivery records received before the retention (`hours`), at most `batch` of
--- them, by webhook_deliveries_received_idx. A record is what makes a retry a duplicate, and Linear
+-- them, by webhook_deliveries_received_idx, and as many of the agent sessions' stops
+-- (`record_stop`), by agent_session_stops_stopped_idx. A record is what makes a retry a duplicate, and Linear
 -- retries a delivery about 1 min, 1 h and 6 h after it first failed, so a record kept for a day
 -- or more outlives every retry; kept for ever, every webhook a workspace sends (each edit of each
 -- issue) would stay in the table and its three indexes. One statement, its own transaction;
@@ -67,8 +68,18 @@ WITH old AS (
 ), gone AS (
     DELETE FROM webhook_deliveries d USING old WHERE d.delivery_key = old.delivery_key
     RETURNING 1
+), old_stops AS (  -- (the stops of agent sessions, kept as long: `record_stop`)
+    SELECT org_id, agent_session_id FROM agent_session_stops
+    WHERE stopped_at < coalesce(%(now)s::timestamptz, now()) - make_interval(hours => %(hours)s)
+    ORDER BY stopped_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), stops_gone AS (
+    DELETE FROM agent_session_stops st USING old_stops o
+    WHERE st.org_id = o.org_id AND st.agent_session_id = o.agent_session_id
+    RETURNING 1
 )
-SELECT count(*) AS pruned FROM gone;
+SELECT (SELECT count(*) FROM gone) AS pruned, (SELECT count(*) FROM stops_gone) AS stops_pruned;
 
 -- name: finish_delivery
 -- In the intake transaction: what the delivery did, committed with its rows.
@@ -101,6 +112,19 @@ WHERE %(issue_id)s::text IS NOT NULL
 -- any turn, which reads none while another transaction has the turn (`shared.routing._holder`).
 SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
+
+-- name: agent_session_seen
+-- In the intake transaction of an agent session `created`, after its turn: why it may not start
+-- ('started', 'stopped'), or NULL when it may (`devpilot_agent_session_seen`, migration 0014).
+SELECT devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) AS seen;
+
+-- name: record_stop
+-- In the intake transaction of a stop, after its agent session's turn: the agent session is
+-- stopped, so a `created` of it handled later (Linear's retry of a delivery that failed, or one
+-- that reached another instance first) starts nothing (`devpilot_agent_session_seen`).
+INSERT INTO agent_session_stops (org_id, agent_session_id)
+VALUES (%(org_id)s, %(agent_session_id)s)
+ON CONFLICT DO NOTHING;
 
 -- name: route
 -- A fragment, the routing policy (in `record_delivery` and the statements of `route_enqueue_rows`

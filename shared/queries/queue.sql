@@ -132,10 +132,13 @@ WITH
 -- * `want`, `routed`: the routing policy's choice for `route_user` (`route`, intake.sql). When
 --   the user's machines differ in what they have (`mixed`), nothing is written (no `machine`, and
 --   no delivery record): the intake transaction then writes a routing request for the start.
--- * `turn`: for an agent session, its turn (`agent_session_turn`, intake.sql), taken before the
---   machine's lock as the intake transaction takes it, so a stop that comes meanwhile waits for
---   this start's commit and then cancels it. This statement reads nothing a turn orders: the
---   routing choice is read before the turn in the transaction too, and the machine by its lock.
+-- * `turn`: the agent session's turn, taken waiting before the machine's lock as the intake
+--   transaction takes it, so a stop that comes meanwhile waits for this start's commit and then
+--   cancels it; and whether the agent session may start (`devpilot_agent_session_seen`, migration
+--   0014, read with a snapshot taken after the turn): one already started, or stopped, gets
+--   nothing written, and the intake transaction answers it. Nothing else here is read under the
+--   turn: the routing choice is read before the turn in the transaction too, and the machine by
+--   its lock.
 -- * `machine`: that machine's row FOR KEY SHARE if it is still active: as `enqueue`'s `target`, a
 --   revoke that committed while this waited is seen, and nothing is written for the machine.
 -- * `d`: the delivery (its two keys, as `record_delivery`) recorded as dispatched to the new
@@ -150,12 +153,12 @@ want AS (
 -- include: route
     ) r
 ), turn AS (
--- include: agent_session_turn
+    SELECT devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) AS seen
 ), machine AS (
     SELECT id, name, listening_until > now() AS listening
     FROM orchestrators
     WHERE id = (SELECT id FROM routed WHERE NOT mixed) AND revoked_at IS NULL
-      AND (SELECT count(*) FROM turn) >= 0  -- (true: it makes the turn come before the lock)
+      AND (SELECT seen FROM turn) IS NULL  -- (the turn comes before the lock)
     FOR KEY SHARE
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
@@ -724,7 +727,9 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
 -- Each element takes its agent session's turn (`agent_session_turn`) without waiting (`free`):
 -- several turns taken in one statement, each waiting, could wait in a circle with another batch.
 -- An element whose turn another transaction holds gets nothing written, and its intake
--- transaction waits for the turn. The turn is held to the commit, so a `prompted` or a stop of the
+-- transaction waits for the turn. So does one whose agent session a message was queued for
+-- already, or that was stopped (`devpilot_agent_session_seen`, migration 0014, read after the
+-- turn): its intake transaction answers it. The turn is held to the commit, so a `prompted` or a stop of the
 -- same agent session that comes meanwhile waits for this start and then finds it. The elements'
 -- keys and agent sessions are distinct (`route_and_enqueue_many` leaves copies out): a turn is
 -- re-entrant within one transaction, and a key twice would match one inserted record twice.
@@ -734,7 +739,7 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
              issue_id text, issue_identifier text, agent_session_id text, payload jsonb)
 ), free AS MATERIALIZED (  -- (each agent session's turn tried once, before anything is written)
     SELECT want.n FROM want
-    WHERE pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(want.org_id, want.agent_session_id))
+    WHERE devpilot_agent_session_seen(want.org_id, want.agent_session_id, false) IS NULL
 ), routed AS (
     SELECT want.n, r.id
     FROM want JOIN free ON free.n = want.n CROSS JOIN LATERAL (
