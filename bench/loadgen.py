@@ -102,9 +102,11 @@ _changes = itertools.count()
 
 
 def _updated_at() -> str:
-    """A distinct `updatedAt` per change (the content half of a delivery's identity, so an issue
-    re-assigned twice is two deliveries)."""
-    return f"2026-12-07T00:00:00.{next(_changes)}Z"
+    """A distinct `updatedAt` per change, each later than the one before, as Linear's are (the content
+    half of a delivery's identity, so an issue re-assigned twice is two deliveries; and the order of
+    one issue's assignment events)."""
+    ms = next(_changes)
+    return f"2026-12-07T{ms // 3_600_000 % 24:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}Z"
 
 
 def assignment(issue_id: str, identifier: str, assignee: str) -> dict[str, object]:
@@ -119,7 +121,7 @@ def assignment(issue_id: str, identifier: str, assignee: str) -> dict[str, objec
             "identifier": identifier,
             "title": "bench",
             "assigneeId": assignee,
-            "updatedAt": "x",
+            "updatedAt": _updated_at(),
         },
     }
 

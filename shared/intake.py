@@ -179,7 +179,7 @@ def _start_alone(hook: Webhook, plan: Intent, key: str, content_key: str) -> Sta
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
     )
-    return Start(hook.org_id, plan.user_id, message, key, content_key)
+    return Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
 
 
 def _start_at_once(pool: Pool, start: Start) -> Received | None:
@@ -270,6 +270,7 @@ def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
             message=start.message,
             delivery_key=start.delivery_key,
             content_key=start.content_key,
+            event_at=start.event_at,
         )
 
 
@@ -338,7 +339,9 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
     # do the assignment events of one issue (`issue_turn`: a cancel is decided, and the group
     # commit's statement tries the same turn).
     turn = hook.org_id is not None and plan.kind not in ("ignore", "disconnect")
-    issue_turn = plan.cancel_issue_id if turn and plan.agent_session_id is None else None
+    ordered = plan.event_at is not None and plan.issue is not None  # (an issue's assignment event)
+    issue = plan.issue.id if ordered and plan.issue is not None else plan.cancel_issue_id
+    issue_turn = issue if turn and plan.agent_session_id is None else None
     with transaction(pool) as tx:
         recorded = tx.one(
             query("record_delivery"),
@@ -348,6 +351,7 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
                 "route_user": plan.user_id if routing else None,
                 "agent_session_id": plan.agent_session_id if turn else None,
                 "issue_id": issue_turn,
+                "event_at": plan.event_at if issue_turn is not None else None,
             },
         )
         if recorded is None:
@@ -385,6 +389,15 @@ def _apply(
         return Received({"status": "ignored", "reason": plan.reason})
     if plan.kind == "stop":
         return _stop(tx, org, plan)
+    if plan.event_at is not None and plan.issue is not None:
+        # An assignment older than a change of the issue handled already: Linear's retry of a
+        # delivery that failed. Acting on it would undo the later change.
+        older = tx.one(
+            query("issue_event_superseded"),
+            {"org_id": org, "issue_id": plan.issue.id, "event_at": plan.event_at},
+        )
+        if older is not None and older["superseded"]:
+            return Received({"status": "ignored", "reason": "assignment_superseded"})
     if plan.kind == "dispatch" and plan.agent_session_id is not None:
         # An agent session `created` that comes after its stop, or after a message of it was
         # queued (a follow-up that arrived first started it): Linear's retry of a delivery that

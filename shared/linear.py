@@ -11,6 +11,7 @@ import hmac
 import json
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from shared import jsoninput
@@ -116,6 +117,9 @@ class Intent:
     agent_session_id: str | None = None
     prompt: Prompt | None = None
     unroutable_notice: bool = False  # tell Linear when nothing can take it (agent sessions only)
+    # An issue's assignment event (created with an assignee, assignee changed): when Linear made the
+    # change (`updatedAt`). One older than a change already handled for the issue does nothing.
+    event_at: datetime | None = None
 
 
 def _str(d: dict[str, Any], key: str) -> str | None:
@@ -230,25 +234,39 @@ def _agent_intent(hook: Webhook) -> Intent:
     return Intent("ignore", f"agent_session_{hook.action}")
 
 
+def _event_at(data: dict[str, Any]) -> datetime | None:
+    """When Linear made the change (`updatedAt`, ISO 8601 with its zone); None when it is missing or
+    not such a time (the event then orders against no other)."""
+    value = data.get("updatedAt")
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
+
+
 def _issue_intent(hook: Webhook) -> Intent:
     data = hook.entity
     issue = _issue(data)
     if issue is None:
         return Intent("ignore", "issue_without_id")
     assignee = _str(data, "assigneeId")
-    if hook.action == "remove":
+    if hook.action == "remove":  # (whatever came before: a removed issue's work is cancelled)
         return Intent("cancel", issue=issue, cancel_issue_id=issue.id)
     if hook.action == "create":
         if assignee is None:
             return Intent("ignore", "unassigned")
-        return Intent("dispatch", issue=issue, user_id=assignee)
+        return Intent("dispatch", issue=issue, user_id=assignee, event_at=_event_at(data))
     if hook.action == "update":
         updated_from = hook.raw.get("updatedFrom")
         if not isinstance(updated_from, dict) or "assigneeId" not in updated_from:
             return Intent("ignore", "assignee_unchanged")
         if updated_from.get("assigneeId") == assignee:
             return Intent("ignore", "assignee_unchanged")
+        at = _event_at(data)
         if assignee is None:
-            return Intent("cancel", issue=issue, cancel_issue_id=issue.id)
-        return Intent("dispatch", issue=issue, user_id=assignee, cancel_issue_id=issue.id)
+            return Intent("cancel", issue=issue, cancel_issue_id=issue.id, event_at=at)
+        return Intent("dispatch", issue=issue, user_id=assignee, cancel_issue_id=issue.id, event_at=at)
     return Intent("ignore", f"issue_{hook.action}")

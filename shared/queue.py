@@ -149,6 +149,9 @@ class Start:
     message: DispatchPayload
     delivery_key: str
     content_key: str
+    # An issue's: when Linear made the assignment (`Intent.event_at`); written nothing for when a
+    # later change of the issue was handled. None orders against nothing.
+    event_at: datetime | None = None
 
 
 def route_and_enqueue(
@@ -161,6 +164,7 @@ def route_and_enqueue(
     content_key: str,
     session_id: UUID | None = None,
     now: datetime | None = None,
+    event_at: datetime | None = None,
 ) -> RouteOutcome:
     """The webhook intake of a start with nothing to cancel first (an issue created with an
     assignee or assigned with nothing undelivered, an agent session `created`) in one statement:
@@ -174,14 +178,15 @@ def route_and_enqueue(
     None: nothing was written. The delivery was seen before (or a concurrent copy committed it),
     the machine chosen was revoked while this waited for it, an agent session's user has no
     machine, or an issue has something undelivered to cancel first (or another transaction has
-    its turn); the caller decides in a full intake transaction, which tells those apart."""
+    its turn, or a later assignment change of it, Linear's at `event_at`, was handled); the caller
+    decides in a full intake transaction, which tells those apart."""
     tx = require_tx(tx, "route_and_enqueue")
     if not isinstance(message, DispatchPayload):
         raise TypeError("route_and_enqueue() message must be a DispatchPayload")
     if message.kind != "start":
         raise ValueError("route_and_enqueue is for a start")
     if message.agent_session_id is None:
-        start = Start(org_id, linear_user_id, message, delivery_key, content_key)
+        start = Start(org_id, linear_user_id, message, delivery_key, content_key, event_at)
         return _route_and_enqueue_many(tx, [start], session_id, now)[0]
     row = tx.one(
         query("route_and_start_agent_session_for_delivery"),
@@ -310,6 +315,7 @@ def _route_and_enqueue_many(
             "issue_id": st.message.issue.id,
             "issue_identifier": st.message.issue.identifier,
             "agent_session_id": st.message.agent_session_id,
+            "event_at": st.event_at.isoformat() if st.event_at is not None else None,
             "payload": st.message.model_dump(mode="json", by_alias=True),
         }
         for n, st in enumerate(starts[i] for i in written)

@@ -643,6 +643,37 @@ def test_an_agent_sessions_holder_is_read_by_its_index(
             assert plan[0]["Plan"]["Actual Rows"] == n, plan
 
 
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_later_assignment_change_is_found_by_its_index(mode: str, pool: Pool) -> None:
+    """Whether a later assignment change of the issue was handled (`devpilot_issue_event_superseded`,
+    migration 0015: every issue start's test, in the batch and in the intake transaction): read
+    from the database's own copy of the function, it probes its index, in both plans, beside
+    20,000 deliveries of other issues and 20,000 edits (which the index leaves out)."""
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)"
+            " SELECT 'd-' || i, 'c-' || i, 'org-a', 'issue-' || (i % 5000),"
+            "        CASE WHEN i <= 20000 THEN now() - make_interval(secs => i) END"
+            " FROM generate_series(1, 40000) i"
+        )
+        conn.execute("ANALYZE webhook_deliveries")
+        plans = _function_query_plans(
+            conn,
+            mode,
+            "devpilot_issue_event_superseded",
+            r"EXISTS \((.*?)\)\s*$",
+            ["org", "issue", "at"],
+            [
+                ("org-a", "issue-7", datetime(2000, 1, 1, tzinfo=UTC)),
+                ("org-a", "issue-7", datetime(2999, 1, 1, tzinfo=UTC)),
+            ],
+        )
+    for plan, n in zip(plans, [4, 0], strict=True):  # (issue-7's four changes: all later, or none)
+        scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "webhook_deliveries"]
+        assert scans and all(r[2] == "webhook_deliveries_issue_event_idx" for r in scans), plan
+        assert plan[0]["Plan"]["Actual Rows"] == n, plan
+
+
 @pytest.mark.parametrize("statement", ["ack", "ack_as"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_ack_plan_probes_by_key(

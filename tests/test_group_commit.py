@@ -4,9 +4,11 @@ before its rows commit. Real Postgres, real HTTP into the real app."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -280,30 +282,44 @@ def open_dispatches(pool: Pool, issue_id: str) -> list[Any]:
 def test_an_issue_with_something_undelivered_or_whose_turn_is_taken_is_left_to_the_transaction(
     pool: Pool, make_orchestrator: MakeOrch, db_url: str
 ) -> None:
-    """The batch writes an element only when it has the issue's turn and nothing of the issue is
-    undelivered (then an assignment is a creation); otherwise nothing at all for it, not even its
-    delivery, and it does not wait for the turn. Two elements of one issue: the second is left."""
+    """The batch writes an element only when it has the issue's turn, nothing of the issue is
+    undelivered (then an assignment is a creation) and no later assignment change of the issue was
+    handled; otherwise nothing at all for it, not even its delivery, and it does not wait for the
+    turn. Two elements of one issue: the second is left."""
     make_orchestrator(linear_user_id="u")
     earlier = start("u", 1)
+    at = datetime(2026, 12, 7, 10, tzinfo=UTC)
+    changed = dataclasses.replace(start("nobody", 5), event_at=at)  # (an assignment, then another)
     with statement(pool) as tx:
         assert isinstance(route_and_enqueue_many(tx, [earlier])[0], Routed)
+    with statement(pool) as tx:
+        assert route_and_enqueue_many(tx, [changed])[0] == NO_MACHINE
     busy = start("u", 4)
     holder = psycopg.connect(db_url)  # another intake transaction has issue 4's turn
     holder.execute(
         "SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (busy.message.issue.id,)
     )
     try:
-        batch = [start("u", 1), start("u", 2), start("u", 3), start("u", 3), busy]
+        older = dataclasses.replace(start("u", 5), event_at=at - timedelta(milliseconds=1))
+        same = dataclasses.replace(start("u", 6), event_at=at)  # (another issue: orders against none)
+        batch = [start("u", 1), start("u", 2), start("u", 3), start("u", 3), busy, older, same]
         with statement(pool) as tx:
             out = route_and_enqueue_many(tx, batch)
     finally:
         holder.close()
     assert out[0] is None  # issue 1 has an undelivered dispatch: a cancel must be decided
-    assert isinstance(out[1], Routed) and isinstance(out[2], Routed)
+    assert isinstance(out[1], Routed) and isinstance(out[2], Routed) and isinstance(out[6], Routed)
     assert out[3] is None and out[4] is None  # (issue 3 again; issue 4's turn was taken)
+    assert out[5] is None  # issue 5 was assigned again after this (its retry, say)
     recorded = deliveries(pool)
-    assert set(recorded) == {earlier.delivery_key, batch[1].delivery_key, batch[2].delivery_key}
-    assert row_counts(pool)["sessions"] == 3
+    assert set(recorded) == {
+        earlier.delivery_key,
+        changed.delivery_key,
+        batch[1].delivery_key,
+        batch[2].delivery_key,
+        batch[6].delivery_key,
+    }
+    assert row_counts(pool)["sessions"] == 4
 
 
 def test_existing_issues_assigned_together_commit_together_and_a_reassignment_cancels(

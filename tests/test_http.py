@@ -194,6 +194,42 @@ def test_reassignment_cancels_and_redispatches(api: Api) -> None:
     assert len(api.post_as(tok2, "/claim").json()["messages"]) == 1
 
 
+def test_a_retried_assignment_never_undoes_a_later_change_of_the_issue(api: Api) -> None:
+    """Linear retries a delivery that failed a minute later (and the service answers 503, writing
+    nothing, precisely so that Linear does). Meanwhile the issue changed again: re-assigned to
+    user-2, or unassigned. The retry of the older assignment to user-1 must do nothing: not cancel
+    user-2's start and give the issue to user-1's machine, not start work nobody is assigned."""
+    _, one = api.register(user="user-1", name="one")
+    _, two = api.register(user="user-2", name="two")
+    for issue_id, later in (("i-re", "user-2"), ("i-un", None)):
+        failed = issue_event(issue_id=issue_id, assignee="user-1")  # (its first delivery failed)
+        changed = api.webhook(
+            issue_event("update", issue_id=issue_id, assignee=later, updated_from={"assigneeId": "user-1"})
+        ).json()
+        assert changed["status"] == ("dispatched" if later else "ignored"), changed
+        retried = api.webhook(failed).json()
+        assert retried == {"status": "ignored", "reason": "assignment_superseded"}
+        assert api.post_as(one, "/claim", {"max": 10}).json()["messages"] == []
+    [start] = api.post_as(two, "/claim", {"max": 10}).json()["messages"]  # user-2's stands
+    assert start["issue"]["id"] == "i-re"
+    # In order, the same events do what they say: a later assignment takes the issue back.
+    back = api.webhook(
+        issue_event("update", issue_id="i-re", assignee="user-1", updated_from={"assigneeId": "user-2"})
+    )
+    assert back.json()["status"] == "dispatched"
+
+
+def test_an_unreadable_updated_at_orders_nothing_and_is_not_an_error(api: Api) -> None:
+    """`updatedAt` that is not a time (or is missing) leaves the event unordered: it is handled as it
+    comes, never answered 4xx or 5xx for it."""
+    api.register(user="user-1")
+    for n, value in enumerate(["not a time", 12, None, "2026-12-07T10:00:00", "9" * 100]):
+        event = issue_event(issue_id=f"i-odd-{n}", assignee="user-1")
+        event["data"]["updatedAt"] = value
+        r = api.webhook(event)
+        assert r.status_code == 200 and r.json()["status"] == "dispatched", (value, r.text)
+
+
 def test_unassignment_and_removal_cancel(api: Api) -> None:
     api.register(user="user-1")
     a = api.webhook(issue_event(assignee="user-1", issue_id="i-a")).json()

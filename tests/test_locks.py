@@ -392,6 +392,31 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
     assert written is not None and written["n"] == 0
 
 
+def test_an_older_assignment_waiting_behind_a_later_change_sees_it(
+    api: Api, db_url: str, across_instances: None
+) -> None:
+    """A later change of the issue (unassigned) is committing, holding the issue's turn, when a
+    retry of an older assignment arrives at another instance. The retry waits for the turn and must
+    then see the later change, though it began before that commit: it does nothing."""
+    api.register(user="user-1")
+    older = issue_event(issue_id="i-held", assignee="user-1")
+    later = issue_event("update", issue_id="i-held", assignee=None, updated_from={"assigneeId": "user-1"})
+    with connect(db_url, autocommit=False) as change:
+        change.execute("SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', 'i-held'))")
+        change.execute(
+            "INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)"
+            " VALUES ('later', 'later', 'org-a', 'i-held', %s)",
+            (later["data"]["updatedAt"],),
+        )
+        retry_t, retry = in_thread(lambda: api.webhook(older))
+        _blocked_by(api.pool, change.info.backend_pid)  # the retry waits for the issue's turn
+        change.commit()
+    retry_t.join(timeout=10)
+    assert retry[0].status_code == 200, retry[0].text
+    assert retry[0].json() == {"status": "ignored", "reason": "assignment_superseded"}
+    assert _queue_of(api) == []
+
+
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
     api: Api, db_url: str
 ) -> None:

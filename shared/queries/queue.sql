@@ -667,19 +667,21 @@ FROM sessions;
 --
 -- An element may be an existing issue's assignment (`updatedFrom.assigneeId`) as well as a
 -- creation: each element first takes its issue's turn without waiting (`free`,
--- `devpilot_issue_turn_free` of migration 0012) and goes on only when it has it and nothing of the
--- issue is undelivered, where an assignment is the same work as a creation. Otherwise nothing is
+-- `devpilot_issue_turn_free` of migrations 0012 and 0015) and goes on only when it has it, nothing
+-- of the issue is undelivered (an assignment is then the same work as a creation) and no later
+-- assignment change of the issue was handled (`event_at`, Linear's time of the change, recorded
+-- with the delivery: a retry of an older assignment does nothing). Otherwise nothing is
 -- written for it (not even the delivery), and its full intake transaction takes the turn, cancels
--- and dispatches. The turn is held to the commit, so an assignment of the same issue that comes
+-- and dispatches, or answers it superseded. The turn is held to the commit, so an assignment of the same issue that comes
 -- meanwhile waits for this one and then finds its dispatch to cancel. The elements' issues are
 -- distinct (`route_and_enqueue_many` leaves a second one out): a turn is re-entrant within one
 -- transaction, so two elements of one issue would both have it.
 WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of text are escaped in Python)
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
-             issue_id text, issue_identifier text, payload jsonb)
+             issue_id text, issue_identifier text, event_at timestamptz, payload jsonb)
 ), free AS MATERIALIZED (  -- (each issue's turn tried once, before anything is written)
-    SELECT want.n FROM want WHERE devpilot_issue_turn_free(want.org_id, want.issue_id)
+    SELECT want.n FROM want WHERE devpilot_issue_turn_free(want.org_id, want.issue_id, want.event_at)
 ), routed AS (
     SELECT want.n, r.id, r.mixed
     FROM want JOIN free ON free.n = want.n LEFT JOIN LATERAL (
@@ -691,10 +693,11 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
     WHERE o.revoked_at IS NULL AND NOT routed.mixed
     FOR KEY SHARE OF o
 ), d AS (
-    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
+    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome, org_id, issue_id, event_at)
     SELECT w.delivery_key, w.content_key,
            CASE WHEN m.id IS NOT NULL THEN w.session_id END,
-           CASE WHEN m.id IS NOT NULL THEN 'dispatched' ELSE 'ignored' END
+           CASE WHEN m.id IS NOT NULL THEN 'dispatched' ELSE 'ignored' END,
+           w.org_id, w.issue_id, w.event_at
     FROM want w JOIN routed r ON r.n = w.n LEFT JOIN machine m ON m.n = w.n
     WHERE m.id IS NOT NULL OR r.id IS NULL
     ON CONFLICT DO NOTHING

@@ -67,12 +67,17 @@ class Api:
 
 
 _changes = itertools.count()
+_last_change = [0]
+_changes_lock = threading.Lock()
 
 
 def _updated_at() -> str:
     """A distinct `updatedAt` per made-up change, as Linear's are (the content half of a delivery's
-    identity): now, with a per-process counter as the milliseconds."""
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}.{next(_changes) % 1000:03d}Z"
+    identity), and later than every one made before it in this process, as one issue's changes are
+    (the order of its assignment events): now in milliseconds, or the last one's plus one."""
+    with _changes_lock:
+        ms = _last_change[0] = max(time.time_ns() // 1_000_000, _last_change[0] + 1)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def now_ms() -> int:
