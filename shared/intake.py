@@ -358,7 +358,12 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
             seen = tx.one(query("delivery_session"), keys)
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
-        received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
+        if recorded["superseded"]:
+            # An assignment older than a change of the issue handled already: Linear's retry of a
+            # delivery that failed. Acting on it would undo the later change.
+            received = Received({"status": "ignored", "reason": "assignment_superseded"})
+        else:
+            received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
         if not received.recorded:
             tx.execute(
                 query("finish_delivery"),
@@ -389,15 +394,6 @@ def _apply(
         return Received({"status": "ignored", "reason": plan.reason})
     if plan.kind == "stop":
         return _stop(tx, org, plan)
-    if plan.event_at is not None and plan.issue is not None:
-        # An assignment older than a change of the issue handled already: Linear's retry of a
-        # delivery that failed. Acting on it would undo the later change.
-        older = tx.one(
-            query("issue_event_superseded"),
-            {"org_id": org, "issue_id": plan.issue.id, "event_at": plan.event_at},
-        )
-        if older is not None and older["superseded"]:
-            return Received({"status": "ignored", "reason": "assignment_superseded"})
     if plan.kind == "dispatch" and plan.agent_session_id is not None:
         # An agent session `created` that comes after its stop, or after a message of it was
         # queued (a follow-up that arrived first started it): Linear's retry of a delivery that

@@ -327,6 +327,7 @@ def test_enqueue_reads_no_table_in_either_plan(
                 "route_user": None,
                 "agent_session_id": None,
                 "issue_id": None,
+                "event_at": None,
             },
         )
         return {
@@ -661,7 +662,7 @@ def test_a_later_assignment_change_is_found_by_its_index(mode: str, pool: Pool) 
             conn,
             mode,
             "devpilot_issue_event_superseded",
-            r"EXISTS \((.*?)\)\s*$",
+            r"EXISTS \((.*?)\);",
             ["org", "issue", "at"],
             [
                 ("org-a", "issue-7", datetime(2000, 1, 1, tzinfo=UTC)),

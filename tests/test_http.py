@@ -133,7 +133,7 @@ def test_without_delivery_header_the_change_identifies_the_delivery(api: Api) ->
     event = issue_event()
     assert api.webhook(event, delivery=None).json()["status"] == "dispatched"
     assert api.webhook(event, delivery=None).json()["status"] == "duplicate"
-    event["data"]["updatedAt"] = "2026-12-02T11:11:11.000Z"
+    event["data"]["updatedAt"] = "2999-12-02T11:11:11.000Z"  # (a later change of the issue)
     assert api.webhook(event, delivery=None).json()["status"] == "dispatched"
 
 

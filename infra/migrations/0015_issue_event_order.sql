@@ -23,15 +23,20 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_issue_event_idx
 -- Whether an assignment event of the issue made by Linear at `at` is older than one already
 -- recorded (strictly: two deliveries of one change, or two changes within Linear's millisecond,
 -- supersede neither). False when `at` is NULL (an event without a readable `updatedAt` orders
--- against nothing). Read with the issue's turn held, in a snapshot taken after it: by the intake
--- transaction (whose statements each take a fresh one) and by `devpilot_issue_turn_free` below.
+-- against nothing). Called with the issue's turn held: by the intake transaction's
+-- `record_delivery`, after the turn it takes, and by `devpilot_issue_turn_free` below. VOLATILE
+-- PL/pgSQL, so that its query takes a snapshot of its own, after the turn was granted: a later
+-- change committed by the turn's previous holder is seen, though the calling statement's own
+-- snapshot is older than the lock.
 CREATE OR REPLACE FUNCTION devpilot_issue_event_superseded(org text, issue text, at timestamptz)
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
-SELECT at IS NOT NULL AND EXISTS (
-    SELECT FROM webhook_deliveries d WHERE d.org_id = org AND d.issue_id = issue AND d.event_at > at
-)
+BEGIN
+    RETURN at IS NOT NULL AND EXISTS (
+        SELECT FROM webhook_deliveries d WHERE d.org_id = org AND d.issue_id = issue AND d.event_at > at
+    );
+END
 $$;
 
 -- The group commit's test for an issue's start (`route_and_enqueue_many_for_delivery`): its turn

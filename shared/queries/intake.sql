@@ -13,7 +13,9 @@
 -- For an event of an agent session (`agent_session_id`; NULL for any other), it first takes that
 -- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own;
 -- for an issue's assignment event (`issue_id`; NULL for any other), the issue's (`issue_turn`),
--- and records when Linear made the change (`event_at`, for `issue_event_superseded`).
+-- records when Linear made the change (`event_at`), and answers whether a later assignment change
+-- of the issue was handled already (`superseded`: `devpilot_issue_event_superseded`, migration
+-- 0015, read after the turn; then this one, a retry of a delivery that failed, does nothing).
 -- `mixed`: the user's machines differ in what they have (`route`): the start needs its repository.
 WITH turn AS (
 -- include: agent_session_turn
@@ -29,7 +31,9 @@ INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, eve
 SELECT %(key)s, %(content_key)s, %(org_id)s, %(issue_id)s, %(event_at)s
 WHERE (SELECT count(*) FROM turn) + (SELECT count(*) FROM issue) >= 0  -- (true: the turns come first)
 ON CONFLICT DO NOTHING
-RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixed FROM routed), false) AS mixed;
+RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixed FROM routed), false) AS mixed,
+          %(event_at)s::timestamptz IS NOT NULL
+          AND devpilot_issue_event_superseded(%(org_id)s, %(issue_id)s, %(event_at)s) AS superseded;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).
@@ -113,12 +117,6 @@ WHERE %(issue_id)s::text IS NOT NULL
 -- any turn, which reads none while another transaction has the turn (`shared.routing._holder`).
 SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
-
--- name: issue_event_superseded
--- In the intake transaction of an issue's assignment event, after the issue's turn: whether a later
--- assignment change of the issue was handled already (`devpilot_issue_event_superseded`, migration
--- 0015). Then this one (a retry of a delivery that failed, say) does nothing.
-SELECT devpilot_issue_event_superseded(%(org_id)s, %(issue_id)s, %(event_at)s) AS superseded;
 
 -- name: agent_session_seen
 -- In the intake transaction of an agent session `created`, after its turn: why it may not start
