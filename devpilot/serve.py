@@ -95,6 +95,7 @@ HEADER_DEADLINE = 10.0
 GRACEFUL_SECONDS = 5  # on SIGTERM: requests in flight finish (long-polls are cut short after this)
 
 _worker: dict[str, Callable[[], None]] = {}  # set by serve() in the master, inherited by the fork
+_master: dict[str, int] = {}  # the master's pid, likewise (a worker's parent, until the master dies)
 # Only one worker announces and sweeps: each takes the next number from a counter the master made
 # before forking. (A worker that dies is not respawned: Granian's master then stops, so numbers are
 # never taken twice.)
@@ -108,7 +109,10 @@ def worker_app() -> Any:
     # The worker is a multiprocessing child, which leaves through os._exit: atexit hooks never run
     # there, multiprocessing's finalizers do (once Granian's worker has stopped serving).
     multiprocessing.util.Finalize(None, _worker["stop"], exitpriority=10)
-    parent = os.getppid()
+    # The master's pid as the master knew it before the fork, not our parent's now: a master
+    # SIGKILLed before this line ran has left us to another parent already, which we would
+    # otherwise take for our master and outlive it.
+    parent = _master["pid"]
 
     def orphaned() -> None:  # a SIGKILLed master cannot stop us: leave with it
         while os.getppid() == parent:
@@ -227,6 +231,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
     _worker.update(start=start_worker, stop=stop_worker, orphaned=drop_metrics)
+    _master["pid"] = os.getpid()
     server = SignalSafeServer(
         "devpilot.serve:worker_app",
         address=host,

@@ -389,6 +389,51 @@ def test_the_worker_does_not_outlive_a_sigkilled_serve(db_url: str, tmp_path: Pa
         again.wait()
 
 
+# A worker forked by a master that is SIGKILLed before the worker's app factory runs: the
+# "master" forks the worker and dies at once; the worker, already orphaned, then starts its app.
+_ORPHANED_BEFORE_START = """
+import os, sys, time
+from devpilot import serve
+serve._worker.update(start=lambda: None, stop=lambda: None, orphaned=lambda: None)
+serve._master["pid"] = os.getpid()
+worker = os.fork()
+if worker:
+    print(worker, flush=True)
+    os._exit(0)  # (as SIGKILL leaves it: nothing of the master runs on)
+quiet = os.open(os.devnull, os.O_WRONLY)  # (the test reads the master's output to its end)
+os.dup2(quiet, 1)
+os.dup2(quiet, 2)
+while os.getppid() == serve._master["pid"]:
+    time.sleep(0.01)
+serve.worker_app()
+time.sleep(60)
+"""
+
+
+def test_a_worker_whose_master_died_before_it_started_leaves_too() -> None:
+    """A master SIGKILLed in the instant between forking a worker and the worker starting its app
+    (on a loaded host, a wide one): the worker, already another process's child, must still see
+    that its master is gone and leave, not take its new parent for its master and stay for ever."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", _ORPHANED_BEFORE_START],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    worker = out.stdout.strip()
+    assert worker.isdigit(), out.stderr
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "zombie" not in _state(worker):
+        time.sleep(0.05)
+    left = "zombie" in _state(worker)
+    if not left:
+        os.kill(int(worker), signal.SIGKILL)
+    assert left, "the worker outlived its master"
+
+
 def _state(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
