@@ -595,14 +595,18 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
             break
     rerouted = 0
     if settings.reroute_after_seconds > 0:
-        while True:  # one statement per batch, its own transaction
-            with lend(pool) as conn:
-                row = conn.execute(
-                    query("reroute_quiet"), {"after": settings.reroute_after_seconds, "batch": SWEEP_BATCH}
-                ).fetchone()
-            assert row is not None
-            rerouted += row["rerouted"]
-            if row["rerouted"] < SWEEP_BATCH:
+        while True:  # a batch per transaction: the starts picked (and their turns), then moved
+            with transaction(pool) as tx:
+                picked = tx.all(
+                    query("reroute_quiet_pick"),
+                    {"after": settings.reroute_after_seconds, "batch": SWEEP_BATCH},
+                )
+                if picked:
+                    batch = [{k: str(v) if isinstance(v, UUID) else v for k, v in r.items()} for r in picked]
+                    row = tx.one(query("reroute_quiet_move"), {"picked": Jsonb(batch)})
+                    assert row is not None
+                    rerouted += row["rerouted"]
+            if len(picked) < SWEEP_BATCH:
                 break
     # Work left on a revoked machine (`revoked_with_work` says how it can happen): revoked again,
     # each in its own transaction, which moves it to the user's active machine or cancels it.

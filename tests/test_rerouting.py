@@ -10,8 +10,11 @@ from uuid import UUID
 
 import pytest
 
-from shared.queue import claim, sweep
+from shared.db import transaction
+from shared.models import DispatchPayload, IssueRef
+from shared.queue import claim, enqueue_dispatch, sweep
 from shared.settings import Settings
+from shared.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.linear import Linear
 from tests.test_reliability import assert_invariant
@@ -156,6 +159,48 @@ def test_reroute_racing_a_late_claim_by_the_quiet_machine(api: Api) -> None:
     assert len(swept_with) == 1  # the move ran to its end
     assert len(everything) == len(set(everything)) == 300
     assert len(got[desk_id]) == swept_with[0].rerouted  # the desktop got exactly what was moved to it
+    assert_invariant(api.pool)
+
+
+def test_a_follow_up_committing_while_its_start_is_rerouted_goes_with_it(api: Api) -> None:
+    """A quiet laptop's unclaimed agent-session start, and a follow-up for it being written at
+    that moment (its transaction holds the agent session's turn and has queued the prompt for the
+    laptop, which holds the conversation). The sweep must not move the start without the prompt:
+    the desktop would have a conversation without its follow-up, and the laptop, on waking, a
+    follow-up of a conversation it never started. It leaves that start for the next sweep, which
+    moves both."""
+    quiet_id, _ = api.register(user="user-1", name="laptop")
+    start = api.webhook(agent_session_event(session_id="as-moving")).json()
+    assert start["orchestratorId"] == quiet_id
+    desk_id, desk = api.register(user="user-1", name="desktop")
+    seen(api, quiet_id, 700)
+    seen(api, desk_id, 1)
+    message = DispatchPayload(
+        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-moving", kind="prompt"
+    )
+    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
+        follow_up.execute(
+            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-moving"}
+        )
+        enqueue_dispatch(
+            follow_up,
+            org_id="org-a",
+            orchestrator_id=UUID(quiet_id),
+            linear_user_id="user-1",
+            message=message,
+        )
+        assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 0
+    assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 2
+    [first] = claim_all(api, desk)
+    assert first["sessionId"] == start["sessionId"]
+    api.post_as(desk, "/ack", {"queueId": first["queueId"], "claimToken": first["claimToken"]})
+    [then] = claim_all(api, desk)
+    assert then["kind"] == "prompt" and then["agentSessionId"] == "as-moving"
+    with api.pool.connection() as conn:
+        left = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_queue WHERE orchestrator_id = %s", (quiet_id,)
+        )
+        assert left.fetchone() == {"n": 0}
     assert_invariant(api.pool)
 
 

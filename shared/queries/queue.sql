@@ -600,17 +600,21 @@ FROM rows r
 JOIN dispatch_queue f ON f.org_id = r.org_id AND f.agent_session_id = r.agent_session_id
     AND f.seq > r.seq AND f.orchestrator_id = r.source AND f.lease_expires_at IS NULL
 
--- name: reroute_quiet
--- AVAILABLE -> AVAILABLE on another machine (the sweep): unclaimed `start` messages of a machine not
--- seen for `after` seconds (a laptop closed on a train) move to the same user's most recently seen
--- active machine that was seen within that time. One statement; never a claimed row (a lease is
--- held), never a prompt or a stop of a conversation a machine already has. Rows a claim is taking
--- are skipped (SKIP LOCKED), and a claim that comes later finds the row no longer its own: exactly
--- one of them gets it. The prompts queued behind a moving start (its agent session's, later seq,
--- on the same machine) move with it: no machine has that conversation yet, and they cannot have
--- been claimed while the start was undelivered, so the machine that gets the start gets them, in
--- order, and the quiet one never hears of a conversation it was never given. A start that names a
--- repository moves only to a machine that has it.
+-- name: reroute_quiet_pick
+-- AVAILABLE -> AVAILABLE on another machine (the sweep), the first of two statements in one
+-- transaction (`reroute_quiet_move` is the second): unclaimed `start` messages of a machine not
+-- seen for `after` seconds (a laptop closed on a train), each with the machine it goes to: the
+-- same user's most recently seen active machine that was seen within that time. Never a claimed
+-- row (a lease is held), never a prompt or a stop of a conversation a machine already has. Rows a
+-- claim is taking are skipped (SKIP LOCKED), and a claim that comes later finds the row no longer
+-- its own: exactly one of them gets it. A start that names a repository moves only to a machine
+-- that has it.
+-- An agent session's start moves only with its agent session's turn, tried without waiting and
+-- held to the commit (`devpilot_agent_session_turn_key`): a follow-up or a stop of it that is
+-- committing keeps its start where it is until the next sweep, and none can commit before this
+-- transaction does. So the second statement, whose snapshot is taken after these locks, sees every
+-- message queued behind each start, and moves them all with it: were this one statement, a
+-- follow-up committed while it ran would stay on the quiet machine, behind a start gone elsewhere.
 WITH quiet AS (
     SELECT o.id, t.id AS target
     FROM orchestrators o
@@ -622,19 +626,32 @@ WITH quiet AS (
         LIMIT 1
     ) t
     WHERE o.revoked_at IS NULL AND coalesce(o.last_seen_at, o.created_at) < now() - make_interval(secs => %(after)s)
-), rows AS (
-    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, quiet.target
-    FROM quiet
-    JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
-    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
-    -- a start routed by repository moves only to a machine that has it (else it waits for its own)
-    WHERE q.payload->'repository'->>'fullName' IS NULL OR EXISTS (
+)
+SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, quiet.target
+FROM quiet
+JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
+JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+-- a start routed by repository moves only to a machine that has it (else it waits for its own)
+WHERE (q.payload->'repository'->>'fullName' IS NULL OR EXISTS (
         SELECT 1 FROM machine_inventories i
         WHERE i.orchestrator_id = quiet.target
           AND i.repository_keys @> ARRAY[lower(q.payload->'repository'->>'hostname') || '/'
-                                        || lower(q.payload->'repository'->>'fullName')])
-    LIMIT %(batch)s
-    FOR UPDATE OF q SKIP LOCKED
+                                        || lower(q.payload->'repository'->>'fullName')]))
+  AND (q.agent_session_id IS NULL
+       OR pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(q.org_id, q.agent_session_id)))
+LIMIT %(batch)s
+FOR UPDATE OF q SKIP LOCKED;
+
+-- name: reroute_quiet_move
+-- The second statement of the reroute (after `reroute_quiet_pick`, in its transaction; `picked`,
+-- a JSON array of its rows): each picked start, and the unclaimed messages queued behind it — its
+-- agent session's, later in order, on the machine it leaves — move to its new machine. No machine
+-- has that conversation yet, and they cannot have been claimed while the start was undelivered,
+-- so the machine that gets the start gets them, in order, and the quiet one never hears of a
+-- conversation it was never given. The sessions follow, and each machine that got work is woken.
+WITH rows AS (
+    SELECT * FROM jsonb_to_recordset(%(picked)s::jsonb)
+        AS r(id uuid, org_id text, agent_session_id text, seq bigint, source uuid, target uuid)
 ), moving AS (
 -- include: moving
 ), moved AS (
