@@ -619,29 +619,22 @@ def test_an_agent_sessions_holder_is_read_by_its_index(
         enqueue_dispatch(
             tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=held
         )
-    with pool.connection() as conn:
-        conn.execute("ANALYZE dispatch_sessions")
-        holder = _function_query_plans(
-            conn,
-            mode,
-            "devpilot_agent_session_holder",
-            r"RETURN QUERY(.*?);",
-            ["org", "agent_session", "delivered_only"],
-            [(o.org_id, "as-held", False), (o.org_id, "as-elsewhere", False)],
-        )
-        seen = _function_query_plans(
-            conn,
-            mode,
-            "devpilot_agent_session_seen",
+    inside = {  # each function: its query, and its parameters' names
+        "devpilot_agent_session_holder": (r"RETURN QUERY(.*?);", ["org", "agent_session", "delivered_only"]),
+        "devpilot_agent_session_seen": (
             r"IF EXISTS \((SELECT FROM dispatch_sessions .*?)\) THEN",
             ["org", "agent_session", "wait"],
-            [(o.org_id, "as-held", False), (o.org_id, "as-elsewhere", False)],
-        )
-    for plans, rows in ((holder, [1, 0]), (seen, [1, 0])):
-        for plan, n in zip(plans, rows, strict=True):
+        ),
+    }
+    runs = [(o.org_id, "as-held", False), (o.org_id, "as-elsewhere", False)]
+    with pool.connection() as conn:
+        conn.execute("ANALYZE dispatch_sessions")
+        plans = {f: _function_query_plans(conn, mode, f, q, names, runs) for f, (q, names) in inside.items()}
+    for function, found in plans.items():
+        for plan, n in zip(found, [1, 0], strict=True):
             scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "dispatch_sessions"]
-            assert scans and all(r[2] == "dispatch_sessions_agent_idx" for r in scans), plan
-            assert plan[0]["Plan"]["Actual Rows"] == n, plan
+            assert scans and all(r[2] == "dispatch_sessions_agent_idx" for r in scans), (function, plan)
+            assert plan[0]["Plan"]["Actual Rows"] == n, (function, plan)
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
