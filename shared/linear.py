@@ -11,7 +11,7 @@ import hmac
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from shared import jsoninput
@@ -242,9 +242,10 @@ def _event_at(data: dict[str, Any]) -> datetime | None:
         return None
     try:
         at = datetime.fromisoformat(value)
-    except ValueError:
+        # In UTC: Postgres refuses some zone offsets Python reads (+16:00, fractional seconds).
+        return at.astimezone(UTC) if at.tzinfo is not None else None
+    except (ValueError, OverflowError):
         return None
-    return at if at.tzinfo is not None else None
 
 
 def _issue_intent(hook: Webhook) -> Intent:

@@ -37,6 +37,9 @@ AckStatus = Literal["acked", "claim_superseded", "not_found"]
 
 NOTIFY_CHANNEL = "devpilot_dispatch"  # the channel `enqueue` notifies and the `listen` query joins
 SWEEP_BATCH = 1000
+# Starts moved off quiet machines per transaction: each agent session's start holds its turn (an
+# advisory lock, in the server's shared lock table) until the commit, so a batch takes fewer.
+REROUTE_BATCH = 100
 SWEEP_RUNS_KEPT = 20_160  # `record_sweep`: a week of sweeps every 30 s
 
 
@@ -599,14 +602,14 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
             with transaction(pool) as tx:
                 picked = tx.all(
                     query("reroute_quiet_pick"),
-                    {"after": settings.reroute_after_seconds, "batch": SWEEP_BATCH},
+                    {"after": settings.reroute_after_seconds, "batch": REROUTE_BATCH},
                 )
                 if picked:
                     batch = [{k: str(v) if isinstance(v, UUID) else v for k, v in r.items()} for r in picked]
                     row = tx.one(query("reroute_quiet_move"), {"picked": Jsonb(batch)})
                     assert row is not None
                     rerouted += row["rerouted"]
-            if len(picked) < SWEEP_BATCH:
+            if len(picked) < REROUTE_BATCH:  # (or some turns were taken: the next sweep goes on)
                 break
     # Work left on a revoked machine (`revoked_with_work` says how it can happen): revoked again,
     # each in its own transaction, which moves it to the user's active machine or cancels it.

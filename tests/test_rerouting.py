@@ -204,6 +204,39 @@ def test_a_follow_up_committing_while_its_start_is_rerouted_goes_with_it(api: Ap
     assert_invariant(api.pool)
 
 
+def test_the_reroute_takes_the_turns_of_the_starts_it_moves_and_no_others(api: Api) -> None:
+    """The reroute holds the turn of each agent session whose start it moves, to its commit. It must
+    take no other: not those of the quiet machine's follow-ups, nor of other machines' work. Were
+    the condition checked on every row its scan reads, a large queue would fill the server's lock
+    table (every sweep then failing at the move), and every such conversation's webhooks would wait
+    for the sweep."""
+    quiet_id, _ = api.register(user="user-1", name="laptop")
+    api.webhook(agent_session_event(session_id="as-moves"))
+    held = api.webhook(agent_session_event(session_id="as-held")).json()
+    with transaction(api.pool) as tx:  # delivered: it stays, and so do its follow-ups
+        tx.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (held["sessionId"],))
+        tx.execute("UPDATE dispatch_sessions SET status = 'delivered' WHERE id = %s", (held["sessionId"],))
+    for n in range(30):
+        api.webhook(agent_session_event(session_id="as-held", action="prompted", body=f"and {n}"))
+    colleague_id, _ = api.register(user="user-2", name="colleague")
+    for n in range(30):
+        api.webhook(agent_session_event(session_id=f"as-busy-{n}", creator="user-2"))
+    desk_id, _ = api.register(user="user-1", name="desktop")
+    seen(api, quiet_id, 700)
+    seen(api, desk_id, 1)
+    seen(api, colleague_id, 1)
+    with api.pool.connection() as conn:
+        conn.execute("ANALYZE dispatch_queue")
+        conn.execute("ANALYZE dispatch_sessions")
+    with transaction(api.pool) as tx:
+        picked = tx.all(query("reroute_quiet_pick"), {"after": 600, "batch": 100})
+        locks = tx.one(
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+    assert [r["agent_session_id"] for r in picked] == ["as-moves"]
+    assert locks is not None and locks["n"] == 1
+
+
 def test_a_quiet_machines_work_never_moves_to_another_user_or_org(api: Api) -> None:
     """Only the same user's machine in the same org may take over: another user's busy desktop in
     the org, or the same user's machine in another workspace, never gets the work."""

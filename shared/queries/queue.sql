@@ -626,21 +626,26 @@ WITH quiet AS (
         LIMIT 1
     ) t
     WHERE o.revoked_at IS NULL AND coalesce(o.last_seen_at, o.created_at) < now() - make_interval(secs => %(after)s)
-)
-SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, quiet.target
-FROM quiet
-JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
-JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
--- a start routed by repository moves only to a machine that has it (else it waits for its own)
-WHERE (q.payload->'repository'->>'fullName' IS NULL OR EXISTS (
+), starts AS MATERIALIZED (  -- (chosen and locked first: only these try a turn, below)
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, quiet.target
+    FROM quiet
+    JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
+    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+    -- a start routed by repository moves only to a machine that has it (else it waits for its own)
+    WHERE q.payload->'repository'->>'fullName' IS NULL OR EXISTS (
         SELECT 1 FROM machine_inventories i
         WHERE i.orchestrator_id = quiet.target
           AND i.repository_keys @> ARRAY[lower(q.payload->'repository'->>'hostname') || '/'
-                                        || lower(q.payload->'repository'->>'fullName')]))
-  AND (q.agent_session_id IS NULL
-       OR pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(q.org_id, q.agent_session_id)))
-LIMIT %(batch)s
-FOR UPDATE OF q SKIP LOCKED;
+                                        || lower(q.payload->'repository'->>'fullName')])
+    LIMIT %(batch)s
+    FOR UPDATE OF q SKIP LOCKED
+)
+-- The turns are tried on the chosen starts only: a condition on the scan of dispatch_queue would be
+-- checked on every row the scan reads (a quiet machine's follow-ups, other machines' work), each
+-- taking a lock held to the commit, enough of them to fill the server's lock table.
+SELECT * FROM starts
+WHERE agent_session_id IS NULL
+   OR pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(org_id, agent_session_id));
 
 -- name: reroute_quiet_move
 -- The second statement of the reroute (after `reroute_quiet_pick`, in its transaction; `picked`,
