@@ -214,8 +214,10 @@ def test_the_reroute_takes_the_turns_of_the_starts_it_moves_and_no_others(api: A
     api.webhook(agent_session_event(session_id="as-moves"))
     held = api.webhook(agent_session_event(session_id="as-held")).json()
     with transaction(api.pool) as tx:  # delivered: it stays, and so do its follow-ups
-        tx.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (held["sessionId"],))
-        tx.execute("UPDATE dispatch_sessions SET status = 'delivered' WHERE id = %s", (held["sessionId"],))
+        tx.execute("DELETE FROM dispatch_queue WHERE session_id = %(id)s", {"id": held["sessionId"]})
+        tx.execute(
+            "UPDATE dispatch_sessions SET status = 'delivered' WHERE id = %(id)s", {"id": held["sessionId"]}
+        )
     for n in range(30):
         api.webhook(agent_session_event(session_id="as-held", action="prompted", body=f"and {n}"))
     colleague_id, _ = api.register(user="user-2", name="colleague")
