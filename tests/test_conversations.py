@@ -544,6 +544,21 @@ def test_a_created_handled_after_a_follow_up_that_started_it_starts_nothing_more
     assert _sessions_of(api, "as-swap") == [("start", "queued")]
 
 
+def test_a_created_handled_after_a_follow_up_still_being_routed_starts_nothing_more(api: Api) -> None:
+    """An agent session an automation started: its first follow-up, handled first, waits for Linear
+    to name the machine (a routing request). The `created` that comes meanwhile must not become a
+    second message of it."""
+    _, token = api.register(user="user-1")
+    with api.pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message)"
+            " VALUES ('org-a', 'as-routing', 'issue-as', 'assignee', '{}')"
+        )
+    late = api.webhook(agent_session_event(session_id="as-routing")).json()
+    assert late == {"status": "ignored", "reason": "agent_session_started"}
+    assert claim_all(api, token) == [] and _sessions_of(api, "as-routing") == []
+
+
 def test_a_start_that_fails_takes_the_follow_ups_queued_behind_it(api: Api, linear: Linear) -> None:
     """A start no machine acks is dead-lettered at the attempt limit. The follow-ups the user sent
     while it waited belong to a conversation no machine has: they fail with it (Linear told once),

@@ -19,17 +19,18 @@ CREATE TABLE IF NOT EXISTS agent_session_stops (
 CREATE INDEX IF NOT EXISTS agent_session_stops_stopped_idx ON agent_session_stops (stopped_at);
 
 -- Why an agent session `created` may not start, with its turn held: NULL when it may (no message of
--- it was ever queued, and it was never stopped); 'started' when a message of it was (a start, or a
--- follow-up that arrived first and started it: even cancelled or failed since), 'stopped' when it
--- was stopped; 'turn_taken' when another transaction has its turn (only without `wait`).
+-- it was ever queued or is waiting to be routed, and it was never stopped); 'started' when a message
+-- of it was (a start, or a follow-up that arrived first and started it: even cancelled or failed
+-- since), 'stopped' when it was stopped; 'turn_taken' when another transaction has its turn (only
+-- without `wait`).
 --
 -- It takes the agent session's turn first (`wait`: waiting for it; else trying, and answering
 -- 'turn_taken' when another transaction has it; a transaction's advisory locks are re-entrant, so
 -- the intake transaction, which took it already, always has it). VOLATILE and PL/pgSQL, as
 -- `devpilot_agent_session_holder` (0013): its queries run with a snapshot taken after the turn
 -- was granted, so a stop or a follow-up committed by the turn's previous holder is seen even by a
--- statement whose own snapshot is older than the lock. It reads dispatch_sessions_agent_idx and
--- the stops' primary key.
+-- statement whose own snapshot is older than the lock. It reads dispatch_sessions_agent_idx,
+-- routing_requests_agent_idx and the stops' primary key.
 CREATE OR REPLACE FUNCTION devpilot_agent_session_seen(org text, agent_session text, wait boolean)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -44,6 +45,11 @@ BEGIN
         RETURN 'stopped';
     END IF;
     IF EXISTS (SELECT FROM dispatch_sessions s WHERE s.org_id = org AND s.agent_session_id = agent_session) THEN
+        RETURN 'started';
+    END IF;
+    -- (a follow-up of a session an automation started, still waiting for Linear to name its machine)
+    IF EXISTS (SELECT FROM routing_requests r
+               WHERE r.org_id = org AND r.agent_session_id = agent_session AND r.done_at IS NULL) THEN
         RETURN 'started';
     END IF;
     RETURN NULL;
