@@ -11,7 +11,7 @@ import hmac
 import json
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from shared import jsoninput
@@ -254,8 +254,14 @@ def _issue_intent(hook: Webhook) -> Intent:
     if issue is None:
         return Intent("ignore", "issue_without_id")
     assignee = _str(data, "assigneeId")
-    if hook.action == "remove":  # (whatever came before: a removed issue's work is cancelled)
-        return Intent("cancel", issue=issue, cancel_issue_id=issue.id)
+    if hook.action == "remove":
+        # Ordered as a change made just after its `updatedAt` (Linear's times are in milliseconds):
+        # whatever its `updatedAt` says (the removal's time, or the last edit's), every assignment
+        # made before it is at or before that time, and is then superseded by it; a removed issue
+        # restored and assigned again is assigned later.
+        removed = _event_at(data)
+        at = removed + timedelta(microseconds=1) if removed is not None else None
+        return Intent("cancel", issue=issue, cancel_issue_id=issue.id, event_at=at)
     if hook.action == "create":
         if assignee is None:
             return Intent("ignore", "unassigned")

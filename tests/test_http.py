@@ -197,8 +197,9 @@ def test_reassignment_cancels_and_redispatches(api: Api) -> None:
 def test_a_retried_assignment_never_undoes_a_later_change_of_the_issue(api: Api) -> None:
     """Linear retries a delivery that failed a minute later (and the service answers 503, writing
     nothing, precisely so that Linear does). Meanwhile the issue changed again: re-assigned to
-    user-2, or unassigned. The retry of the older assignment to user-1 must do nothing: not cancel
-    user-2's start and give the issue to user-1's machine, not start work nobody is assigned."""
+    user-2, unassigned, or removed. The retry of the older assignment to user-1 must do nothing:
+    not cancel user-2's start and give the issue to user-1's machine, not start work nobody is
+    assigned or on an issue that is gone."""
     _, one = api.register(user="user-1", name="one")
     _, two = api.register(user="user-2", name="two")
     for issue_id, later in (("i-re", "user-2"), ("i-un", None)):
@@ -212,6 +213,19 @@ def test_a_retried_assignment_never_undoes_a_later_change_of_the_issue(api: Api)
         assert api.post_as(one, "/claim", {"max": 10}).json()["messages"] == []
     [start] = api.post_as(two, "/claim", {"max": 10}).json()["messages"]  # user-2's stands
     assert start["issue"]["id"] == "i-re"
+    # Removed, then the retry: nothing; restored and assigned again later: dispatched.
+    failed = issue_event(issue_id="i-rm", assignee="user-1")
+    assert api.webhook(issue_event("remove", issue_id="i-rm")).json()["reason"] == "nothing_to_cancel"
+    assert api.webhook(failed).json() == {"status": "ignored", "reason": "assignment_superseded"}
+    assert api.post_as(one, "/claim", {"max": 10}).json()["messages"] == []
+    again = api.webhook(issue_event(issue_id="i-rm", assignee="user-1")).json()
+    assert again["status"] == "dispatched"
+    # And a removal whose delivery failed, retried after the issue was restored and assigned
+    # again, cancels nothing.
+    late_removal = issue_event("remove", issue_id="i-back")
+    back = api.webhook(issue_event(issue_id="i-back", assignee="user-1")).json()
+    assert api.webhook(late_removal).json() == {"status": "ignored", "reason": "assignment_superseded"}
+    assert status_of(api, back["sessionId"]) == "queued"
     # In order, the same events do what they say: a later assignment takes the issue back.
     back = api.webhook(
         issue_event("update", issue_id="i-re", assignee="user-1", updated_from={"assigneeId": "user-2"})

@@ -6,8 +6,9 @@
 -- re-assigned to B (B's machine gets the start), then A's retry cancelled B's start and dispatched
 -- to A, though the issue is B's; or, unassigned in between, the retry started work on an issue
 -- nobody is assigned. Each assignment event (an issue created with an assignee, its assignee
--- changed or removed) now records when Linear made the change (`data.updatedAt`) with its delivery,
--- and one older than a change already recorded for the issue does nothing.
+-- changed or removed, the issue removed) now records when Linear made the change
+-- (`data.updatedAt`; a removal a microsecond after it, `shared/linear.py`) with its delivery, and
+-- one older than a change already recorded for the issue does nothing.
 
 ALTER TABLE webhook_deliveries
     ADD COLUMN IF NOT EXISTS org_id text,
