@@ -339,8 +339,8 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
     # do the assignment events of one issue (`issue_turn`: a cancel is decided, and the group
     # commit's statement tries the same turn).
     turn = hook.org_id is not None and plan.kind not in ("ignore", "disconnect")
-    ordered = plan.event_at is not None and plan.issue is not None  # (an issue's assignment event)
-    issue = plan.issue.id if ordered and plan.issue is not None else plan.cancel_issue_id
+    # (an issue's assignment event, ordered by Linear's time of the change: its issue's turn)
+    issue = plan.issue.id if plan.event_at is not None and plan.issue is not None else plan.cancel_issue_id
     issue_turn = issue if turn and plan.agent_session_id is None else None
     with transaction(pool) as tx:
         recorded = tx.one(
@@ -352,16 +352,21 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
                 "agent_session_id": plan.agent_session_id if turn else None,
                 "issue_id": issue_turn,
                 "event_at": plan.event_at if issue_turn is not None else None,
+                # (an agent session `created`: may it still start?)
+                "created": turn and plan.kind == "dispatch" and plan.agent_session_id is not None,
             },
         )
         if recorded is None:
             seen = tx.one(query("delivery_session"), keys)
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
+        # Handled after a later change it would undo (Linear's retry of a delivery that failed, or
+        # one that reached another instance first): an assignment older than a change of its issue
+        # handled already, or an agent session `created` after its stop or its first follow-up.
         if recorded["superseded"]:
-            # An assignment older than a change of the issue handled already: Linear's retry of a
-            # delivery that failed. Acting on it would undo the later change.
             received = Received({"status": "ignored", "reason": "assignment_superseded"})
+        elif recorded["seen"] is not None:
+            received = Received({"status": "ignored", "reason": f"agent_session_{recorded['seen']}"})
         else:
             received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
         if not received.recorded:
@@ -394,13 +399,6 @@ def _apply(
         return Received({"status": "ignored", "reason": plan.reason})
     if plan.kind == "stop":
         return _stop(tx, org, plan)
-    if plan.kind == "dispatch" and plan.agent_session_id is not None:
-        # An agent session `created` that comes after its stop, or after a message of it was
-        # queued (a follow-up that arrived first started it): Linear's retry of a delivery that
-        # failed, or one that reached another instance first. It starts nothing.
-        seen = tx.one(query("agent_session_seen"), {"org_id": org, "agent_session_id": plan.agent_session_id})
-        if seen is not None and seen["seen"] is not None:
-            return Received({"status": "ignored", "reason": f"agent_session_{seen['seen']}"})
     if plan.kind == "prompt":
         holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
         if holder is not None:

@@ -328,6 +328,7 @@ def test_enqueue_reads_no_table_in_either_plan(
                 "agent_session_id": None,
                 "issue_id": None,
                 "event_at": None,
+                "created": False,
             },
         )
         return {

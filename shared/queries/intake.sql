@@ -16,6 +16,9 @@
 -- records when Linear made the change (`event_at`), and answers whether a later assignment change
 -- of the issue was handled already (`superseded`: `devpilot_issue_event_superseded`, migration
 -- 0015, read after the turn; then this one, a retry of a delivery that failed, does nothing).
+-- For an agent session `created` (`created`), why it may not start (`seen`: 'started' or
+-- 'stopped', `devpilot_agent_session_seen`, migration 0014, read after the agent session's turn),
+-- or NULL when it may.
 -- `mixed`: the user's machines differ in what they have (`route`): the start needs its repository.
 WITH turn AS (
 -- include: agent_session_turn
@@ -33,7 +36,8 @@ WHERE (SELECT count(*) FROM turn) + (SELECT count(*) FROM issue) >= 0  -- (true:
 ON CONFLICT DO NOTHING
 RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixed FROM routed), false) AS mixed,
           %(event_at)s::timestamptz IS NOT NULL
-          AND devpilot_issue_event_superseded(%(org_id)s, %(issue_id)s, %(event_at)s) AS superseded;
+          AND devpilot_issue_event_superseded(%(org_id)s, %(issue_id)s, %(event_at)s) AS superseded,
+          CASE WHEN %(created)s THEN devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) END AS seen;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).
@@ -117,11 +121,6 @@ WHERE %(issue_id)s::text IS NOT NULL
 -- any turn, which reads none while another transaction has the turn (`shared.routing._holder`).
 SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
-
--- name: agent_session_seen
--- In the intake transaction of an agent session `created`, after its turn: why it may not start
--- ('started', 'stopped'), or NULL when it may (`devpilot_agent_session_seen`, migration 0014).
-SELECT devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) AS seen;
 
 -- name: record_stop
 -- In the intake transaction of a stop, after its agent session's turn: the agent session is
