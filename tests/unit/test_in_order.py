@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -11,25 +12,35 @@ from shared import deadline
 from shared.in_order import InOrder
 
 
+def _held(
+    line: InOrder, key: str, leaving: Callable[[], None] = lambda: None
+) -> tuple[threading.Thread, threading.Event]:
+    """A thread that holds `key`'s place (returned once it does) until the event is set, and runs
+    `leaving` just before it gives the place up."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with line.place(key):
+            holding.set()
+            release.wait(10)
+            leaving()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    holding.wait(10)
+    return t, release
+
+
 def test_callers_of_one_key_run_one_at_a_time_in_arrival_order_and_other_keys_at_once() -> None:
     line = InOrder(30)
     ran: list[str] = []
-    first_in = threading.Event()
-    release = threading.Event()
-
-    def first() -> None:
-        with line.place("k"):
-            first_in.set()
-            release.wait(10)
-            ran.append("first")
+    first, release = _held(line, "k", lambda: ran.append("first"))
 
     def later(name: str) -> None:
         with line.place("k"):
             ran.append(name)
 
-    threads = [threading.Thread(target=first)]
-    threads[0].start()
-    first_in.wait(10)
+    threads = [first]
     for name in ("second", "third", "fourth"):
         t = threading.Thread(target=later, args=(name,))
         t.start()
@@ -48,17 +59,7 @@ def test_callers_of_one_key_run_one_at_a_time_in_arrival_order_and_other_keys_at
 
 def test_a_caller_waits_only_until_its_deadline_and_the_line_goes_on_without_it() -> None:
     line = InOrder(30)
-    holding = threading.Event()
-    release = threading.Event()
-
-    def hold() -> None:
-        with line.place("k"):
-            holding.set()
-            release.wait(10)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    holding.wait(10)
+    t, release = _held(line, "k")
     with deadline.bound(0.2), pytest.raises(deadline.Passed), line.place("k"):
         pass  # (never reached)
     assert line.waiting("k") == 1  # only the holder is left
