@@ -529,6 +529,9 @@ def release(
         **end_claim_params(settings, now),
     }
     with transaction(pool) as tx:
+        turn = tx.one(query("release_peek"), params)
+        if turn is not None:  # (a start dead-lettered with what is queued behind it: `release_peek`)
+            tx.execute(query("agent_session_turn_alone"), dict(turn))
         row = tx.one(query("release"), params)
         assert row is not None
         if row["matched"]:
@@ -575,6 +578,30 @@ def release_to_route_again(
 
 
 @dataclass(frozen=True)
+class ExpiredBatch:
+    picked: int  # expired claims locked by the pick
+    requeued: int
+    dead_lettered: int
+    passed: list[UUID]  # picked, but left as they are: their agent session's turn was taken
+
+
+def end_expired_claims(tx: Tx, params: dict[str, Any], passed: list[UUID]) -> ExpiredBatch:
+    """In the caller's transaction, one batch of the sweep (`params`: `batch` and `end_claim_params`):
+    expired claims locked (`sweep_pick`, skipping `passed`), then each re-queued with backoff or
+    dead-lettered (`sweep`), a start of an agent session only with its turn."""
+    tx = require_tx(tx, "end_expired_claims")
+    picked = tx.all(query("sweep_pick"), {**params, "passed": passed})
+    ids = [r["id"] for r in picked if r["turn"]]
+    row = tx.one(query("sweep"), {**params, "ids": ids}) if ids else None
+    return ExpiredBatch(
+        picked=len(picked),
+        requeued=row["requeued"] if row else 0,
+        dead_lettered=row["dead_lettered"] if row else 0,
+        passed=[r["id"] for r in picked if not r["turn"]],
+    )
+
+
+@dataclass(frozen=True)
 class SweepResult:
     requeued: int
     dead_lettered: int
@@ -584,17 +611,18 @@ class SweepResult:
 
 def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepResult:
     """Re-queue every expired lease with backoff, dead-letter those at the attempt limit. Each batch
-    is one statement in its own transaction; concurrent sweeps split the rows between them (SKIP
-    LOCKED) and never count one twice."""
+    is one transaction of two statements (`end_expired_claims`); concurrent sweeps split the rows
+    between them (SKIP LOCKED) and never count one twice."""
     requeued = dead = 0
     params = {"batch": SWEEP_BATCH, **end_claim_params(settings, now)}
+    passed: list[UUID] = []  # rows whose turn was taken: left to the next sweep
     while True:
-        with lend(pool) as conn:  # one statement per batch: its own transaction
-            row = conn.execute(query("sweep"), params).fetchone()
-            assert row is not None
-        requeued += row["requeued"]
-        dead += row["dead_lettered"]
-        if row["requeued"] + row["dead_lettered"] < SWEEP_BATCH:
+        with transaction(pool) as tx:
+            ended = end_expired_claims(tx, params, passed)
+        requeued += ended.requeued
+        dead += ended.dead_lettered
+        passed += ended.passed
+        if ended.picked < SWEEP_BATCH:
             break
     rerouted = 0
     if settings.reroute_after_seconds > 0:

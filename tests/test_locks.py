@@ -17,8 +17,8 @@ import pytest
 
 from shared.db import Pool, Tx, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
-from shared.models import DispatchPayload
-from shared.queue import claim, end_claim_params, enqueue_dispatch, release, sweep
+from shared.models import DispatchPayload, IssueRef
+from shared.queue import claim, end_claim_params, end_expired_claims, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
@@ -504,16 +504,70 @@ def test_a_stop_or_revoke_racing_the_sweep_that_dead_letters_a_start_never_deadl
         else:
             t, out = in_thread(lambda: api.http.post(f"/orchestrators/{machine}/revoke", headers=api.admin()))
         _blocked_by(api.pool, sweeper.info.backend_pid)  # it waits for the start's row
-        swept = sweeper.execute(query("sweep"), {"batch": 10, **end_claim_params(api.settings)}).fetchone()
+        with transaction(sweeper) as tx:  # (a savepoint in the sweeper's transaction)
+            swept = end_expired_claims(tx, {"batch": 10, **end_claim_params(api.settings)}, [])
         sweeper.commit()
     t.join(timeout=10)
-    assert swept is not None and swept["dead_lettered"] == 1 and swept["failed"] == 2
     assert out[0].status_code == 200, out[0].text
     if racer == "stop":
+        # The stop holds the agent session's turn: the sweep leaves the start to it, which stops
+        # the start and the follow-up, having waited for the start's row.
+        assert (swept.picked, swept.dead_lettered, len(swept.passed)) == (1, 0, 1)
         assert out[0].json()["status"] == "stopped"
     else:
+        assert (swept.picked, swept.dead_lettered, swept.passed) == (1, 1, [])
         assert out[0].json()["moved"] == out[0].json()["cancelled"] == 0
     assert _queue_of(api) == []
+
+
+@pytest.mark.parametrize("ended_by", ["sweep", "release"])
+def test_a_follow_up_committing_while_its_start_is_dead_lettered_fails_with_it(
+    api: Api, ended_by: str
+) -> None:
+    """A start's last delivery attempt ends without an ack (its lease expires, or the machine
+    releases it), and a follow-up of its agent session is being written at that moment: its
+    transaction holds the agent session's turn and has queued the prompt for the machine, which
+    holds the conversation. The start must not be dead-lettered without it: the machine would
+    later get a prompt of a conversation it never started. The sweep leaves that start to its next
+    run; the release waits for the turn. Either then fails the follow-up with its start."""
+    oid, _ = api.register(user="user-1")
+    start = api.webhook(agent_session_event(session_id="as-late")).json()["sessionId"]
+    later = datetime.now(UTC)
+    for attempt in range(1, api.settings.max_attempts + 1):  # claimed, never acked
+        later += timedelta(hours=1)
+        [m] = claim(api.pool, UUID(oid), max=10, lease_seconds=60, now=later)
+        assert m.session_id == UUID(start)
+        if attempt < api.settings.max_attempts:
+            sweep(api.pool, api.settings, now=later + timedelta(minutes=2))
+    expired = later + timedelta(minutes=2)
+    message = DispatchPayload(
+        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-late", kind="prompt"
+    )
+    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
+        follow_up.execute(
+            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-late"}
+        )
+        prompt = enqueue_dispatch(
+            follow_up, org_id="org-a", orchestrator_id=UUID(oid), linear_user_id="user-1", message=message
+        )
+        if ended_by == "sweep":
+            assert sweep(api.pool, api.settings, now=expired).dead_lettered == 0
+        else:
+            t, out = in_thread(
+                lambda: release(
+                    api.pool, api.settings, UUID(oid), m.queue_id, m.claim_token, reason="crashed"
+                )
+            )
+            _blocked_by(api.pool, follow_up.conn.info.backend_pid)  # it waits for the turn
+    if ended_by == "sweep":
+        assert sweep(api.pool, api.settings, now=expired).dead_lettered == 1
+    else:
+        t.join(timeout=10)
+        assert out[0].dead_lettered
+    assert _queue_of(api) == []
+    with api.pool.connection() as conn:
+        rows = conn.execute("SELECT id, status FROM dispatch_sessions").fetchall()
+    assert {r["id"]: r["status"] for r in rows} == {UUID(start): "failed", prompt.session_id: "failed"}
 
 
 def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(

@@ -458,6 +458,19 @@ SELECT (SELECT count(*) FROM ending) AS matched,
        (SELECT count(*) FROM failed) AS failed,
        (SELECT array_agg(id) FROM notices) AS notice_ids;
 
+-- name: release_peek
+-- Before `release`, in its transaction: the agent session of the live claim of this token when the
+-- release would dead-letter its agent session's `start` (the attempt limit reached), or no row.
+-- Its turn is then taken, waiting, before `release` runs, for the reason `sweep_pick` gives: the
+-- messages queued behind the start go with it, and `release`, whose snapshot is taken after the
+-- turn, must see every one of them. (Read without a lock: only this token's release or ack, or the
+-- sweep, changes the row, and `release` judges it again.)
+SELECT q.org_id, q.agent_session_id FROM dispatch_queue q
+JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+WHERE q.id = %(queue_id)s AND q.orchestrator_id = %(orchestrator_id)s
+  AND q.claim_token = %(claim_token)s AND q.attempts >= %(max_attempts)s
+  AND q.agent_session_id IS NOT NULL;
+
 -- name: release_start_peek
 -- Before `release_start_lock`: the agent session of a row this machine holds (to take its turn).
 SELECT org_id, agent_session_id FROM dispatch_queue
@@ -496,20 +509,51 @@ SELECT r.payload, s.linear_user_id, (SELECT count(*) FROM cancelled) AS cancelle
 FROM removed r JOIN dispatch_sessions s ON s.id = r.session_id
 ORDER BY r.seq;
 
+-- name: sweep_pick
+-- The first of the sweep's two statements per batch, in one transaction (`sweep` is the second):
+-- CLAIMED rows whose lease has expired, locked to the commit. Rows an ack (or release, or another
+-- sweep) is touching are skipped (SKIP LOCKED), so a sweep and an ack never both win and two sweeps
+-- never count a row twice; so are the rows an earlier batch of this sweep left (`passed`).
+-- `turn` says whether the second statement may end the row's claim. A `start` of an agent session at
+-- the attempt limit is dead-lettered with the messages queued behind it, so it goes only with its
+-- agent session's turn, tried without waiting and held to the commit: a follow-up (or a stop) that
+-- is committing keeps its start until the next sweep, and none can commit before this transaction
+-- does. The second statement, whose snapshot is taken after these locks, then sees every message
+-- queued behind the start: were this one statement, a follow-up committed while it ran would be
+-- left queued behind a start that is gone, and reach the machine as a prompt of a conversation it
+-- never started. (The turn is tried on the locked rows only, in CASE: it is checked row by row, in
+-- that order, after the cheaper conditions.)
+WITH expired AS MATERIALIZED (
+    SELECT q.id, q.org_id, q.agent_session_id, q.attempts, q.session_id
+    FROM dispatch_queue q
+    WHERE q.lease_expires_at IS NOT NULL
+      AND q.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT q.id = ANY(%(passed)s::uuid[])
+    ORDER BY q.lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+SELECT e.id,
+       CASE WHEN e.attempts < %(max_attempts)s OR e.agent_session_id IS NULL
+                 OR NOT EXISTS (SELECT 1 FROM dispatch_sessions s WHERE s.id = e.session_id AND s.kind = 'start')
+            THEN true
+            ELSE pg_try_advisory_xact_lock(devpilot_agent_session_turn_key(e.org_id, e.agent_session_id))
+       END AS turn
+FROM expired e;
+
 -- name: sweep
--- CLAIMED with an expired lease -> AVAILABLE (with backoff) or deleted (at the limit). One
--- set-based statement over expired leases. Rows an ack (or release, or another sweep) is touching
--- are skipped (SKIP LOCKED), so a sweep and an ack never both win and two sweeps never count a row
--- twice.
+-- CLAIMED with an expired lease -> AVAILABLE (with backoff) or deleted (at the limit): the second
+-- statement of a sweep's batch, after `sweep_pick` in its transaction, for the rows it picked with
+-- their turn (`ids`). They are this transaction's already, so their state is as the pick saw it;
+-- the lease is checked again all the same, in the statement that acts on it.
 WITH ending AS (
     SELECT id, session_id, attempts, claimed_at, 'lease expired' AS last_error,
            'no ack after ' || %(max_attempts)s::text || ' delivery attempts' AS failure_reason
     FROM dispatch_queue
-    WHERE lease_expires_at IS NOT NULL
+    WHERE id = ANY(%(ids)s::uuid[])
+      AND lease_expires_at IS NOT NULL
       AND lease_expires_at <= coalesce(%(now)s::timestamptz, now())
-    ORDER BY lease_expires_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE
 ),
 -- include: end_claims
 SELECT (SELECT count(*) FROM requeued) AS requeued,
