@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -421,6 +422,7 @@ def _prompted(body: str, signal: str | None = None) -> dict[str, Any]:
         "agentSessionId": AGENT_SESSION,
         "content": {"type": "prompt", "body": body},
         "userId": "demo-user",
+        "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds"),
     }
     if signal:
         activity["signal"] = signal

@@ -161,7 +161,7 @@ def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_k
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="prompt", prompt=plan.prompt
     )
-    follow_up = FollowUp(hook.org_id, plan.user_id, message, key, content_key)
+    follow_up = FollowUp(hook.org_id, plan.user_id, message, key, content_key, plan.activity_at)
     routed = _follow_ups(pool).submit(follow_up)
     if routed is None:
         return None
@@ -354,6 +354,8 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
                 "event_at": plan.event_at if issue_turn is not None else None,
                 # (an agent session `created`: may it still start?)
                 "created": turn and plan.kind == "dispatch" and plan.agent_session_id is not None,
+                # (a follow-up: was it written before a stop of its agent session?)
+                "prompt_at": plan.activity_at if turn and plan.kind == "prompt" else None,
             },
         )
         if recorded is None:
@@ -362,7 +364,8 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
         # Handled after a later change it would undo (Linear's retry of a delivery that failed, or
         # one that reached another instance first): an assignment older than a change of its issue
-        # handled already, or an agent session `created` after its stop or its first follow-up.
+        # handled already, an agent session `created` after its stop or its first follow-up, or a
+        # follow-up written before a stop of its agent session.
         if recorded["superseded"]:
             received = Received({"status": "ignored", "reason": "assignment_superseded"})
         elif recorded["seen"] is not None:
@@ -524,7 +527,10 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
     """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
     waiting to be routed), and tell the machine that has it."""
     assert plan.agent_session_id is not None
-    tx.execute(query("record_stop"), {"org_id": org, "agent_session_id": plan.agent_session_id})
+    tx.execute(
+        query("record_stop"),
+        {"org_id": org, "agent_session_id": plan.agent_session_id, "at": plan.activity_at},
+    )
     routing.cancel(tx, org, plan.agent_session_id)
     rows = tx.all(
         query("cancel_agent_session"),

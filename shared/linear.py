@@ -120,6 +120,9 @@ class Intent:
     # An issue's assignment event (created with an assignee, assignee changed): when Linear made the
     # change (`updatedAt`). One older than a change already handled for the issue does nothing.
     event_at: datetime | None = None
+    # A `prompted` (a follow-up, or a stop): when the person wrote it (`agentActivity.createdAt`). A
+    # follow-up written before a stop of its agent session that was handled already does nothing.
+    activity_at: datetime | None = None
 
 
 def _str(d: dict[str, Any], key: str) -> str | None:
@@ -215,8 +218,11 @@ def _agent_intent(hook: Webhook) -> Intent:
     if hook.action == "prompted":
         activity = _dict(hook.raw, "agentActivity")
         signal = _str(activity, "signal")
+        at = _time(activity, "createdAt")
         if signal == "stop":
-            return Intent("stop", issue=issue, user_id=user, agent_session_id=agent_session_id)
+            return Intent(
+                "stop", issue=issue, user_id=user, agent_session_id=agent_session_id, activity_at=at
+            )
         metadata = activity.get("signalMetadata")
         prompt = Prompt(
             body=_str(_dict(activity, "content"), "body"),
@@ -230,14 +236,20 @@ def _agent_intent(hook: Webhook) -> Intent:
             agent_session_id=agent_session_id,
             prompt=prompt,
             unroutable_notice=True,
+            activity_at=at,
         )
     return Intent("ignore", f"agent_session_{hook.action}")
 
 
 def _event_at(data: dict[str, Any]) -> datetime | None:
-    """When Linear made the change (`updatedAt`, ISO 8601 with its zone); None when it is missing or
-    not such a time (the event then orders against no other)."""
-    value = data.get("updatedAt")
+    """When Linear made the change (`updatedAt`)."""
+    return _time(data, "updatedAt")
+
+
+def _time(data: dict[str, Any], key: str) -> datetime | None:
+    """A time Linear gives (ISO 8601 with its zone), in UTC; None when it is missing or not such a
+    time (the event then orders against no other)."""
+    value = data.get(key)
     if not isinstance(value, str) or len(value) > 64:
         return None
     try:

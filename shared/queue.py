@@ -217,6 +217,7 @@ class FollowUp:
     message: DispatchPayload
     delivery_key: str
     content_key: str
+    written_at: datetime | None = None  # when the person wrote it (Linear's time; None: unknown)
 
 
 def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = None) -> list[Routed | None]:
@@ -230,7 +231,8 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
     (or is a copy of an earlier element's), the turn is another transaction's (or an earlier
     element's, of the same agent session), nobody holds the agent session (or devpilot opened it
     for a plain assignment), or the holder was revoked while this waited for its row; the caller
-    decides in a full intake transaction."""
+    decides in a full intake transaction. So it does for a follow-up written at or before a stop of
+    its agent session (`written_at`), which does nothing."""
     tx = require_tx(tx, "prompt_holders")
     for f in follow_ups:
         if f.message.kind != "prompt" or f.message.agent_session_id is None:
@@ -250,6 +252,7 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
             "issue_identifier": f.message.issue.identifier,
             "agent_session_id": f.message.agent_session_id,
             "payload": f.message.model_dump(mode="json", by_alias=True),
+            "prompt_at": f.written_at.isoformat() if f.written_at is not None else None,
         }
         for n, f in enumerate(follow_ups[i] for i in written)
     ]

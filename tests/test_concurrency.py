@@ -329,6 +329,7 @@ def test_enqueue_reads_no_table_in_either_plan(
                 "issue_id": None,
                 "event_at": None,
                 "created": False,
+                "prompt_at": None,
             },
         )
         return {
@@ -666,6 +667,35 @@ def test_a_later_assignment_change_is_found_by_its_index(mode: str, pool: Pool) 
     for plan, n in zip(plans, [4, 0], strict=True):  # (issue-7's four changes: all later, or none)
         scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "webhook_deliveries"]
         assert scans and all(r[2] == "webhook_deliveries_issue_event_idx" for r in scans), plan
+        assert plan[0]["Plan"]["Actual Rows"] == n, plan
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_stop_after_a_follow_up_is_found_by_its_key(mode: str, pool: Pool) -> None:
+    """Whether an agent session was stopped after a follow-up was written
+    (`devpilot_agent_session_stopped_since`, migration 0016: every follow-up's test, in the batch
+    and in the intake transaction): read from the database's own copy of the function, it probes the
+    stops' primary key, in both plans, beside 20,000 stops of other agent sessions."""
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)"
+            " SELECT 'org-a', 'as-' || i, now() - make_interval(secs => i) FROM generate_series(1, 20000) i"
+        )
+        conn.execute("ANALYZE agent_session_stops")
+        plans = _function_query_plans(
+            conn,
+            mode,
+            "devpilot_agent_session_stopped_since",
+            r"EXISTS \((.*?)\);",
+            ["org", "agent_session", "written"],
+            [
+                ("org-a", "as-7", datetime(2000, 1, 1, tzinfo=UTC)),
+                ("org-a", "as-7", datetime(2999, 1, 1, tzinfo=UTC)),
+            ],
+        )
+    for plan, n in zip(plans, [1, 0], strict=True):  # (stopped after the first time, not the second)
+        scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "agent_session_stops"]
+        assert scans and all(r[2] == "agent_session_stops_pkey" for r in scans), plan
         assert plan[0]["Plan"]["Actual Rows"] == n, plan
 
 

@@ -501,6 +501,30 @@ def test_a_follow_up_after_a_stop_that_reached_no_machine_starts_afresh(api: Api
     assert (m["kind"], m["prompt"]["body"]) == ("start", "try again")
 
 
+@pytest.mark.parametrize("delivered", [False, True])
+def test_a_follow_up_written_before_the_stop_and_handled_after_it_does_nothing(
+    api: Api, delivered: bool
+) -> None:
+    """The person writes a follow-up, then presses stop. The follow-up's delivery fails and Linear
+    retries it after the stop was handled (or it reached another instance first). It must not put
+    the agent back to work: neither start the conversation again (the stop cancelled a start no
+    machine had) nor reach the machine after its `stop` (the machine has the conversation). A
+    follow-up written after the stop goes on as before."""
+    _, token = api.register(user="user-1")
+    api.webhook(agent_session_event(session_id="as-order"))
+    if delivered:
+        [m] = claim_all(api, token)
+        api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
+    written = agent_session_event(session_id="as-order", action="prompted", body="and the docs")
+    stop = api.webhook(agent_session_event(session_id="as-order", action="prompted", signal="stop")).json()
+    assert stop["status"] == "stopped"
+    late = api.webhook(written).json()
+    assert late == {"status": "ignored", "reason": "agent_session_stopped"}
+    assert [m["kind"] for m in claim_all(api, token)] == (["stop"] if delivered else [])
+    then = api.webhook(agent_session_event(session_id="as-order", action="prompted", body="now go on")).json()
+    assert (then["status"], then["kind"]) == ("dispatched", "prompt" if delivered else "start")
+
+
 def _sessions_of(api: Api, agent_session: str) -> list[tuple[str, str]]:
     with api.pool.connection() as conn:
         rows = conn.execute(

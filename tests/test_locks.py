@@ -377,7 +377,7 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
     api.register(user="user-1")
     with connect(db_url, autocommit=False) as stop:
         stop.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
-        stop.execute(query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
+        stop.execute(query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None})
         late_t, late = in_thread(lambda: api.webhook(agent_session_event(session_id="as-stopped")))
         _blocked_by(api.pool, stop.info.backend_pid)  # the `created` waits for the stop's turn
         stop.commit()
@@ -390,6 +390,35 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
             "SELECT count(*) AS n FROM dispatch_sessions WHERE agent_session_id = 'as-stopped'"
         ).fetchone()
     assert written is not None and written["n"] == 0
+
+
+def test_a_follow_up_waiting_behind_a_later_stop_sees_the_stop(
+    api: Api, db_url: str, across_instances: None
+) -> None:
+    """A follow-up the person wrote before pressing stop arrives, at another instance, while the
+    stop's transaction has the agent session's turn. It waits for the turn and must then see the
+    stop that committed meanwhile, though it began before that commit: it does nothing. (Its check
+    reads with a snapshot taken after the turn, `devpilot_agent_session_stopped_since`.)"""
+    api.register(user="user-1")
+    start = api.webhook(agent_session_event(session_id="as-stopping")).json()
+    written = agent_session_event(session_id="as-stopping", action="prompted", body="and then?")
+    with connect(db_url, autocommit=False) as stop:
+        stop.execute(
+            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-stopping"}
+        )
+        stop.execute(
+            query("record_stop"),
+            {"org_id": "org-a", "agent_session_id": "as-stopping", "at": datetime.now(UTC)},
+        )
+        stop.execute("UPDATE dispatch_sessions SET status = 'cancelled' WHERE id = %s", (start["sessionId"],))
+        stop.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (start["sessionId"],))
+        late_t, late = in_thread(lambda: api.webhook(written))
+        _blocked_by(api.pool, stop.info.backend_pid)  # the follow-up waits for the stop's turn
+        stop.commit()
+    late_t.join(timeout=10)
+    assert late[0].status_code == 200, late[0].text
+    assert late[0].json() == {"status": "ignored", "reason": "agent_session_stopped"}
+    assert _queue_of(api) == []
 
 
 def test_an_older_assignment_waiting_behind_a_later_change_sees_it(

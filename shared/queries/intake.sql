@@ -18,7 +18,9 @@
 -- 0015, read after the turn; then this one, a retry of a delivery that failed, does nothing).
 -- For an agent session `created` (`created`), why it may not start (`seen`: 'started' or
 -- 'stopped', `devpilot_agent_session_seen`, migration 0014, read after the agent session's turn),
--- or NULL when it may.
+-- or NULL when it may. For a follow-up written at `prompt_at`, `seen` is 'stopped' when the agent
+-- session was stopped at or after that time (`devpilot_agent_session_stopped_since`, migration
+-- 0016, read after the turn too).
 -- `mixed`: the user's machines differ in what they have (`route`): the start needs its repository.
 WITH turn AS (
 -- include: agent_session_turn
@@ -37,7 +39,10 @@ ON CONFLICT DO NOTHING
 RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixed FROM routed), false) AS mixed,
           %(event_at)s::timestamptz IS NOT NULL
           AND devpilot_issue_event_superseded(%(org_id)s, %(issue_id)s, %(event_at)s) AS superseded,
-          CASE WHEN %(created)s THEN devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) END AS seen;
+          CASE WHEN %(created)s THEN devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true)
+               WHEN %(prompt_at)s::timestamptz IS NOT NULL
+                    AND devpilot_agent_session_stopped_since(%(org_id)s, %(agent_session_id)s, %(prompt_at)s)
+               THEN 'stopped' END AS seen;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).
@@ -125,10 +130,15 @@ FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered
 -- name: record_stop
 -- In the intake transaction of a stop, after its agent session's turn: the agent session is
 -- stopped, so a `created` of it handled later (Linear's retry of a delivery that failed, or one
--- that reached another instance first) starts nothing (`devpilot_agent_session_seen`).
-INSERT INTO agent_session_stops (org_id, agent_session_id)
-VALUES (%(org_id)s, %(agent_session_id)s)
-ON CONFLICT DO NOTHING;
+-- that reached another instance first) starts nothing (`devpilot_agent_session_seen`), nor does a
+-- follow-up written at or before the stop (`at`, when the person pressed it; NULL: unknown, and no
+-- follow-up is held back by this stop; `devpilot_agent_session_stopped_since`). The latest stop's
+-- time is kept, and the record is kept from the latest stop on (`prune_deliveries`).
+INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)
+VALUES (%(org_id)s, %(agent_session_id)s, %(at)s)
+ON CONFLICT (org_id, agent_session_id) DO UPDATE
+SET stopped_at = excluded.stopped_at,
+    last_stop_at = greatest(agent_session_stops.last_stop_at, excluded.last_stop_at);
 
 -- name: route
 -- A fragment, the routing policy (in `record_delivery` and the statements of `route_enqueue_rows`

@@ -857,16 +857,19 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
 --   the turn's previous holder must be seen. Nothing when the turn is another transaction's, when
 --   nobody holds the agent session, or when devpilot opened it for a plain assignment (its machine
 --   knows it by another name, which the intake transaction gives the message).
--- * `machine`: the holder's row FOR KEY SHARE if it is still active (as `enqueue`'s `target`).
+-- * `machine`: the holder's row FOR KEY SHARE if it is still active (as `enqueue`'s `target`),
+--   unless the agent session was stopped at or after the follow-up was written (`prompt_at`;
+--   `devpilot_agent_session_stopped_since`, migration 0016, read after the turn as the holder is):
+--   the intake transaction answers that one.
 -- The queue row's `seq` is taken under the turn: the prompt is ordered after every earlier message
 -- of its agent session. The elements' keys and agent sessions are distinct (`prompt_holders` leaves
 -- copies out): a turn is re-entrant within one transaction.
 WITH want AS (  -- (one JSON array: the client dumps it in C)
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, linear_user_id text, delivery_key text, content_key text, session_id uuid,
-             issue_id text, issue_identifier text, agent_session_id text, payload jsonb)
+             issue_id text, issue_identifier text, agent_session_id text, payload jsonb, prompt_at timestamptz)
 ), holder AS MATERIALIZED (  -- (the turn tried, then the holder read, in one call per element)
-    SELECT want.n, h.orchestrator_id
+    SELECT want.n, h.orchestrator_id, want.org_id, want.agent_session_id, want.prompt_at
     FROM want CROSS JOIN LATERAL devpilot_agent_session_holder(want.org_id, want.agent_session_id, false) h
     WHERE h.opened_for IS NULL
 ), machine AS (  -- (each holder's row by its key: a join here was planned as a scan of every machine)
@@ -877,6 +880,8 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
         WHERE o.id = holder.orchestrator_id AND o.revoked_at IS NULL
         FOR KEY SHARE
     ) m
+    WHERE holder.prompt_at IS NULL
+       OR NOT devpilot_agent_session_stopped_since(holder.org_id, holder.agent_session_id, holder.prompt_at)
 ),
 -- include: batch_dispatched
 , target AS (

@@ -215,8 +215,9 @@ def agent_session_event(
                 "email": "someone@example.com",
                 "url": "https://linear.app/acme/profiles/someone",
             },
-            "createdAt": "2026-12-02T10:00:01.000Z",
-            "updatedAt": "2026-12-02T10:00:01.000Z",
+            # (when the person wrote it: later than every change made before it, as Linear's are)
+            "createdAt": (written := _updated_at()),
+            "updatedAt": written,
         }
         if signal:
             activity["signal"] = signal
