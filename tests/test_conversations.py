@@ -525,6 +525,22 @@ def test_a_follow_up_written_before_the_stop_and_handled_after_it_does_nothing(
     assert (then["status"], then["kind"]) == ("dispatched", "prompt" if delivered else "start")
 
 
+def test_stops_handled_out_of_order_keep_the_latest_time(api: Api) -> None:
+    """Two stops, and between them a follow-up. The later stop is handled first, then the earlier
+    one (Linear's retry), then the follow-up: it was written before the later stop, so it does
+    nothing, though the stop handled last is older than it."""
+    _, token = api.register(user="user-1")
+    api.webhook(agent_session_event(session_id="as-two-stops"))
+    first = agent_session_event(session_id="as-two-stops", action="prompted", signal="stop")
+    between = agent_session_event(session_id="as-two-stops", action="prompted", body="in between")
+    second = agent_session_event(session_id="as-two-stops", action="prompted", signal="stop")
+    assert api.webhook(second).json()["status"] == "stopped"
+    assert api.webhook(first).json()["status"] == "stopped"
+    late = api.webhook(between).json()
+    assert late == {"status": "ignored", "reason": "agent_session_stopped"}
+    assert claim_all(api, token) == []
+
+
 def _sessions_of(api: Api, agent_session: str) -> list[tuple[str, str]]:
     with api.pool.connection() as conn:
         rows = conn.execute(

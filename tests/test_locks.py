@@ -601,6 +601,36 @@ def test_a_follow_up_committing_while_its_start_is_dead_lettered_fails_with_it(
     assert {r["id"]: r["status"] for r in rows} == {UUID(start): "failed", prompt.session_id: "failed"}
 
 
+def test_the_sweep_passes_over_a_start_whose_turn_is_held_and_sweeps_the_rest(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start at the attempt limit whose agent session's turn another transaction holds is left to
+    the next sweep. The sweep goes on with the other expired claims, batch after batch (here of
+    one), and ends: it never picks the passed-over start again in the same run."""
+    from shared import queue
+
+    monkeypatch.setattr(queue, "SWEEP_BATCH", 1)
+    api.register(user="user-1")
+    held = api.webhook(agent_session_event(session_id="as-held")).json()["sessionId"]
+    others = [api.webhook(issue_event(issue_id=f"iss-{n}")).json()["sessionId"] for n in range(2)]
+    with api.pool.connection() as conn:  # claimed and expired: the held start first, at the limit
+        for n, (sid, attempts) in enumerate([(held, api.settings.max_attempts), *((o, 1) for o in others)]):
+            conn.execute(
+                "UPDATE dispatch_queue SET attempts = %s, claim_token = gen_random_uuid(),"
+                " claimed_at = now() - interval '2 hours',"
+                " lease_expires_at = now() - interval '1 hour' + make_interval(secs => %s)"
+                " WHERE session_id = %s",
+                (attempts, n, sid),
+            )
+    with transaction(api.pool) as holder:  # (as a follow-up's intake transaction, mid-way)
+        holder.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-held"})
+        t, out = in_thread(lambda: sweep(api.pool, api.settings))
+        t.join(timeout=10)
+        assert not t.is_alive(), "the sweep kept picking the start whose turn is held"
+    assert (out[0].requeued, out[0].dead_lettered) == (2, 0)
+    assert sweep(api.pool, api.settings).dead_lettered == 1  # the turn free again: the next sweep
+
+
 def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(
     api: Api, db_url: str
 ) -> None:
