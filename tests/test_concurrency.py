@@ -639,63 +639,58 @@ def test_an_agent_sessions_holder_is_read_by_its_index(
             assert plan[0]["Plan"]["Actual Rows"] == n, (function, plan)
 
 
+# Each time check a webhook's statement makes through a function: the function, the rows beside
+# which it runs, its parameters' names, two calls, the rows each finds, and the index it must probe.
+TIME_PROBES = {
+    # An assignment older than a later change of its issue (migration 0015: every issue start's
+    # test), beside 20,000 deliveries of other issues and 20,000 edits (which the index leaves out).
+    "devpilot_issue_event_superseded": (
+        "INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)"
+        " SELECT 'd-' || i, 'c-' || i, 'org-a', 'issue-' || (i % 5000),"
+        "        CASE WHEN i <= 20000 THEN now() - make_interval(secs => i) END"
+        " FROM generate_series(1, 40000) i",
+        ["org", "issue", "at"],
+        "issue-7",
+        [4, 0],  # (issue-7's four changes: all later, or none)
+        ("webhook_deliveries", "webhook_deliveries_issue_event_idx"),
+    ),
+    # A follow-up written before a stop of its agent session (migration 0016: every follow-up's
+    # test), beside 20,000 stops of other agent sessions.
+    "devpilot_agent_session_stopped_since": (
+        "INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)"
+        " SELECT 'org-a', 'as-' || i, now() - make_interval(secs => i) FROM generate_series(1, 20000) i",
+        ["org", "agent_session", "written"],
+        "as-7",
+        [1, 0],  # (stopped after the first time, not the second)
+        ("agent_session_stops", "agent_session_stops_pkey"),
+    ),
+}
+
+
+@pytest.mark.parametrize("function", sorted(TIME_PROBES))
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-def test_a_later_assignment_change_is_found_by_its_index(mode: str, pool: Pool) -> None:
-    """Whether a later assignment change of the issue was handled (`devpilot_issue_event_superseded`,
-    migration 0015: every issue start's test, in the batch and in the intake transaction): read
-    from the database's own copy of the function, it probes its index, in both plans, beside
-    20,000 deliveries of other issues and 20,000 edits (which the index leaves out)."""
+def test_a_webhooks_time_check_probes_its_index(mode: str, function: str, pool: Pool) -> None:
+    """Whether a later change of the issue was handled, or the agent session was stopped after the
+    follow-up was written: read from the database's own copy of each function, its query probes its
+    index, in both plans, beside many rows of other issues or agent sessions."""
+    fill, names, key, found, (table, index) = TIME_PROBES[function]
     with pool.connection() as conn:
-        conn.execute(
-            "INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)"
-            " SELECT 'd-' || i, 'c-' || i, 'org-a', 'issue-' || (i % 5000),"
-            "        CASE WHEN i <= 20000 THEN now() - make_interval(secs => i) END"
-            " FROM generate_series(1, 40000) i"
-        )
-        conn.execute("ANALYZE webhook_deliveries")
+        conn.execute(fill)
+        conn.execute(f"ANALYZE {table}")
         plans = _function_query_plans(
             conn,
             mode,
-            "devpilot_issue_event_superseded",
+            function,
             r"EXISTS \((.*?)\);",
-            ["org", "issue", "at"],
+            names,
             [
-                ("org-a", "issue-7", datetime(2000, 1, 1, tzinfo=UTC)),
-                ("org-a", "issue-7", datetime(2999, 1, 1, tzinfo=UTC)),
+                ("org-a", key, datetime(2000, 1, 1, tzinfo=UTC)),
+                ("org-a", key, datetime(2999, 1, 1, tzinfo=UTC)),
             ],
         )
-    for plan, n in zip(plans, [4, 0], strict=True):  # (issue-7's four changes: all later, or none)
-        scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "webhook_deliveries"]
-        assert scans and all(r[2] == "webhook_deliveries_issue_event_idx" for r in scans), plan
-        assert plan[0]["Plan"]["Actual Rows"] == n, plan
-
-
-@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-def test_a_stop_after_a_follow_up_is_found_by_its_key(mode: str, pool: Pool) -> None:
-    """Whether an agent session was stopped after a follow-up was written
-    (`devpilot_agent_session_stopped_since`, migration 0016: every follow-up's test, in the batch
-    and in the intake transaction): read from the database's own copy of the function, it probes the
-    stops' primary key, in both plans, beside 20,000 stops of other agent sessions."""
-    with pool.connection() as conn:
-        conn.execute(
-            "INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)"
-            " SELECT 'org-a', 'as-' || i, now() - make_interval(secs => i) FROM generate_series(1, 20000) i"
-        )
-        conn.execute("ANALYZE agent_session_stops")
-        plans = _function_query_plans(
-            conn,
-            mode,
-            "devpilot_agent_session_stopped_since",
-            r"EXISTS \((.*?)\);",
-            ["org", "agent_session", "written"],
-            [
-                ("org-a", "as-7", datetime(2000, 1, 1, tzinfo=UTC)),
-                ("org-a", "as-7", datetime(2999, 1, 1, tzinfo=UTC)),
-            ],
-        )
-    for plan, n in zip(plans, [1, 0], strict=True):  # (stopped after the first time, not the second)
-        scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "agent_session_stops"]
-        assert scans and all(r[2] == "agent_session_stops_pkey" for r in scans), plan
+    for plan, n in zip(plans, found, strict=True):
+        scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == table]
+        assert scans and all(r[2] == index for r in scans), plan
         assert plan[0]["Plan"]["Actual Rows"] == n, plan
 
 
