@@ -96,7 +96,14 @@ def machine_named(pool: Pool, name: str) -> UUID:
     return UUID(str(rows[0]["id"]))
 
 
-def _locked(tx: Tx, session_id: UUID) -> dict[str, Any]:
+def _locked(tx: Tx, session_id: UUID, *, turn: bool = False) -> dict[str, Any]:
+    """The session, locked. `turn`: its agent session's turn first (`session_turn_peek`), for an
+    action that takes the messages queued behind a start; taken before the session's row, in the
+    order the webhooks take them."""
+    if turn:
+        agent_session = tx.one(query("session_turn_peek"), {"id": session_id})
+        if agent_session is not None:
+            tx.execute(query("agent_session_turn_alone"), dict(agent_session))
     row = tx.one(query("session_lock"), {"id": session_id})
     if row is None:
         raise NotFound(str(session_id))
@@ -140,7 +147,7 @@ def retry(pool: Pool, session_id: UUID, actor: str) -> Acted:
 def cancel(pool: Pool, session_id: UUID, actor: str) -> Acted:
     """A queued session cancelled (with, for a start, what its conversation queued behind it)."""
     with transaction(pool) as tx:
-        s = _locked(tx, session_id)
+        s = _locked(tx, session_id, turn=True)
         if s["status"] != "queued":
             raise NotAllowed(f"only a queued session can be cancelled; this one is {s['status']}")
         row = tx.one(query("session_cancel"), {"id": session_id, "reason": f"cancelled by {actor}"})
@@ -157,7 +164,7 @@ def move(pool: Pool, session_id: UUID, target: UUID, actor: str) -> Acted:
     """An unclaimed start moved to another active machine of the same user (with the messages of
     its conversation queued behind it)."""
     with transaction(pool) as tx:
-        s = _locked(tx, session_id)
+        s = _locked(tx, session_id, turn=True)
         if s["status"] != "queued" or s["kind"] != "start":
             raise NotAllowed(f"only a queued start can be moved; this one is a {s['status']} {s['kind']}")
         row = tx.one(

@@ -631,6 +631,44 @@ def test_the_sweep_passes_over_a_start_whose_turn_is_held_and_sweeps_the_rest(
     assert sweep(api.pool, api.settings).dead_lettered == 1  # the turn free again: the next sweep
 
 
+@pytest.mark.parametrize("action", ["cancel", "move"])
+def test_a_follow_up_committing_while_an_operator_cancels_or_moves_its_start_goes_with_it(
+    api: Api, action: str
+) -> None:
+    """An operator cancels a queued start from its page, or moves it to the user's other machine,
+    while a follow-up of its agent session is being written: its transaction holds the agent
+    session's turn and has queued the prompt for the start's machine. The action waits for the turn,
+    then takes the follow-up with the start: cancelled with it, or moved with it. Without the turn,
+    the follow-up stayed behind: a prompt of a conversation no machine started, or on the machine
+    the conversation left."""
+    laptop, _ = api.register(user="user-1", name="laptop")
+    start = api.webhook(agent_session_event(session_id="as-operated")).json()
+    assert start["orchestratorId"] == laptop
+    desktop, _ = api.register(user="user-1", name="desktop")
+    message = DispatchPayload(
+        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-operated", kind="prompt"
+    )
+    path = f"/sessions/{start['sessionId']}/{action}"
+    body = {"orchestratorId": desktop} if action == "move" else None
+    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
+        follow_up.execute(
+            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-operated"}
+        )
+        enqueue_dispatch(
+            follow_up, org_id="org-a", orchestrator_id=UUID(laptop), linear_user_id="user-1", message=message
+        )
+        t, out = in_thread(lambda: api.http.post(path, json=body, headers=api.admin()))
+        held_by = follow_up.one("SELECT pg_backend_pid() AS pid")  # (the server's, behind a pooler too)
+        assert held_by is not None
+        _blocked_by(api.pool, held_by["pid"])  # the operator's action waits for the turn
+    t.join(timeout=10)
+    assert out[0].status_code == 200, out[0].text
+    if action == "cancel":
+        assert _queue_of(api) == []
+    else:
+        assert _queue_of(api) == [(desktop, "queued"), (desktop, "queued")]
+
+
 def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(
     api: Api, db_url: str
 ) -> None:

@@ -87,6 +87,16 @@ WHERE %(q)s::text IS NULL
 ORDER BY s.created_at DESC, s.id
 LIMIT %(limit)s;
 
+-- name: session_turn_peek
+-- Before an operator's cancel or move of a start (`shared.sessions`): its agent session, whose turn
+-- the action takes first, waiting, as a stop or a follow-up takes it before anything else. The
+-- messages queued behind the start go with it, so the action's statement, whose snapshot is taken
+-- after the turn, must see every one of them: without the turn, a follow-up committed while it ran
+-- would be left behind a start gone elsewhere or cancelled. (Read without a lock: a session's org,
+-- kind and agent session never change.)
+SELECT org_id, agent_session_id FROM dispatch_sessions
+WHERE id = %(id)s AND kind = 'start' AND agent_session_id IS NOT NULL;
+
 -- name: session_lock
 -- The session, locked for an operator's action (the action's transaction decides on this row).
 SELECT s.id, s.org_id, s.status, s.kind, s.agent_session_id, s.issue_id, s.linear_user_id,
