@@ -43,7 +43,7 @@ from shared.batching import Combiner, firsts
 from shared.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, transaction
 from shared.in_order import InOrder
 from shared.linear import Intent, Webhook, intent
-from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind, Prompt
+from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
 from shared.queue import (
     NO_MACHINE,
     SWEEP_BATCH,
@@ -369,8 +369,6 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
         if recorded["superseded"]:
             received = Received({"status": "ignored", "reason": "assignment_superseded"})
         elif recorded["seen"] is not None:
-            if recorded["seen"] == "started":
-                _give_context(tx, hook.org_id, plan)
             received = Received({"status": "ignored", "reason": f"agent_session_{recorded['seen']}"})
         else:
             received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
@@ -384,24 +382,6 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
                 },
             )
         return received
-
-
-def _give_context(tx: Tx, org: str | None, plan: Intent) -> None:
-    """An agent session `created` after a follow-up started its conversation: what only the
-    `created` carries (Linear's `promptContext`, guidance, the thread's earlier comments) goes to
-    that start, while no machine has seen it (`created_context`)."""
-    if org is None or plan.prompt is None or plan.agent_session_id is None:
-        return
-    given = Prompt(
-        context=plan.prompt.context,
-        guidance=plan.prompt.guidance,
-        previous_comments=plan.prompt.previous_comments,
-    ).model_dump(mode="json", by_alias=True, exclude_none=True)
-    if given:
-        tx.execute(
-            query("created_context"),
-            {"org_id": org, "agent_session_id": plan.agent_session_id, "context": Jsonb(given)},
-        )
 
 
 def _apply(

@@ -127,32 +127,6 @@ WHERE %(issue_id)s::text IS NOT NULL
 SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
 
--- name: created_context
--- In the intake transaction of an agent session `created` handled after a follow-up that started
--- its conversation (`record_delivery` answered `seen` = 'started', the agent session's turn held):
--- Linear's context for the start (`context`: its `promptContext`, guidance and the thread's earlier
--- comments, which only the `created` carries) is given to that start while no machine has seen it:
--- its queue row never claimed (attempts 0), or its routing request still open. The follow-up's own
--- words (`body`) stay. A start a machine has claimed keeps what it was given. Returns the rows
--- changed (at most one of each: an agent session has one start undelivered).
-WITH queued AS (
-    UPDATE dispatch_queue q
-    SET payload = jsonb_set(q.payload, '{prompt}', coalesce(q.payload->'prompt', '{}') || %(context)s::jsonb)
-    FROM dispatch_sessions s
-    WHERE q.org_id = %(org_id)s AND q.agent_session_id = %(agent_session_id)s
-      AND q.attempts = 0 AND q.lease_expires_at IS NULL
-      AND s.id = q.session_id AND s.kind = 'start'
-      AND q.payload->'prompt'->>'context' IS NULL
-    RETURNING q.id
-), routing AS (
-    UPDATE routing_requests r
-    SET message = jsonb_set(r.message, '{prompt}', coalesce(r.message->'prompt', '{}') || %(context)s::jsonb)
-    WHERE r.org_id = %(org_id)s AND r.agent_session_id = %(agent_session_id)s AND r.done_at IS NULL
-      AND r.message->>'kind' = 'start' AND r.message->'prompt'->>'context' IS NULL
-    RETURNING r.id
-)
-SELECT (SELECT count(*) FROM queued) + (SELECT count(*) FROM routing) AS given;
-
 -- name: record_stop
 -- In the intake transaction of a stop, after its agent session's turn: the agent session is
 -- stopped, so a `created` of it handled later (Linear's retry of a delivery that failed, or one
