@@ -97,13 +97,14 @@ def machine_named(pool: Pool, name: str) -> UUID:
 
 
 def _locked(tx: Tx, session_id: UUID, *, turn: bool = False) -> dict[str, Any]:
-    """The session, locked. `turn`: its agent session's turn first (`session_turn_peek`), for an
-    action that takes the messages queued behind a start; taken before the session's row, in the
-    order the webhooks take them."""
+    """The session, locked, its queue row first (`session_queue_lock`). `turn`: its agent session's
+    turn before both (`session_turn_peek`), for an action that takes the messages queued behind a
+    start. The order the webhooks and the ack take them in."""
     if turn:
         agent_session = tx.one(query("session_turn_peek"), {"id": session_id})
         if agent_session is not None:
             tx.execute(query("agent_session_turn_alone"), dict(agent_session))
+    tx.execute(query("session_queue_lock"), {"id": session_id})  # (the queue row before the session's)
     row = tx.one(query("session_lock"), {"id": session_id})
     if row is None:
         raise NotFound(str(session_id))

@@ -669,6 +669,29 @@ def test_a_follow_up_committing_while_an_operator_cancels_or_moves_its_start_goe
         assert _queue_of(api) == [(desktop, "queued"), (desktop, "queued")]
 
 
+def test_an_operators_cancel_racing_the_ack_of_its_start_never_deadlocks(api: Api) -> None:
+    """An operator cancels a start from its page while its machine acks it. The ack locks the
+    queue row and then the session's; the operator's action takes them in the same order (the
+    queue row first), so the ack waits for it, holding nothing it needs, and then finds the start
+    cancelled. Taken the other way round, each waited for the other and Postgres aborted one (the
+    ack answered 503, or the operator's action failed)."""
+    from shared.sessions import _locked
+
+    oid, token = api.register(user="user-1")
+    sid = api.webhook(agent_session_event(session_id="as-acked")).json()["sessionId"]
+    [m] = claim(api.pool, UUID(oid), max=1, lease_seconds=60)
+    ack = {"queueId": str(m.queue_id), "claimToken": str(m.claim_token)}
+    with transaction(api.pool) as op:  # (the operator's cancel, paused before its statement)
+        _locked(op, UUID(sid), turn=True)
+        t, out = in_thread(lambda: api.post_as(token, "/ack", ack))
+        _blocked_by(api.pool, _backend_of(op))  # the ack waits for the operator
+        row = op.one(query("session_cancel"), {"id": sid, "reason": "cancelled by an operator"})
+    t.join(timeout=10)
+    assert row is not None and row["cancelled"] == 1
+    assert out[0].status_code < 500, out[0].text
+    assert _queue_of(api) == []
+
+
 def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(
     api: Api, db_url: str
 ) -> None:

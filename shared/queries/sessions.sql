@@ -97,6 +97,13 @@ LIMIT %(limit)s;
 SELECT org_id, agent_session_id FROM dispatch_sessions
 WHERE id = %(id)s AND kind = 'start' AND agent_session_id IS NOT NULL;
 
+-- name: session_queue_lock
+-- Before `session_lock`, in an operator's action: the session's queue row, if it has one, locked
+-- first. An ack (and a stop, a revoke, the sweep) locks a queue row before its session's row; an
+-- action that locked them the other way round could wait for an ack that waits for it, and
+-- Postgres would abort one of the two.
+SELECT id FROM dispatch_queue WHERE session_id = %(id)s FOR UPDATE;
+
 -- name: session_lock
 -- The session, locked for an operator's action (the action's transaction decides on this row).
 SELECT s.id, s.org_id, s.status, s.kind, s.agent_session_id, s.issue_id, s.linear_user_id,
