@@ -15,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 
-from shared.db import Pool, Tx, connect, transaction
+from shared.db import Conn, Pool, Tx, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
 from shared.models import DispatchPayload, IssueRef
 from shared.queue import claim, end_claim_params, end_expired_claims, enqueue_dispatch, release, sweep
@@ -265,6 +265,18 @@ def _queue_of(api: Api) -> list[tuple[str, str]]:
     return [(r["o"], r["status"]) for r in rows]
 
 
+def _answer_once_committed(api: Api, holder: Conn, event: dict[str, Any]) -> httpx.Response:
+    """The webhook `event`, sent while `holder` (a connection in an open transaction) holds a turn
+    it needs: it must wait for that turn, and be answered after `holder` commits."""
+    t, out = in_thread(lambda: api.webhook(event))
+    _blocked_by(api.pool, holder.info.backend_pid)  # it waits for the holder's turn
+    holder.commit()
+    t.join(timeout=10)
+    answer: httpx.Response = out[0]
+    assert answer.status_code == 200, answer.text
+    return answer
+
+
 def test_a_revoke_waits_for_an_enqueue_to_its_machine_and_moves_that_work(api: Api) -> None:
     """An intake transaction has queued work for a machine and not yet committed when the machine
     is revoked. The revoke must not finish without that work: it waits for the enqueue's commit
@@ -378,12 +390,8 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
     with connect(db_url, autocommit=False) as stop:
         stop.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
         stop.execute(query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None})
-        late_t, late = in_thread(lambda: api.webhook(agent_session_event(session_id="as-stopped")))
-        _blocked_by(api.pool, stop.info.backend_pid)  # the `created` waits for the stop's turn
-        stop.commit()
-    late_t.join(timeout=10)
-    assert late[0].status_code == 200, late[0].text
-    assert late[0].json() == {"status": "ignored", "reason": "agent_session_stopped"}
+        late = _answer_once_committed(api, stop, agent_session_event(session_id="as-stopped"))
+    assert late.json() == {"status": "ignored", "reason": "agent_session_stopped"}
     assert _queue_of(api) == []
     with api.pool.connection() as conn:
         written = conn.execute(
@@ -412,12 +420,8 @@ def test_a_follow_up_waiting_behind_a_later_stop_sees_the_stop(
         )
         stop.execute("UPDATE dispatch_sessions SET status = 'cancelled' WHERE id = %s", (start["sessionId"],))
         stop.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (start["sessionId"],))
-        late_t, late = in_thread(lambda: api.webhook(written))
-        _blocked_by(api.pool, stop.info.backend_pid)  # the follow-up waits for the stop's turn
-        stop.commit()
-    late_t.join(timeout=10)
-    assert late[0].status_code == 200, late[0].text
-    assert late[0].json() == {"status": "ignored", "reason": "agent_session_stopped"}
+        late = _answer_once_committed(api, stop, written)
+    assert late.json() == {"status": "ignored", "reason": "agent_session_stopped"}
     assert _queue_of(api) == []
 
 
@@ -437,12 +441,8 @@ def test_an_older_assignment_waiting_behind_a_later_change_sees_it(
             " VALUES ('later', 'later', 'org-a', 'i-held', %s)",
             (later["data"]["updatedAt"],),
         )
-        retry_t, retry = in_thread(lambda: api.webhook(older))
-        _blocked_by(api.pool, change.info.backend_pid)  # the retry waits for the issue's turn
-        change.commit()
-    retry_t.join(timeout=10)
-    assert retry[0].status_code == 200, retry[0].text
-    assert retry[0].json() == {"status": "ignored", "reason": "assignment_superseded"}
+        retry = _answer_once_committed(api, change, older)
+    assert retry.json() == {"status": "ignored", "reason": "assignment_superseded"}
     assert _queue_of(api) == []
 
 
