@@ -701,14 +701,18 @@ def _accepts(port: int) -> bool:
 def test_the_cut_follows_the_connection_that_sent_the_marker_last(db_url: str) -> None:
     """The lost-commit test below relies on this: a webhook may send its delivery id on one pooled
     connection (the one-statement try, which wrote nothing) and do its transaction on another. The
-    first connection's next COMMIT belongs to someone else and must pass; the cut is the COMMIT of
-    the connection that sent the marker last."""
+    first connection's next COMMIT belongs to someone else and must pass, even one that comes before
+    the work's transaction sends the marker (the pool lent the try's connection at once to the
+    sweep's transaction); the cut is the COMMIT of the transaction that sent the marker last."""
     proxy = FaultProxy.in_front_of(db_url)
     try:
         tried = psycopg.connect(proxy.url_for(db_url), autocommit=True)
         worker = psycopg.connect(proxy.url_for(db_url))
         cut = proxy.cut_reply(b"marker-7", then=b"COMMIT")
         tried.execute("SELECT 'marker-7'")  # the try: its own transaction, no COMMIT
+        with tried.transaction():  # the try's connection lent at once to another request's transaction
+            tried.execute("SELECT 2")
+        assert not cut.fired.is_set()
         worker.execute("SELECT 'marker-7'")  # the transaction that does the work
         with tried.transaction():  # another request's transaction on the first connection
             tried.execute("SELECT 1")

@@ -11,7 +11,7 @@ applies to the connections already open as well as to new ones.
 - `reset()`: every open connection is reset (RST both ways), and every new one while it lasts.
 - `slow(seconds)`: every chunk waits `seconds` before it is forwarded, each direction in order.
 - `cut_reply(marker, then)`: once, on the connection whose client sent `marker` last (and after
-  it `then`, when given): those bytes go to the server, and the server's next answer on that
+  it `then`, when given, before the client begins another transaction there): those bytes go to the server, and the server's next answer on that
   connection is dropped and the connection reset both ways. The server has done the work; the
   client never hears it (the link cut between COMMIT and its reply).
 - `cut_before(marker)`: once, the client's bytes holding `marker` are dropped and the connection
@@ -83,6 +83,10 @@ class _Link:
         if found:
             cut.holder = self
             window = window[window.rindex(cut.marker) + len(cut.marker) :]  # (not found again)
+        if cut.holder is self and cut.then is not None and _begins_before(window, cut.then):
+            # A transaction begun after the marker is another request's (the pool lent the
+            # connection on once the marker's statement ended): its `then` is not the cut's.
+            cut.holder = None
         self.tail = window[-64:]
         if cut.holder is not self or (not found if cut.then is None else cut.then not in window):
             return "forward"
@@ -91,6 +95,12 @@ class _Link:
             return "drop"
         self.cut_next_reply = True
         return "forward"
+
+
+def _begins_before(window: bytes, then: bytes) -> bool:
+    """`window` (the client's bytes since the marker) begins a transaction before any `then`."""
+    begin = window.find(b"BEGIN")
+    return begin >= 0 and (then not in window or begin < window.index(then))
 
 
 class FaultProxy:
