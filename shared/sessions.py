@@ -99,7 +99,8 @@ def machine_named(pool: Pool, name: str) -> UUID:
 def _locked(tx: Tx, session_id: UUID, *, turn: bool = False) -> dict[str, Any]:
     """The session, locked, its queue row first (`session_queue_lock`). `turn`: its agent session's
     turn before both (`session_turn_peek`), for an action that takes the messages queued behind a
-    start. The order the webhooks and the ack take them in."""
+    start, or that decides on what its conversation did since. The order the webhooks and the ack
+    take them in."""
     if turn:
         agent_session = tx.one(query("session_turn_peek"), {"id": session_id})
         if agent_session is not None:
@@ -119,11 +120,21 @@ def _record(tx: Tx, session_id: UUID, action: str, actor: str, detail: str) -> N
 
 def retry(pool: Pool, session_id: UUID, actor: str) -> Acted:
     """A failed session queued again: the same message, attempts from 0, on its machine, or (a
-    start whose machine is revoked) on its user's most recently seen active machine."""
+    start whose machine is revoked) on its user's most recently seen active machine. A start of an
+    agent session is retried only while its conversation has not gone on without it: with its
+    turn held, no other message of it queued or delivered, and no stop since (`retry_start_overtaken`)."""
     with transaction(pool) as tx:
-        s = _locked(tx, session_id)
+        s = _locked(tx, session_id, turn=True)
         if s["status"] != "failed":
             raise NotAllowed(f"only a failed session can be retried; this one is {s['status']}")
+        overtaken = tx.one(query("retry_start_overtaken"), {"id": session_id})
+        if overtaken is not None and overtaken["continued"]:
+            raise NotAllowed(
+                "its conversation went on without it (a later message of its agent session is queued"
+                " or delivered): a retry would start it a second time"
+            )
+        if overtaken is not None and overtaken["stopped"]:
+            raise NotAllowed("its agent session was stopped in Linear after it was queued")
         machine = s["orchestrator_id"]
         if s["machine_revoked_at"] is not None:
             if s["kind"] != "start":

@@ -692,6 +692,37 @@ def test_an_operators_cancel_racing_the_ack_of_its_start_never_deadlocks(api: Ap
     assert _queue_of(api) == []
 
 
+def test_an_operators_retry_waits_for_a_follow_up_that_starts_the_conversation_afresh(api: Api) -> None:
+    """A start was dead-lettered. An operator retries it from its page while a follow-up of its
+    agent session is being written: no machine has the conversation, so the follow-up's
+    transaction, holding the agent session's turn, has queued a start afresh. The retry waits for
+    the turn, then sees that start and is refused. Without the turn it read before that commit,
+    and the conversation was started twice."""
+    laptop, _ = api.register(user="user-1", name="laptop")
+    start = api.webhook(agent_session_event(session_id="as-retried")).json()
+    later = datetime.now(UTC)
+    while _queue_of(api):  # its machine gives it back, each time after the backoff, until dead-lettered
+        later += timedelta(hours=1)
+        [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
+        release(api.pool, api.settings, UUID(laptop), m.queue_id, m.claim_token, reason="crashed", now=later)
+    afresh = DispatchPayload(
+        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-retried", kind="start"
+    )
+    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
+        follow_up.execute(
+            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-retried"}
+        )
+        enqueue_dispatch(
+            follow_up, org_id="org-a", orchestrator_id=UUID(laptop), linear_user_id="user-1", message=afresh
+        )
+        path = f"/sessions/{start['sessionId']}/retry"
+        t, out = in_thread(lambda: api.http.post(path, headers=api.admin()))
+        _blocked_by(api.pool, _backend_of(follow_up))  # the retry waits for the turn
+    t.join(timeout=10)
+    assert out[0].status_code == 409, out[0].text
+    assert _queue_of(api) == [(laptop, "queued")]  # the follow-up's start alone
+
+
 def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(
     api: Api, db_url: str
 ) -> None:

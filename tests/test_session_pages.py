@@ -344,6 +344,49 @@ def test_admin_routes_cli_csrf_and_404(api: Api, linear: Linear, db_url: str) ->
     assert found.text.count('<a href="/sessions/') == 1 and sid in found.text  # by machine (moved there)
 
 
+@pytest.mark.parametrize("since", ["follow_up", "stop"])
+def test_retry_of_a_start_whose_conversation_went_on_without_it_is_refused(
+    api: Api, linear: Linear, since: str
+) -> None:
+    """A start dead-lettered, and then, in Linear, the person wrote a follow-up (no machine had the
+    conversation, so it started it afresh) or pressed stop. Retrying the dead start would start the
+    conversation a second time, or start work the person stopped: the retry is refused (409, the
+    reason said) and writes nothing."""
+    _, token = api.register(user="creator-1", name="alice-laptop")
+    api.webhook(agent_session_event(creator="creator-1", session_id="as-again"))
+    dead = dead_letter(api, token, "the machine crashed")
+    assert status(api, dead["sessionId"]) == "failed"
+    if since == "follow_up":
+        later = api.webhook(
+            agent_session_event(
+                creator="creator-1", session_id="as-again", action="prompted", body="try again?"
+            )
+        )
+        assert later.json()["status"] == "dispatched", later.text
+    else:
+        stop = api.webhook(
+            agent_session_event(creator="creator-1", session_id="as-again", action="prompted", signal="stop")
+        )
+        assert stop.status_code == 200, stop.text
+
+    def queue() -> list[tuple[str, str]]:
+        with api.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT q.session_id::text AS sid, q.payload->>'kind' AS kind FROM dispatch_queue q"
+                " ORDER BY q.seq"
+            ).fetchall()
+        return [(r["sid"], r["kind"]) for r in rows]
+
+    queued = queue()
+    r = api.http.post(f"/sessions/{dead['sessionId']}/retry", headers=api.admin())
+    assert r.status_code == 409, r.text
+    reason = "went on without it" if since == "follow_up" else "stopped in Linear"
+    assert r.json()["error"] == "not_allowed" and reason in r.json()["detail"], r.text
+    assert status(api, dead["sessionId"]) == "failed"
+    assert queue() == queued  # (the follow-up's fresh start, or nothing, as before)
+    assert len(queued) == (1 if since == "follow_up" else 0)
+
+
 def test_retry_routes_a_start_again_when_its_machine_was_revoked(api: Api, linear: Linear) -> None:
     desktop, _ = api.register(user="creator-1", name="alice-desktop")
     laptop, token = api.register(user="creator-1", name="alice-laptop")
