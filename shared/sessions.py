@@ -120,27 +120,21 @@ def _record(tx: Tx, session_id: UUID, action: str, actor: str, detail: str) -> N
 
 def retry(pool: Pool, session_id: UUID, actor: str) -> Acted:
     """A failed session queued again: the same message, attempts from 0, on its machine, or (a
-    start whose machine is revoked) on its user's most recently seen active machine. A start of an
-    agent session is retried only while its conversation has not gone on without it: with its
-    turn held, no other message of it queued or delivered, and no stop since (`retry_start_overtaken`)."""
+    start whose machine is revoked) on its user's most recently seen active machine. A message of
+    an agent session is retried with its turn held, and only while that does not undo or fork what
+    its conversation did since (`retry_overtaken`): not after the person stopped it, a start not
+    once another machine has the conversation, a follow-up only on the machine that has it."""
     with transaction(pool) as tx:
         s = _locked(tx, session_id, turn=True)
         if s["status"] != "failed":
             raise NotAllowed(f"only a failed session can be retried; this one is {s['status']}")
-        overtaken = tx.one(query("retry_start_overtaken"), {"id": session_id})
-        if overtaken is not None and overtaken["continued"]:
+        if s["machine_revoked_at"] is not None and s["kind"] != "start":
             raise NotAllowed(
-                "its conversation went on without it (a later message of its agent session is queued"
-                " or delivered): a retry would start it a second time"
+                "its machine was revoked, and a follow-up goes only to its conversation's machine"
             )
-        if overtaken is not None and overtaken["stopped"]:
-            raise NotAllowed("its agent session was stopped in Linear after it was queued")
+        _check_conversation(tx, session_id, s)
         machine = s["orchestrator_id"]
         if s["machine_revoked_at"] is not None:
-            if s["kind"] != "start":
-                raise NotAllowed(
-                    "its machine was revoked, and a follow-up goes only to its conversation's machine"
-                )
             routed = tx.one(
                 query("routed_machine"),
                 {"org_id": s["org_id"], "route_user": s["linear_user_id"] or s["machine_user"]},
@@ -154,6 +148,26 @@ def retry(pool: Pool, session_id: UUID, actor: str) -> Acted:
         detail = f"queued again on {row['machine']}"
         _record(tx, session_id, "retry", actor, detail)
     return Acted("queued", detail, list(row["notice_ids"] or []))
+
+
+def _check_conversation(tx: Tx, session_id: UUID, s: dict[str, Any]) -> None:
+    """NotAllowed when retrying this failed message would undo or fork what its agent session's
+    conversation did since it failed (`retry_overtaken`; read with the turn held)."""
+    seen = tx.one(query("retry_overtaken"), {"id": session_id})
+    if seen is None:
+        return  # (no agent session: a plain issue's start)
+    if seen["stopped"]:
+        raise NotAllowed("its agent session was stopped in Linear after it failed")
+    if s["kind"] == "start" and seen["holder"] is not None:
+        raise NotAllowed(
+            "its conversation went on without it (a later message of its agent session is queued"
+            " or delivered): a retry would start it a second time"
+        )
+    if s["kind"] != "start" and seen["holder"] != s["orchestrator_id"]:
+        raise NotAllowed(
+            "no machine has its conversation, or another machine has it: retry the start of its"
+            " conversation first"
+        )
 
 
 def cancel(pool: Pool, session_id: UUID, actor: str) -> Acted:

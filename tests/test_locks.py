@@ -692,6 +692,16 @@ def test_an_operators_cancel_racing_the_ack_of_its_start_never_deadlocks(api: Ap
     assert _queue_of(api) == []
 
 
+def _dead_letter(api: Api, machine: str) -> None:
+    """The machine gives back what is queued for it, each time after the backoff, until it is
+    dead-lettered."""
+    later = datetime.now(UTC)
+    while _queue_of(api):
+        later += timedelta(hours=1)
+        [m] = claim(api.pool, UUID(machine), max=1, lease_seconds=60, now=later)
+        release(api.pool, api.settings, UUID(machine), m.queue_id, m.claim_token, reason="crashed", now=later)
+
+
 def test_an_operators_retry_waits_for_a_follow_up_that_starts_the_conversation_afresh(api: Api) -> None:
     """A start was dead-lettered. An operator retries it from its page while a follow-up of its
     agent session is being written: no machine has the conversation, so the follow-up's
@@ -700,11 +710,7 @@ def test_an_operators_retry_waits_for_a_follow_up_that_starts_the_conversation_a
     and the conversation was started twice."""
     laptop, _ = api.register(user="user-1", name="laptop")
     start = api.webhook(agent_session_event(session_id="as-retried")).json()
-    later = datetime.now(UTC)
-    while _queue_of(api):  # its machine gives it back, each time after the backoff, until dead-lettered
-        later += timedelta(hours=1)
-        [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
-        release(api.pool, api.settings, UUID(laptop), m.queue_id, m.claim_token, reason="crashed", now=later)
+    _dead_letter(api, laptop)
     afresh = DispatchPayload(
         issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-retried", kind="start"
     )
@@ -721,6 +727,34 @@ def test_an_operators_retry_waits_for_a_follow_up_that_starts_the_conversation_a
     t.join(timeout=10)
     assert out[0].status_code == 409, out[0].text
     assert _queue_of(api) == [(laptop, "queued")]  # the follow-up's start alone
+
+
+def test_a_start_made_after_a_stop_is_retried_whatever_its_transaction_began(api: Api) -> None:
+    """The turn orders a stop and a retry, not the clocks of their transactions. A follow-up's
+    intake transaction began before a stop's (at another instance) but took the turn after the stop
+    committed: it started the conversation afresh, after the stop. When that start fails, its
+    retry is not refused as stopped: only the dead letters the stop found were marked."""
+    laptop, _ = api.register(user="user-1", name="laptop")
+    first = api.webhook(agent_session_event(session_id="as-clock")).json()
+    _dead_letter(api, laptop)
+    afresh = DispatchPayload(
+        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-clock", kind="start"
+    )
+    with transaction(api.pool) as follow_up:
+        follow_up.one("SELECT now()")  # (its transaction has begun: its now() is before the stop's)
+        stop = api.webhook(agent_session_event(session_id="as-clock", action="prompted", signal="stop"))
+        assert stop.status_code == 200, stop.text
+        follow_up.execute(
+            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-clock"}
+        )
+        made = enqueue_dispatch(
+            follow_up, org_id="org-a", orchestrator_id=UUID(laptop), linear_user_id="user-1", message=afresh
+        )
+    _dead_letter(api, laptop)
+    assert api.http.post(f"/sessions/{first['sessionId']}/retry", headers=api.admin()).status_code == 409
+    again = api.http.post(f"/sessions/{made.session_id}/retry", headers=api.admin())
+    assert again.status_code == 200, again.text
+    assert _queue_of(api) == [(laptop, "queued")]
 
 
 def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(

@@ -12,15 +12,18 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pytest_httpserver import HTTPServer
 
 from functions.pages import ME_COOKIE
 from shared import agent_tokens, people
 from shared.db import transaction
+from shared.intake import prune_deliveries
 from tests.helpers.api import ADMIN, Api, agent_session_event, issue_event
 from tests.helpers.chromium import headless_chromium
 from tests.helpers.linear import Linear
@@ -378,13 +381,61 @@ def test_retry_of_a_start_whose_conversation_went_on_without_it_is_refused(
         return [(r["sid"], r["kind"]) for r in rows]
 
     queued = queue()
-    r = api.http.post(f"/sessions/{dead['sessionId']}/retry", headers=api.admin())
-    assert r.status_code == 409, r.text
-    reason = "went on without it" if since == "follow_up" else "stopped in Linear"
-    assert r.json()["error"] == "not_allowed" and reason in r.json()["detail"], r.text
-    assert status(api, dead["sessionId"]) == "failed"
-    assert queue() == queued  # (the follow-up's fresh start, or nothing, as before)
+    for week_on in (None, datetime.now(UTC) + timedelta(days=8)):
+        if week_on is not None:  # the sweep has forgotten the deliveries and the stop's record
+            prune_deliveries(api.pool, api.settings, now=week_on)
+        r = api.http.post(f"/sessions/{dead['sessionId']}/retry", headers=api.admin())
+        assert r.status_code == 409, r.text
+        reason = "went on without it" if since == "follow_up" else "stopped in Linear"
+        assert r.json()["error"] == "not_allowed" and reason in r.json()["detail"], r.text
+        assert status(api, dead["sessionId"]) == "failed"
+        assert queue() == queued  # (the follow-up's fresh start, or nothing, as before)
     assert len(queued) == (1 if since == "follow_up" else 0)
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_follow_up_failed_with_its_start_is_retried_only_after_it(
+    api: Api, linear: Linear, stopped: bool
+) -> None:
+    """A follow-up queued behind its start fails with it. Retried first, it would reach a machine
+    that never started the conversation: refused (409) until its start is retried; then both are
+    delivered in order, the start first. Once the person stopped the agent session, neither is
+    retried."""
+    _, token = api.register(user="creator-1", name="alice-laptop")
+    api.webhook(agent_session_event(creator="creator-1", session_id="as-both"))
+    behind = api.webhook(
+        agent_session_event(creator="creator-1", session_id="as-both", action="prompted", body="and also?")
+    ).json()
+    assert behind["status"] == "dispatched", behind
+    start = dead_letter(api, token, "the machine crashed")
+    assert status(api, start["sessionId"]) == "failed" and status(api, behind["sessionId"]) == "failed"
+    if stopped:
+        stop = api.webhook(
+            agent_session_event(creator="creator-1", session_id="as-both", action="prompted", signal="stop")
+        )
+        assert stop.status_code == 200, stop.text
+
+    def retry(sid: str) -> httpx.Response:
+        return api.http.post(f"/sessions/{sid}/retry", headers=api.admin())
+
+    first = retry(behind["sessionId"])
+    assert first.status_code == 409, first.text
+    assert ("stopped in Linear" if stopped else "retry the start") in first.json()["detail"], first.text
+    if stopped:
+        assert retry(start["sessionId"]).status_code == 409
+        assert api.post_as(token, "/claim").json()["messages"] == []
+        return
+    assert retry(start["sessionId"]).status_code == 200
+    assert retry(behind["sessionId"]).status_code == 200
+    got = []
+    for _ in range(2):  # one at a time: a message waits for the one before it in its agent session
+        [m] = api.post_as(token, "/claim").json()["messages"]
+        assert (
+            api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]}).status_code
+            == 200
+        )
+        got.append((m["kind"], m["sessionId"]))
+    assert got == [("start", start["sessionId"]), ("prompt", behind["sessionId"])]
 
 
 def test_retry_routes_a_start_again_when_its_machine_was_revoked(api: Api, linear: Linear) -> None:

@@ -133,7 +133,15 @@ FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered
 -- that reached another instance first) starts nothing (`devpilot_agent_session_seen`), nor does a
 -- follow-up written at or before the stop (`at`, when the person pressed it; NULL: unknown, and no
 -- follow-up is held back by this stop; `devpilot_agent_session_stopped_since`). The latest stop's
--- time is kept, and the record is kept from the latest stop on (`prune_deliveries`).
+-- time is kept, and the record is kept from the latest stop on (`prune_deliveries`). The agent
+-- session's dead letters at this moment are marked stopped (`letters`, migration 0017): an
+-- operator's retry never queues one of them again (`retry_overtaken`).
+WITH letters AS (
+    UPDATE dead_letters d SET stopped_at = now()
+    FROM dispatch_sessions s
+    WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s AND s.status = 'failed'
+      AND d.session_id = s.id AND d.stopped_at IS NULL
+)
 INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)
 VALUES (%(org_id)s, %(agent_session_id)s, %(at)s)
 ON CONFLICT (org_id, agent_session_id) DO UPDATE

@@ -88,15 +88,15 @@ ORDER BY s.created_at DESC, s.id
 LIMIT %(limit)s;
 
 -- name: session_turn_peek
--- Before an operator's cancel, move or retry of a start (`shared.sessions`): its agent session,
+-- Before an operator's cancel, move or retry (`shared.sessions`): the session's agent session,
 -- whose turn the action takes first, waiting, as a stop or a follow-up takes it before anything
--- else. The messages queued behind the start go with it, so the action's statement, whose snapshot
+-- else. The messages queued behind a start go with it, so the action's statement, whose snapshot
 -- is taken after the turn, must see every one of them: without the turn, a follow-up committed
--- while it ran would be left behind a start gone elsewhere or cancelled, or (a retry) would have
--- started the conversation afresh unseen. (Read without a lock: a session's org, kind and agent
--- session never change.)
+-- while it ran would be left behind a start gone elsewhere or cancelled, or (a retry) a follow-up
+-- or a stop would have changed the conversation unseen (`retry_overtaken`). (Read without a lock:
+-- a session's org and agent session never change.)
 SELECT org_id, agent_session_id FROM dispatch_sessions
-WHERE id = %(id)s AND kind = 'start' AND agent_session_id IS NOT NULL;
+WHERE id = %(id)s AND agent_session_id IS NOT NULL;
 
 -- name: session_queue_lock
 -- Before `session_lock`, in an operator's action: the session's queue row, if it has one, locked
@@ -113,23 +113,26 @@ FROM dispatch_sessions s JOIN orchestrators o ON o.id = s.orchestrator_id
 WHERE s.id = %(id)s
 FOR UPDATE OF s;
 
--- name: retry_start_overtaken
--- Before an operator's retry of a failed start of an agent session, its turn held (`session_turn_peek`)
--- so that no follow-up or stop of it commits meanwhile: whether the conversation has gone on
--- without this start, which a retry would then start a second time or undo. `continued`: another
--- message of the agent session is queued or delivered on an active machine (a follow-up handled
--- after the start failed started the conversation afresh; `devpilot_agent_session_holder` finds
--- the same rows). `stopped`: the person stopped the agent session in Linear after this start was
--- queued (a stop handled since its session's row was made). No row: not a start of an agent session.
+-- name: retry_overtaken
+-- Before an operator's retry of a failed message of an agent session, its turn held
+-- (`session_turn_peek`), so that no follow-up or stop of it commits meanwhile: what its
+-- conversation did since, which the retry must not undo or fork. No row: no agent session.
+-- * `stopped`: the person stopped the agent session while this message was failed (`record_stop`
+--   marked its dead letter): a retry would start work they stopped.
+-- * `holder`: the machine that has the conversation now, the newest other message of the agent
+--   session queued or delivered on an active machine (as `devpilot_agent_session_holder` finds
+--   it), or NULL. A start is retried only while there is none: a follow-up handled after the start
+--   failed started the conversation afresh, and a retry would start it a second time. Any other
+--   message (a follow-up, a stop) only on the machine that has the conversation: elsewhere it would
+--   reach a machine that never started it (its start failed too: retry that first).
 SELECT
-    EXISTS (SELECT 1 FROM dispatch_sessions o JOIN orchestrators m ON m.id = o.orchestrator_id
-            WHERE o.org_id = s.org_id AND o.agent_session_id = s.agent_session_id AND o.id <> s.id
-              AND o.status IN ('queued', 'delivered') AND m.revoked_at IS NULL) AS continued,
-    EXISTS (SELECT 1 FROM agent_session_stops st
-            WHERE st.org_id = s.org_id AND st.agent_session_id = s.agent_session_id
-              AND st.stopped_at >= s.created_at) AS stopped
+    EXISTS (SELECT 1 FROM dead_letters d WHERE d.session_id = s.id AND d.stopped_at IS NOT NULL) AS stopped,
+    (SELECT o.orchestrator_id FROM dispatch_sessions o JOIN orchestrators m ON m.id = o.orchestrator_id
+     WHERE o.org_id = s.org_id AND o.agent_session_id = s.agent_session_id AND o.id <> s.id
+       AND o.status IN ('queued', 'delivered') AND m.revoked_at IS NULL
+     ORDER BY o.created_at DESC LIMIT 1) AS holder
 FROM dispatch_sessions s
-WHERE s.id = %(id)s AND s.kind = 'start' AND s.agent_session_id IS NOT NULL;
+WHERE s.id = %(id)s AND s.agent_session_id IS NOT NULL;
 
 -- name: session_requeue
 -- failed -> queued (an operator's retry): the dead letter's message gets a new queue row, the
