@@ -17,7 +17,7 @@ from shared.models import DispatchPayload, IssueRef
 from shared.orchestrators import register
 from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
-from shared.sql import query
+from shared.sql import query, query_with_limit
 
 SETTINGS = Settings(DEVPILOT_POOL_MAX=40)
 # Filling a million rows is one long statement; the product's 2 s statement timeout is not for it.
@@ -241,8 +241,8 @@ def empty_claim_db_us(url: str, samples: int = 300) -> dict[str, float]:
             for _ in range(samples):
                 with conn.transaction():
                     plan = conn.execute(
-                        "EXPLAIN (ANALYZE, FORMAT JSON) " + query("claim"),
-                        {"orchestrator_id": idle.id, "max": 10, "lease_seconds": 60, "now": None},
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + query_with_limit("claim", 10),
+                        {"orchestrator_id": idle.id, "lease_seconds": 60, "now": None},
                         prepare=True,
                     ).fetchone()
                 assert plan is not None
@@ -369,8 +369,8 @@ def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[s
             for _ in range(samples):
                 with conn.transaction(force_rollback=True):
                     claimed = conn.execute(
-                        "EXPLAIN (ANALYZE, FORMAT JSON) " + query("claim"),
-                        {"orchestrator_id": again.id, "max": batch, "lease_seconds": 600, "now": None},
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + query_with_limit("claim", batch),
+                        {"orchestrator_id": again.id, "lease_seconds": 600, "now": None},
                     ).fetchone()
                     assert claimed is not None
                     executed["claim"].append(claimed["QUERY PLAN"][0]["Execution Time"])

@@ -31,7 +31,7 @@ from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
 from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, Repository, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
-from shared.sql import query
+from shared.sql import query, query_with_limit
 
 AckStatus = Literal["acked", "claim_superseded", "not_found"]
 
@@ -363,11 +363,11 @@ def claim(
         "handover_seconds": handover_seconds,
     }
     # One statement on an autocommit connection is its own transaction: the same atomicity as a
-    # BEGIN/COMMIT block, in one round trip instead of three.
+    # BEGIN/COMMIT block, in one round trip instead of three. Its LIMIT written in, so that it is
+    # not planned at every execution (`query_with_limit`).
+    statement = query_with_limit("claim" if handover_seconds is None else "claim_handover", max)
     with lend(pool) as conn:
-        rows = conn.execute(
-            query("claim" if handover_seconds is None else "claim_handover"), params
-        ).fetchall()
+        rows = conn.execute(statement, params).fetchall()
     return _messages(rows)
 
 
@@ -379,8 +379,8 @@ def poll(
     claimed then). The same exactly-once claim as `claim`; one round trip for an idle machine's poll."""
     _check_max(max)
     params = {"token_hash": token_hash, "max": max, "lease_seconds": lease_seconds, "now": now}
-    with lend(pool) as conn:  # one statement, autocommit: its own transaction
-        rows = conn.execute(query("poll"), params).fetchall()
+    with lend(pool) as conn:  # one statement, autocommit: its own transaction (LIMIT written in, as `claim`)
+        rows = conn.execute(query_with_limit("poll", max), params).fetchall()
     if not rows:
         return None
     return _caller(rows[0]), _messages([r for r in rows if r["id"] is not None])

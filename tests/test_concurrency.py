@@ -242,10 +242,10 @@ def test_claim_plan_probes_the_claim_index(
     fill_queue(pool, busy, 50_000)
     with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_queue")
-    from shared.sql import query
+    from shared.sql import query_with_limit
 
-    q = query(statement)
-    params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "max": 10, "lease_seconds": 60}
+    q = query_with_limit(statement, 10)  # (as the library sends it: the LIMIT written in)
+    params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "lease_seconds": 60}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         conn.execute(f"SET plan_cache_mode = {mode}")
         with conn.transaction():
@@ -260,6 +260,52 @@ def test_claim_plan_probes_the_claim_index(
     assert "Seq Scan" not in text, text
     top = plan["QUERY PLAN"][0]
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 50, text
+
+
+@pytest.mark.parametrize("statement", ["claim", "poll"])
+def test_a_claim_is_planned_once_per_connection_not_at_every_execution(
+    statement: str, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """Postgres keeps a prepared statement's generic plan once it costs about what a fresh plan
+    does; otherwise it plans the statement again at every execution. With the claim's LIMIT a bound
+    parameter, the generic plan assumed a tenth of the due rows (a hash join over the whole queue
+    of a machine with a backlog) and was never kept. With the LIMIT written in, after psycopg
+    prepares it and Postgres's five trial plans, each claim of a machine that drains a backlog runs
+    the kept plan, and that plan probes the claim index and the queue's key, never the table."""
+    from shared.orchestrators import hash_token
+    from shared.queue import poll
+    from shared.sql import query_with_limit
+
+    o = make_orchestrator()
+    with open_pool(db_url, Settings(), min_size=1, max_size=1) as p:
+        fill_queue(p, o, 5_000)  # (its own backlog: the rows the claim takes)
+        with p.connection() as conn:
+            conn.execute("ANALYZE dispatch_queue")
+        for _ in range(20):  # (psycopg prepares it at the 6th)
+            if statement == "claim":
+                assert len(claim(p, o.id, max=10, lease_seconds=60)) == 10
+            else:
+                found = poll(p, hash_token(o.token), max=10, lease_seconds=60)
+                assert found is not None and len(found[1]) == 10
+        with p.connection() as conn:
+            text = query_with_limit(statement, 10)
+            kept = conn.execute(  # (as psycopg prepared it: its placeholders numbered)
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%%claim_token = gen_random_uuid()%%'"
+            ).fetchone()
+            # Five trial plans, then the kept one for every run after (it was custom at every run).
+            assert kept is not None and kept["custom_plans"] <= 5 and kept["generic_plans"] >= 10, kept
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            with conn.transaction():
+                params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "lease_seconds": 60}
+                plan = conn.execute(
+                    "EXPLAIN (FORMAT JSON) " + text, {**params, "now": None}, prepare=True
+                ).fetchone()
+    assert plan is not None
+    assert "Seq Scan" not in json.dumps(plan), plan
+    assert ("Index Scan", "dispatch_queue", "dispatch_queue_pkey") in _relations(
+        plan["QUERY PLAN"][0]["Plan"]
+    )
 
 
 def _relations(node: dict[str, Any]) -> list[tuple[str, str, str | None]]:

@@ -20,7 +20,7 @@ from pytest_httpserver import HTTPServer
 from shared import agent_tokens
 from shared.db import Pool
 from shared.queue import AckItem, ack_many, claim
-from shared.sql import query
+from shared.sql import query_with_limit
 from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
 from tests.helpers.data import bulk, row_counts
 from tests.helpers.linear import Linear
@@ -394,8 +394,8 @@ def test_an_empty_poll_is_still_an_index_probe(api: Api) -> None:
     with api.pool.connection() as conn:
         conn.execute("ANALYZE dispatch_queue")
         plan = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("claim"),
-            {"orchestrator_id": oid, "max": 10, "lease_seconds": 60, "now": None},
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query_with_limit("claim", 10),
+            {"orchestrator_id": oid, "lease_seconds": 60, "now": None},
         ).fetchone()
     assert plan is not None
     text = json.dumps(plan)

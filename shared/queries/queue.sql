@@ -203,7 +203,10 @@ told AS (
 -- undelivered (its row, queued or claimed, still exists; dispatch_queue_agent_order_idx). An empty
 -- poll never reaches that check: it is a probe of dispatch_queue_claim_idx that finds nothing. A
 -- revoked machine claims nothing, even with a request that was authenticated before the revoke.
--- The machine is the preceding CTE `who` (its id; no row: nothing is claimed).
+-- The machine is the preceding CTE `who` (its id; no row: nothing is claimed). `%(max)s` is written
+-- into the text as a number by the caller (`shared.sql.query_with_limit`), not bound: with the
+-- LIMIT in sight, the plan Postgres keeps for every execution costs what a fresh one does, and
+-- the claim is no longer planned at each execution.
 due AS (
     SELECT id
     FROM dispatch_queue q0

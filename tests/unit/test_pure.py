@@ -40,6 +40,17 @@ def test_shipped_queries_load_and_the_dead_letter_chain_is_written_once() -> Non
     )  # queue, notices, routing
 
 
+def test_a_claims_limit_is_written_in_as_digits_and_nothing_else() -> None:
+    text = sql.query_with_limit("claim", 25)
+    assert "LIMIT 25" in text and "%(max)s" not in text
+    assert text.replace("LIMIT 25", "LIMIT %(max)s") == sql.query("claim")
+    for bad in (True, "10; DROP TABLE dispatch_queue", 2.5):
+        with pytest.raises(TypeError):
+            sql.query_with_limit("claim", bad)
+    with pytest.raises(sql.QueryFileError, match="exactly one"):
+        sql.query_with_limit("ack", 10)
+
+
 def test_every_statement_is_short_enough_for_psycopgs_conversion_cache() -> None:
     """psycopg keeps a statement's converted placeholders only up to this length; a longer one is
     converted again on every execution (the webhook's statement was, at 5,859 bytes with its
