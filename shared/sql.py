@@ -76,7 +76,7 @@ def query(name: str) -> LiteralString:
     return text
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=64, typed=True)  # (typed: True is not 1 here)
 def query_with_limit(name: str, limit: int) -> LiteralString:
     """The named statement with its one `%(max)s` (a LIMIT) written in as a number, not bound.
 

@@ -44,6 +44,7 @@ def test_a_claims_limit_is_written_in_as_digits_and_nothing_else() -> None:
     text = sql.query_with_limit("claim", 25)
     assert "LIMIT 25" in text and "%(max)s" not in text
     assert text.replace("LIMIT 25", "LIMIT %(max)s") == sql.query("claim")
+    assert "LIMIT 1\n" in sql.query_with_limit("claim", 1)  # (cached: True must not find it)
     for bad in (True, "10; DROP TABLE dispatch_queue", 2.5):
         with pytest.raises(TypeError):
             sql.query_with_limit("claim", bad)
