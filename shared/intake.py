@@ -527,16 +527,19 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
     """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
     waiting to be routed), and tell the machine that has it."""
     assert plan.agent_session_id is not None
-    tx.execute(
-        query("record_stop"),
-        {"org_id": org, "agent_session_id": plan.agent_session_id, "at": plan.activity_at},
-    )
     routing.cancel(tx, org, plan.agent_session_id)
     rows = tx.all(
         query("cancel_agent_session"),
         {"org_id": org, "agent_session_id": plan.agent_session_id, "reason": "stopped in Linear"},
     )
     cancelled = [str(r["id"]) for r in rows]
+    # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
+    # (a follow-up's, without the turn) held that row, the cancel waited for it, and this statement,
+    # with a snapshot taken after, marks its dead letter too (`record_stop`).
+    tx.execute(
+        query("record_stop"),
+        {"org_id": org, "agent_session_id": plan.agent_session_id, "at": plan.activity_at},
+    )
     holder = _holder(tx, org, plan.agent_session_id, delivered_only=True)
     if holder is None:
         told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)

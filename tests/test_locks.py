@@ -757,6 +757,46 @@ def test_a_start_made_after_a_stop_is_retried_whatever_its_transaction_began(api
     assert _queue_of(api) == [(laptop, "queued")]
 
 
+def test_a_follow_up_dead_lettered_while_a_stop_is_handled_is_marked_stopped(api: Api) -> None:
+    """A follow-up's last release dead-letters it (without the agent session's turn: only a start's
+    takes it) while the person's stop is handled. The stop's cancel waits for the release's row,
+    and the stop's mark, written after the cancel, sees the dead letter: its retry is refused. Marked
+    before the cancel, the dead letter was missed, and the retry resumed stopped work."""
+    laptop, token = api.register(user="user-1", name="laptop")
+    api.webhook(agent_session_event(session_id="as-race"))
+    [s] = api.post_as(token, "/claim").json()["messages"]
+    assert (
+        api.post_as(token, "/ack", {"queueId": s["queueId"], "claimToken": s["claimToken"]}).status_code
+        == 200
+    )
+    f = api.webhook(agent_session_event(session_id="as-race", action="prompted", body="and also?")).json()
+    later = datetime.now(UTC)
+    for _ in range(api.settings.max_attempts - 1):  # given back until its last attempt
+        later += timedelta(hours=1)
+        [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
+        release(api.pool, api.settings, UUID(laptop), m.queue_id, m.claim_token, reason="crashed", now=later)
+    later += timedelta(hours=1)
+    [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
+    stop = agent_session_event(session_id="as-race", action="prompted", signal="stop")
+    with transaction(api.pool) as last:  # the last release, not yet committed
+        params = {
+            "queue_id": m.queue_id,
+            "orchestrator_id": UUID(laptop),
+            "claim_token": m.claim_token,
+            "reason": "crashed",
+            **end_claim_params(api.settings, later),
+        }
+        assert last.one(query("release_peek"), params) is None  # (a follow-up: no turn taken)
+        released = last.one(query("release"), params)
+        assert released is not None and released["failed"]
+        t, out = in_thread(lambda: api.webhook(stop))
+        _blocked_by(api.pool, _backend_of(last))  # the stop's cancel waits for the row
+    t.join(timeout=15)
+    assert out[0].status_code == 200, out[0].text
+    r = api.http.post(f"/sessions/{f['sessionId']}/retry", headers=api.admin())
+    assert r.status_code == 409 and "stopped in Linear" in r.json()["detail"], r.text
+
+
 def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_deadlocks(
     api: Api, db_url: str
 ) -> None:

@@ -393,6 +393,24 @@ def test_retry_of_a_start_whose_conversation_went_on_without_it_is_refused(
     assert len(queued) == (1 if since == "follow_up" else 0)
 
 
+def test_a_start_stopped_before_migration_0017_is_not_retried_after_it(api: Api, linear: Linear) -> None:
+    """A dead letter whose agent session was stopped before the upgrade that added the stop's mark
+    is marked by the migration (from the stop's record, while it is kept): its retry is refused."""
+    _, token = api.register(user="creator-1", name="alice-laptop")
+    api.webhook(agent_session_event(creator="creator-1", session_id="as-upgraded"))
+    dead = dead_letter(api, token, "the machine crashed")
+    stop = agent_session_event(
+        creator="creator-1", session_id="as-upgraded", action="prompted", signal="stop"
+    )
+    assert api.webhook(stop).status_code == 200
+    migration = Path(__file__).parent.parent / "infra" / "migrations" / "0017_stopped_dead_letters.sql"
+    with transaction(api.pool) as tx:  # (the schema before 0017, with this data; then 0017)
+        tx.execute("ALTER TABLE dead_letters DROP COLUMN stopped_at")
+        tx.execute(migration.read_text())
+    r = api.http.post(f"/sessions/{dead['sessionId']}/retry", headers=api.admin())
+    assert r.status_code == 409 and "stopped in Linear" in r.json()["detail"], r.text
+
+
 @pytest.mark.parametrize("stopped", [False, True])
 def test_a_follow_up_failed_with_its_start_is_retried_only_after_it(
     api: Api, linear: Linear, stopped: bool

@@ -10,3 +10,11 @@
 
 -- When a stop of its agent session was handled while this message was failed; NULL: none was.
 ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS stopped_at timestamptz;
+
+-- Dead letters written before this migration: marked when their agent session's latest stop was
+-- handled after they were (`agent_session_stops`, while its record is kept).
+UPDATE dead_letters d SET stopped_at = st.stopped_at
+FROM dispatch_sessions s
+JOIN agent_session_stops st ON st.org_id = s.org_id AND st.agent_session_id = s.agent_session_id
+WHERE d.session_id = s.id AND s.status = 'failed' AND d.stopped_at IS NULL
+  AND st.stopped_at >= d.failed_at;

@@ -135,7 +135,10 @@ FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered
 -- follow-up is held back by this stop; `devpilot_agent_session_stopped_since`). The latest stop's
 -- time is kept, and the record is kept from the latest stop on (`prune_deliveries`). The agent
 -- session's dead letters at this moment are marked stopped (`letters`, migration 0017): an
--- operator's retry never queues one of them again (`retry_overtaken`).
+-- operator's retry never queues one of them again (`retry_overtaken`). Run after the stop's
+-- cancel (`cancel_agent_session`): a message dead-lettered by a release or the sweep while the
+-- stop ran (a follow-up's is, without the turn) held its queue row, the cancel waited for that
+-- commit, and this statement's snapshot, taken after, sees its dead letter.
 WITH letters AS (
     UPDATE dead_letters d SET stopped_at = now()
     FROM dispatch_sessions s
