@@ -242,7 +242,7 @@ def empty_claim_db_us(url: str, samples: int = 300) -> dict[str, float]:
                 with conn.transaction():
                     plan = conn.execute(
                         "EXPLAIN (ANALYZE, FORMAT JSON) " + query_with_limit("claim", 10),
-                        {"orchestrator_id": idle.id, "lease_seconds": 60, "now": None},
+                        {"orchestrator_id": idle.id, "max": 10, "lease_seconds": 60, "now": None},
                         prepare=True,
                     ).fetchone()
                 assert plan is not None
@@ -370,7 +370,7 @@ def drain_where(url: str, n: int, batch: int = 10, samples: int = 200) -> dict[s
                 with conn.transaction(force_rollback=True):
                     claimed = conn.execute(
                         "EXPLAIN (ANALYZE, FORMAT JSON) " + query_with_limit("claim", batch),
-                        {"orchestrator_id": again.id, "lease_seconds": 600, "now": None},
+                        {"orchestrator_id": again.id, "max": batch, "lease_seconds": 600, "now": None},
                     ).fetchone()
                     assert claimed is not None
                     executed["claim"].append(claimed["QUERY PLAN"][0]["Execution Time"])

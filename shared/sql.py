@@ -78,18 +78,23 @@ def query(name: str) -> LiteralString:
 
 @lru_cache(maxsize=64, typed=True)  # (typed: True is not 1 here)
 def query_with_limit(name: str, limit: int) -> LiteralString:
-    """The named statement with its one `%(max)s` (a LIMIT) written in as a number, not bound.
+    """The named statement with its one `%(max_ceiling)s` written in as a number, not bound: the
+    smallest power of two at least `limit` (the LIMIT of the claim's candidates, `claimable` in
+    queue.sql, whose own `%(max)s` stays bound).
 
     Postgres plans a prepared statement afresh at each execution (a custom plan) unless the plan
     it would keep for every value (the generic plan) costs about as much. A LIMIT it cannot see
     makes the generic plan assume a tenth of the rows, so the claim was planned at every
-    execution, the longest step of an empty claim's work on the server; with the LIMIT written in,
-    the plans cost the same and it is planned once per connection and number (bench/README.md).
-    `limit` must be an int (the caller checks its range): nothing but digits reaches the text."""
+    execution; with a ceiling in sight the plans cost the same, and it is planned once per
+    connection and ceiling: a handful of statements (1 to 1,024: eleven), not one per batch size
+    (bench/README.md). `limit` must be an int of at least 1 (the caller checks its range):
+    nothing but digits reaches the text."""
     if type(limit) is not int:
         raise TypeError(f"a LIMIT is an int, not {type(limit).__name__}")
-    head, found, tail = query(name).partition("%(max)s")
-    if not found or "%(max)s" in tail:
-        raise QueryFileError(f"query {name!r} must have exactly one %(max)s")
+    if limit < 1:
+        raise ValueError("a LIMIT is at least 1")
+    head, found, tail = query(name).partition("%(max_ceiling)s")
+    if not found or "%(max_ceiling)s" in tail:
+        raise QueryFileError(f"query {name!r} must have exactly one %(max_ceiling)s")
     # (Still a statement of ours: an int's digits are all that is added.)
-    return f"{head}{limit}{tail}"
+    return f"{head}{1 << (limit - 1).bit_length()}{tail}"

@@ -245,7 +245,7 @@ def test_claim_plan_probes_the_claim_index(
     from shared.sql import query_with_limit
 
     q = query_with_limit(statement, 10)  # (as the library sends it: the LIMIT written in)
-    params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "lease_seconds": 60}
+    params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "max": 10, "lease_seconds": 60}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         conn.execute(f"SET plan_cache_mode = {mode}")
         with conn.transaction():
@@ -297,27 +297,46 @@ def test_a_claim_is_planned_once_per_connection_not_at_every_execution(
             assert kept is not None and kept["custom_plans"] <= 5 and kept["generic_plans"] >= 10, kept
             conn.execute("SET plan_cache_mode = force_generic_plan")
             with conn.transaction():
-                params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "lease_seconds": 60}
+                params = {
+                    "orchestrator_id": o.id,
+                    "token_hash": hash_token(o.token),
+                    "max": 10,
+                    "lease_seconds": 60,
+                }
                 plan = conn.execute(
                     "EXPLAIN (FORMAT JSON) " + text, {**params, "now": None}, prepare=True
                 ).fetchone()
-    assert plan is not None
+            # A batch of 3 reads candidates up to its ceiling, 4, and locks no more than 3 of them.
+            with conn.transaction(force_rollback=True):
+                three = conn.execute(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + query_with_limit(statement, 3),
+                    {**params, "max": 3, "now": None},
+                    prepare=True,
+                ).fetchone()
+    assert plan is not None and three is not None
     assert "Seq Scan" not in json.dumps(plan), plan
     assert ("Index Scan", "dispatch_queue", "dispatch_queue_pkey") in _relations(
         plan["QUERY PLAN"][0]["Plan"]
     )
+    # (The poll's statement has a second LockRows: its caller's row, when it marks it seen.)
+    locked = [
+        n["Actual Rows"] for n in _nodes(three["QUERY PLAN"][0]["Plan"]) if n["Node Type"] == "LockRows"
+    ]
+    assert max(locked) == 3, locked
+
+
+def _nodes(n: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN FORMAT JSON plan, `n` first."""
+    return [n, *(m for child in n.get("Plans", []) for m in _nodes(child))]
 
 
 def _relations(node: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     """Each plan node that reads or writes a table, under `node` (an EXPLAIN FORMAT JSON plan):
     (node type, table, index), sorted."""
 
-    def nodes(n: dict[str, Any]) -> list[dict[str, Any]]:
-        return [n, *(m for child in n.get("Plans", []) for m in nodes(child))]
-
     return sorted(
         (n["Node Type"], n["Relation Name"], n.get("Index Name"))
-        for n in nodes(node)
+        for n in _nodes(node)
         if n.get("Relation Name")
     )
 

@@ -395,7 +395,7 @@ def test_an_empty_poll_is_still_an_index_probe(api: Api) -> None:
         conn.execute("ANALYZE dispatch_queue")
         plan = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query_with_limit("claim", 10),
-            {"orchestrator_id": oid, "lease_seconds": 60, "now": None},
+            {"orchestrator_id": oid, "max": 10, "lease_seconds": 60, "now": None},
         ).fetchone()
     assert plan is not None
     text = json.dumps(plan)

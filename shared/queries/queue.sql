@@ -203,11 +203,16 @@ told AS (
 -- undelivered (its row, queued or claimed, still exists; dispatch_queue_agent_order_idx). An empty
 -- poll never reaches that check: it is a probe of dispatch_queue_claim_idx that finds nothing. A
 -- revoked machine claims nothing, even with a request that was authenticated before the revoke.
--- The machine is the preceding CTE `who` (its id; no row: nothing is claimed). `%(max)s` is written
--- into the text as a number by the caller (`shared.sql.query_with_limit`), not bound: with the
--- LIMIT in sight, the plan Postgres keeps for every execution costs what a fresh one does, and
--- the claim is no longer planned at each execution.
-due AS (
+-- The machine is the preceding CTE `who` (its id; no row: nothing is claimed).
+-- Two LIMITs, so that Postgres keeps one plan of the claim instead of planning it at every
+-- execution. A bound LIMIT makes the plan kept for every value assume a tenth of the machine's
+-- due rows (with a backlog, a hash join over the whole queue), so it was never kept; written into
+-- the text, each batch size would be a statement of its own. So `%(max_ceiling)s` is written in
+-- by the caller (`shared.sql.query_with_limit`): `max` rounded up to a power of two, a handful of
+-- statements; and `due` takes the first `max` of those candidates, bound. Rows are locked as
+-- `due` pulls them, so no more than `max` are locked. (No ORDER BY in `due`: a sort would pull,
+-- and lock, every candidate; the candidates come in the order of their scan.)
+candidates AS (
     SELECT id
     FROM dispatch_queue q0
     WHERE orchestrator_id = (SELECT id FROM who)
@@ -219,8 +224,10 @@ due AS (
               AND earlier.seq < q0.seq))
       AND EXISTS (SELECT 1 FROM orchestrators o WHERE o.id = (SELECT id FROM who) AND o.revoked_at IS NULL)
     ORDER BY available_at, id
-    LIMIT %(max)s
+    LIMIT %(max_ceiling)s
     FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT id FROM candidates LIMIT %(max)s
 )
 
 -- name: claim

@@ -40,14 +40,18 @@ def test_shipped_queries_load_and_the_dead_letter_chain_is_written_once() -> Non
     )  # queue, notices, routing
 
 
-def test_a_claims_limit_is_written_in_as_digits_and_nothing_else() -> None:
-    text = sql.query_with_limit("claim", 25)
-    assert "LIMIT 25" in text and "%(max)s" not in text
-    assert text.replace("LIMIT 25", "LIMIT %(max)s") == sql.query("claim")
-    assert "LIMIT 1\n" in sql.query_with_limit("claim", 1)  # (cached: True must not find it)
-    for bad in (True, "10; DROP TABLE dispatch_queue", 2.5):
+def test_a_claims_limit_ceiling_is_written_in_as_digits_and_nothing_else() -> None:
+    text = sql.query_with_limit("claim", 10)
+    assert "LIMIT 16\n" in text and "%(max_ceiling)s" not in text and "LIMIT %(max)s" in text
+    assert text.replace("LIMIT 16\n", "LIMIT %(max_ceiling)s\n") == sql.query("claim")
+    ceilings = {n: sql.query_with_limit("poll", n).count("LIMIT 1024") for n in (513, 1000, 1024)}
+    assert ceilings == {513: 1, 1000: 1, 1024: 1} and "LIMIT 1\n" in sql.query_with_limit("claim", 1)
+    assert "LIMIT 2\n" in sql.query_with_limit("claim", 2) and "LIMIT 4\n" in sql.query_with_limit("claim", 3)
+    for bad in (True, "10; DROP TABLE dispatch_queue", 2.5):  # (1 is cached: True must not find it)
         with pytest.raises(TypeError):
             sql.query_with_limit("claim", bad)
+    with pytest.raises(ValueError):
+        sql.query_with_limit("claim", 0)
     with pytest.raises(sql.QueryFileError, match="exactly one"):
         sql.query_with_limit("ack", 10)
 
