@@ -17,12 +17,12 @@ import pytest
 
 from shared.db import Conn, Pool, Tx, connect, transaction
 from shared.dispatch import RECHECK_SECONDS
-from shared.models import DispatchPayload, IssueRef
+from shared.models import DispatchPayload
 from shared.queue import claim, end_claim_params, end_expired_claims, enqueue_dispatch, release, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.data import MakeOrch, enqueue_one, issue
+from tests.helpers.data import MakeOrch, enqueue_one, follow_up_in, issue, queue_of
 
 
 def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
@@ -256,15 +256,6 @@ def test_a_poll_racing_a_revoke_never_deadlocks(api: Api, db_url: str) -> None:
     assert api.post_as(token, "/claim", {"max": 1}).status_code == 401
 
 
-def _queue_of(api: Api) -> list[tuple[str, str]]:
-    with api.pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT q.orchestrator_id::text AS o, s.status FROM dispatch_queue q"
-            " JOIN dispatch_sessions s ON s.id = q.session_id"
-        ).fetchall()
-    return [(r["o"], r["status"]) for r in rows]
-
-
 def _answer_once_committed(api: Api, holder: Conn, event: dict[str, Any]) -> httpx.Response:
     """The webhook `event`, sent while `holder` (a connection in an open transaction) holds a turn
     it needs: it must wait for that turn, and be answered after `holder` commits."""
@@ -291,7 +282,7 @@ def test_a_revoke_waits_for_an_enqueue_to_its_machine_and_moves_that_work(api: A
         _blocked_by(api.pool, _backend_of(tx))  # the revoke has begun and waits on the machine's row
     t.join(timeout=10)
     assert out[0].status_code == 200, out[0].text
-    assert _queue_of(api) == [(other, "queued")]
+    assert queue_of(api.pool) == [(other, "queued")]
     messages = api.post_as(other_token, "/claim", {"max": 10}).json()["messages"]
     assert [m["issue"]["id"] for m in messages] == [issue(1).id]
 
@@ -316,7 +307,7 @@ def test_a_webhook_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, 
     r = out[0]
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "dispatched" and r.json()["orchestratorId"] == other
-    assert _queue_of(api) == [(other, "queued")]
+    assert queue_of(api.pool) == [(other, "queued")]
 
 
 def test_two_machines_of_one_user_revoked_at_once_hand_their_work_to_the_third(api: Api, db_url: str) -> None:
@@ -345,7 +336,7 @@ def test_two_machines_of_one_user_revoked_at_once_hand_their_work_to_the_third(a
         first.commit()
     t.join(timeout=10)
     assert out[0].status_code == 200, out[0].text
-    assert _queue_of(api) == [(c, "queued"), (c, "queued")]
+    assert queue_of(api.pool) == [(c, "queued"), (c, "queued")]
     messages = api.post_as(c_token, "/claim", {"max": 10}).json()["messages"]
     assert sorted(m["issue"]["id"] for m in messages) == sorted([issue(1).id, issue(2).id])
 
@@ -375,7 +366,7 @@ def test_a_stop_waits_for_the_start_its_agent_session_is_committing(
     assert start[0].status_code == 200 and start[0].json()["status"] == "dispatched", start[0].text
     assert stop[0].status_code == 200, stop[0].text
     assert stop[0].json()["cancelledSessionIds"] == [start[0].json()["sessionId"]]
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
 
 
 def test_a_created_waiting_behind_its_stop_sees_the_stop(
@@ -392,7 +383,7 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
         stop.execute(query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None})
         late = _answer_once_committed(api, stop, agent_session_event(session_id="as-stopped"))
     assert late.json() == {"status": "ignored", "reason": "agent_session_stopped"}
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
     with api.pool.connection() as conn:
         written = conn.execute(
             "SELECT count(*) AS n FROM dispatch_sessions WHERE agent_session_id = 'as-stopped'"
@@ -422,7 +413,7 @@ def test_a_follow_up_waiting_behind_a_later_stop_sees_the_stop(
         stop.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (start["sessionId"],))
         late = _answer_once_committed(api, stop, written)
     assert late.json() == {"status": "ignored", "reason": "agent_session_stopped"}
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
 
 
 def test_an_older_assignment_waiting_behind_a_later_change_sees_it(
@@ -443,7 +434,7 @@ def test_an_older_assignment_waiting_behind_a_later_change_sees_it(
         )
         retry = _answer_once_committed(api, change, older)
     assert retry.json() == {"status": "ignored", "reason": "assignment_superseded"}
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
 
 
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
@@ -546,7 +537,7 @@ def test_a_stop_or_revoke_racing_the_sweep_that_dead_letters_a_start_never_deadl
     else:
         assert (swept.picked, swept.dead_lettered, swept.passed) == (1, 1, [])
         assert out[0].json()["moved"] == out[0].json()["cancelled"] == 0
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
 
 
 @pytest.mark.parametrize("ended_by", ["sweep", "release"])
@@ -569,16 +560,8 @@ def test_a_follow_up_committing_while_its_start_is_dead_lettered_fails_with_it(
         if attempt < api.settings.max_attempts:
             sweep(api.pool, api.settings, now=later + timedelta(minutes=2))
     expired = later + timedelta(minutes=2)
-    message = DispatchPayload(
-        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-late", kind="prompt"
-    )
-    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
-        follow_up.execute(
-            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-late"}
-        )
-        prompt = enqueue_dispatch(
-            follow_up, org_id="org-a", orchestrator_id=UUID(oid), linear_user_id="user-1", message=message
-        )
+    with transaction(api.pool) as follow_up:
+        prompt = follow_up_in(follow_up, "as-late", oid)
         if ended_by == "sweep":
             assert sweep(api.pool, api.settings, now=expired).dead_lettered == 0
         else:
@@ -595,7 +578,7 @@ def test_a_follow_up_committing_while_its_start_is_dead_lettered_fails_with_it(
     else:
         t.join(timeout=10)
         assert out[0].dead_lettered
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
     with api.pool.connection() as conn:
         rows = conn.execute("SELECT id, status FROM dispatch_sessions").fetchall()
     assert {r["id"]: r["status"] for r in rows} == {UUID(start): "failed", prompt.session_id: "failed"}
@@ -645,18 +628,10 @@ def test_a_follow_up_committing_while_an_operator_cancels_or_moves_its_start_goe
     start = api.webhook(agent_session_event(session_id="as-operated")).json()
     assert start["orchestratorId"] == laptop
     desktop, _ = api.register(user="user-1", name="desktop")
-    message = DispatchPayload(
-        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-operated", kind="prompt"
-    )
     path = f"/sessions/{start['sessionId']}/{action}"
     body = {"orchestratorId": desktop} if action == "move" else None
-    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
-        follow_up.execute(
-            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-operated"}
-        )
-        enqueue_dispatch(
-            follow_up, org_id="org-a", orchestrator_id=UUID(laptop), linear_user_id="user-1", message=message
-        )
+    with transaction(api.pool) as follow_up:
+        follow_up_in(follow_up, "as-operated", laptop)
         t, out = in_thread(lambda: api.http.post(path, json=body, headers=api.admin()))
         held_by = follow_up.one("SELECT pg_backend_pid() AS pid")  # (the server's, behind a pooler too)
         assert held_by is not None
@@ -664,9 +639,9 @@ def test_a_follow_up_committing_while_an_operator_cancels_or_moves_its_start_goe
     t.join(timeout=10)
     assert out[0].status_code == 200, out[0].text
     if action == "cancel":
-        assert _queue_of(api) == []
+        assert queue_of(api.pool) == []
     else:
-        assert _queue_of(api) == [(desktop, "queued"), (desktop, "queued")]
+        assert queue_of(api.pool) == [(desktop, "queued"), (desktop, "queued")]
 
 
 def test_an_operators_cancel_racing_the_ack_of_its_start_never_deadlocks(api: Api) -> None:
@@ -689,14 +664,14 @@ def test_an_operators_cancel_racing_the_ack_of_its_start_never_deadlocks(api: Ap
     t.join(timeout=10)
     assert row is not None and row["cancelled"] == 1
     assert out[0].status_code < 500, out[0].text
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
 
 
 def _dead_letter(api: Api, machine: str) -> None:
     """The machine gives back what is queued for it, each time after the backoff, until it is
     dead-lettered."""
     later = datetime.now(UTC)
-    while _queue_of(api):
+    while queue_of(api.pool):
         later += timedelta(hours=1)
         [m] = claim(api.pool, UUID(machine), max=1, lease_seconds=60, now=later)
         release(api.pool, api.settings, UUID(machine), m.queue_id, m.claim_token, reason="crashed", now=later)
@@ -711,22 +686,14 @@ def test_an_operators_retry_waits_for_a_follow_up_that_starts_the_conversation_a
     laptop, _ = api.register(user="user-1", name="laptop")
     start = api.webhook(agent_session_event(session_id="as-retried")).json()
     _dead_letter(api, laptop)
-    afresh = DispatchPayload(
-        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-retried", kind="start"
-    )
-    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
-        follow_up.execute(
-            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-retried"}
-        )
-        enqueue_dispatch(
-            follow_up, org_id="org-a", orchestrator_id=UUID(laptop), linear_user_id="user-1", message=afresh
-        )
+    with transaction(api.pool) as follow_up:
+        follow_up_in(follow_up, "as-retried", laptop, "start")
         path = f"/sessions/{start['sessionId']}/retry"
         t, out = in_thread(lambda: api.http.post(path, headers=api.admin()))
         _blocked_by(api.pool, _backend_of(follow_up))  # the retry waits for the turn
     t.join(timeout=10)
     assert out[0].status_code == 409, out[0].text
-    assert _queue_of(api) == [(laptop, "queued")]  # the follow-up's start alone
+    assert queue_of(api.pool) == [(laptop, "queued")]  # the follow-up's start alone
 
 
 def test_a_start_made_after_a_stop_is_retried_whatever_its_transaction_began(api: Api) -> None:
@@ -737,24 +704,16 @@ def test_a_start_made_after_a_stop_is_retried_whatever_its_transaction_began(api
     laptop, _ = api.register(user="user-1", name="laptop")
     first = api.webhook(agent_session_event(session_id="as-clock")).json()
     _dead_letter(api, laptop)
-    afresh = DispatchPayload(
-        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-clock", kind="start"
-    )
     with transaction(api.pool) as follow_up:
         follow_up.one("SELECT now()")  # (its transaction has begun: its now() is before the stop's)
         stop = api.webhook(agent_session_event(session_id="as-clock", action="prompted", signal="stop"))
         assert stop.status_code == 200, stop.text
-        follow_up.execute(
-            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-clock"}
-        )
-        made = enqueue_dispatch(
-            follow_up, org_id="org-a", orchestrator_id=UUID(laptop), linear_user_id="user-1", message=afresh
-        )
+        made = follow_up_in(follow_up, "as-clock", laptop, "start")
     _dead_letter(api, laptop)
     assert api.http.post(f"/sessions/{first['sessionId']}/retry", headers=api.admin()).status_code == 409
     again = api.http.post(f"/sessions/{made.session_id}/retry", headers=api.admin())
     assert again.status_code == 200, again.text
-    assert _queue_of(api) == [(laptop, "queued")]
+    assert queue_of(api.pool) == [(laptop, "queued")]
 
 
 def test_a_follow_up_dead_lettered_while_a_stop_is_handled_is_marked_stopped(api: Api) -> None:
@@ -830,7 +789,7 @@ def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_d
     assert rest is not None and rest["cancelled"] == 1  # the follow-up
     assert out[0].status_code == 200, out[0].text
     assert out[0].json() == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []
 
 
 @pytest.mark.parametrize("racer", ["revoke", "ack"])
@@ -886,4 +845,4 @@ def test_a_batch_ack_racing_a_revoke_or_another_ack_never_deadlocks(
     results = out[0].json()["results"]
     assert [r["queueId"] for r in results] == [second["queueId"], first["queueId"]]
     assert all(r.get("error", r.get("status")) == expected for r in results), results
-    assert _queue_of(api) == []
+    assert queue_of(api.pool) == []

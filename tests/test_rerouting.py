@@ -16,6 +16,7 @@ from shared.queue import claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from shared.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.data import follow_up_in
 from tests.helpers.linear import Linear
 from tests.test_reliability import assert_invariant
 
@@ -175,20 +176,8 @@ def test_a_follow_up_committing_while_its_start_is_rerouted_goes_with_it(api: Ap
     desk_id, desk = api.register(user="user-1", name="desktop")
     seen(api, quiet_id, 700)
     seen(api, desk_id, 1)
-    message = DispatchPayload(
-        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id="as-moving", kind="prompt"
-    )
-    with transaction(api.pool) as follow_up:  # (as the intake transaction of the follow-up)
-        follow_up.execute(
-            query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-moving"}
-        )
-        enqueue_dispatch(
-            follow_up,
-            org_id="org-a",
-            orchestrator_id=UUID(quiet_id),
-            linear_user_id="user-1",
-            message=message,
-        )
+    with transaction(api.pool) as follow_up:
+        follow_up_in(follow_up, "as-moving", quiet_id)
         assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 0
     assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 2
     [first] = claim_all(api, desk)
@@ -434,8 +423,7 @@ def test_the_sweep_moves_a_start_about_a_repository_only_to_a_machine_that_has_i
     lacks the repository (which would only give it back); once a live one has it, it moves there.
     A start that names no repository moves as before."""
     from shared.db import transaction
-    from shared.models import DispatchPayload, IssueRef, Repository
-    from shared.queue import enqueue_dispatch
+    from shared.models import Repository
 
     reroute = Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)
     laptop_id, _ = api.register(user="user-1", name="laptop")

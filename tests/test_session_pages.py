@@ -26,6 +26,7 @@ from shared.db import transaction
 from shared.intake import prune_deliveries
 from tests.helpers.api import ADMIN, Api, agent_session_event, issue_event
 from tests.helpers.chromium import headless_chromium
+from tests.helpers.data import queue_of
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
@@ -372,15 +373,7 @@ def test_retry_of_a_start_whose_conversation_went_on_without_it_is_refused(
         )
         assert stop.status_code == 200, stop.text
 
-    def queue() -> list[tuple[str, str]]:
-        with api.pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT q.session_id::text AS sid, q.payload->>'kind' AS kind FROM dispatch_queue q"
-                " ORDER BY q.seq"
-            ).fetchall()
-        return [(r["sid"], r["kind"]) for r in rows]
-
-    queued = queue()
+    queued = queue_of(api.pool)
     for week_on in (None, datetime.now(UTC) + timedelta(days=8)):
         if week_on is not None:  # the sweep has forgotten the deliveries and the stop's record
             prune_deliveries(api.pool, api.settings, now=week_on)
@@ -389,7 +382,7 @@ def test_retry_of_a_start_whose_conversation_went_on_without_it_is_refused(
         reason = "went on without it" if since == "follow_up" else "stopped in Linear"
         assert r.json()["error"] == "not_allowed" and reason in r.json()["detail"], r.text
         assert status(api, dead["sessionId"]) == "failed"
-        assert queue() == queued  # (the follow-up's fresh start, or nothing, as before)
+        assert queue_of(api.pool) == queued  # (the follow-up's fresh start, or nothing, as before)
     assert len(queued) == (1 if since == "follow_up" else 0)
 
 

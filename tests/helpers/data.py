@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any, LiteralString
 from uuid import UUID
 
-from shared.db import Pool, transaction
-from shared.models import DispatchPayload, Enqueued, IssueRef
+from shared.db import Pool, Tx, transaction
+from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
 from shared.queue import enqueue_dispatch
 from shared.settings import Settings
+from shared.sql import query
 
 
 @dataclass
@@ -128,3 +129,27 @@ def row_counts(pool: Pool) -> dict[str, int]:
         row = conn.execute(ROW_COUNTS).fetchone()
     assert row is not None
     return {k: int(v) for k, v in row.items()}
+
+
+def follow_up_in(tx: Tx, agent_session: str, machine: str, kind: MessageKind = "prompt") -> Enqueued:
+    """As the intake transaction of a follow-up of `agent_session` (org-a, user-1, issue-as), in
+    `tx`: the agent session's turn taken, and its message queued for `machine` (a prompt for the
+    machine that has the conversation, or, `kind="start"`, the conversation started afresh). Both
+    held until `tx` ends, as a follow-up being written holds them."""
+    tx.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": agent_session})
+    message = DispatchPayload(
+        issue=IssueRef(id="issue-as", identifier="ENG-7"), agent_session_id=agent_session, kind=kind
+    )
+    return enqueue_dispatch(
+        tx, org_id="org-a", orchestrator_id=UUID(machine), linear_user_id="user-1", message=message
+    )
+
+
+def queue_of(pool: Pool) -> list[tuple[str, str]]:
+    """What is queued, in queue order: each row's machine and its session's status."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT q.orchestrator_id::text AS o, s.status FROM dispatch_queue q"
+            " JOIN dispatch_sessions s ON s.id = q.session_id ORDER BY q.seq"
+        ).fetchall()
+    return [(r["o"], r["status"]) for r in rows]
