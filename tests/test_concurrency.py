@@ -24,6 +24,7 @@ from shared.queue import _session_params, ack, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from tests.helpers.data import MakeOrch, Orch, bulk, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
+from tests.helpers.plans import explain
 
 ROOT = Path(__file__).parent.parent
 T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
@@ -247,14 +248,8 @@ def test_claim_plan_probes_the_claim_index(
     q = query_with_limit(statement, 10)  # (as the library sends it: the LIMIT written in)
     params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "max": 10, "lease_seconds": 60}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
-        conn.execute(f"SET plan_cache_mode = {mode}")
         with conn.transaction():
-            plan = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q,
-                {**params, "now": None},
-                prepare=True,
-            ).fetchone()
-    assert plan is not None
+            plan = explain(conn, q, {**params, "now": None}, mode=mode)
     text = json.dumps(plan)
     assert "dispatch_queue_claim_idx" in text, text
     assert "Seq Scan" not in text, text
@@ -295,25 +290,20 @@ def test_a_claim_is_planned_once_per_connection_not_at_every_execution(
             ).fetchone()
             # Five trial plans, then the kept one for every run after (it was custom at every run).
             assert kept is not None and kept["custom_plans"] <= 5 and kept["generic_plans"] >= 10, kept
-            conn.execute("SET plan_cache_mode = force_generic_plan")
-            with conn.transaction():
-                params = {
-                    "orchestrator_id": o.id,
-                    "token_hash": hash_token(o.token),
-                    "max": 10,
-                    "lease_seconds": 60,
-                }
-                plan = conn.execute(
-                    "EXPLAIN (FORMAT JSON) " + text, {**params, "now": None}, prepare=True
-                ).fetchone()
+            params = {
+                "orchestrator_id": o.id,
+                "token_hash": hash_token(o.token),
+                "max": 10,
+                "lease_seconds": 60,
+                "now": None,
+            }
+            with conn.transaction(force_rollback=True):
+                plan = explain(conn, text, params, mode="force_generic_plan", options="COSTS")
             # A batch of 3 reads candidates up to its ceiling, 4, and locks no more than 3 of them.
             with conn.transaction(force_rollback=True):
-                three = conn.execute(
-                    "EXPLAIN (ANALYZE, FORMAT JSON) " + query_with_limit(statement, 3),
-                    {**params, "max": 3, "now": None},
-                    prepare=True,
-                ).fetchone()
-    assert plan is not None and three is not None
+                three = explain(
+                    conn, query_with_limit(statement, 3), {**params, "max": 3}, mode="force_generic_plan"
+                )
     assert "Seq Scan" not in json.dumps(plan), plan
     assert ("Index Scan", "dispatch_queue", "dispatch_queue_pkey") in _relations(
         plan["QUERY PLAN"][0]["Plan"]
@@ -349,12 +339,9 @@ def _steady_write_plan(
     state. `params(tx, n)` gives each run's values (and may write what the run needs first)."""
     plan: dict[str, Any] | None = None
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
-        conn.execute(f"SET plan_cache_mode = {mode}")
         with pytest.raises(RuntimeError), transaction(conn) as tx:
             for n in range(2):
-                plan = tx.conn.execute(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params(tx, n), prepare=True
-                ).fetchone()
+                plan = explain(tx.conn, sql, params(tx, n), mode=mode)
             raise RuntimeError("roll back")
     assert plan is not None
     return plan
@@ -785,12 +772,8 @@ def test_ack_plan_probes_by_key(
         "public_url": None,
     }
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
-        conn.execute(f"SET plan_cache_mode = {mode}")
         with conn.transaction():
-            plan = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query(statement), params, prepare=True
-            ).fetchone()
-    assert plan is not None
+            plan = explain(conn, query(statement), params, mode=mode)
     text = json.dumps(plan)
     assert "Seq Scan" not in text, text
     assert text.count("dispatch_queue_pkey") >= 1, text
@@ -815,14 +798,8 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
         conn.execute("ANALYZE dispatch_queue")
     params = {"org_id": o.org_id, "agent_session_id": "as-1", "reason": "stopped"}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
-        conn.execute(f"SET plan_cache_mode = {mode}")
         with conn.transaction():
-            plan = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("cancel_agent_session"),
-                params,
-                prepare=True,
-            ).fetchone()
-    assert plan is not None
+            plan = explain(conn, query("cancel_agent_session"), params, mode=mode)
     text = json.dumps(plan)
     assert "Seq Scan" not in text, text
     assert "dispatch_queue_agent_order_idx" in text, text
