@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -752,6 +753,47 @@ def test_a_follow_up_dead_lettered_while_a_stop_is_handled_is_marked_stopped(api
         _blocked_by(api.pool, _backend_of(last))  # the stop's cancel waits for the row
     t.join(timeout=15)
     assert out[0].status_code == 200, out[0].text
+    r = api.http.post(f"/sessions/{f['sessionId']}/retry", headers=api.admin())
+    assert r.status_code == 409 and "stopped in Linear" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize("upgraded", [False, True])
+def test_a_follow_up_dead_lettered_while_a_stop_waits_for_its_turn_is_marked_stopped(
+    api: Api, upgraded: bool
+) -> None:
+    """The stop's transaction began, and waits for the agent session's turn, when a follow-up's
+    last release (which takes no turn) commits its dead letter: the dead letter's time is after the
+    stop's. The stop's mark sees it all the same; and so does migration 0017's, for a database whose
+    stops and dead letters were written before it (`upgraded`: the schema before 0017 with this
+    data, then 0017), which has only the times to go by."""
+    laptop, token = api.register(user="user-1", name="laptop")
+    api.webhook(agent_session_event(session_id="as-waits"))
+    [s] = api.post_as(token, "/claim").json()["messages"]
+    assert (
+        api.post_as(token, "/ack", {"queueId": s["queueId"], "claimToken": s["claimToken"]}).status_code
+        == 200
+    )
+    f = api.webhook(agent_session_event(session_id="as-waits", action="prompted", body="and also?")).json()
+    later = datetime.now(UTC)
+    for _ in range(api.settings.max_attempts - 1):  # given back until its last attempt
+        later += timedelta(hours=1)
+        [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
+        release(api.pool, api.settings, UUID(laptop), m.queue_id, m.claim_token, reason="crashed", now=later)
+    later += timedelta(hours=1)
+    [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
+    stop = agent_session_event(session_id="as-waits", action="prompted", signal="stop")
+    with transaction(api.pool) as turn:  # (another event of the agent session, holding its turn)
+        turn.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-waits"})
+        t, out = in_thread(lambda: api.webhook(stop))
+        _blocked_by(api.pool, _backend_of(turn))  # the stop's transaction has begun, and waits
+        release(api.pool, api.settings, UUID(laptop), m.queue_id, m.claim_token, reason="crashed", now=later)
+    t.join(timeout=15)
+    assert out[0].status_code == 200, out[0].text
+    if upgraded:
+        migration = Path(__file__).parent.parent / "infra" / "migrations" / "0017_stopped_dead_letters.sql"
+        with transaction(api.pool) as tx:
+            tx.execute("ALTER TABLE dead_letters DROP COLUMN stopped_at")
+            tx.execute(migration.read_text())
     r = api.http.post(f"/sessions/{f['sessionId']}/retry", headers=api.admin())
     assert r.status_code == 409 and "stopped in Linear" in r.json()["detail"], r.text
 
