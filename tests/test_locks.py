@@ -717,26 +717,34 @@ def test_a_start_made_after_a_stop_is_retried_whatever_its_transaction_began(api
     assert queue_of(api.pool) == [(laptop, "queued")]
 
 
-def test_a_follow_up_dead_lettered_while_a_stop_is_handled_is_marked_stopped(api: Api) -> None:
-    """A follow-up's last release dead-letters it (without the agent session's turn: only a start's
-    takes it) while the person's stop is handled. The stop's cancel waits for the release's row,
-    and the stop's mark, written after the cancel, sees the dead letter: its retry is refused. Marked
-    before the cancel, the dead letter was missed, and the retry resumed stopped work."""
+def _follow_up_at_its_last_attempt(api: Api, agent_session: str) -> tuple[str, dict[str, Any], Any, datetime]:
+    """A conversation a machine has (its start delivered), and a follow-up in it given back until
+    its last attempt, claimed: the machine, the follow-up's answer, its claim, and the claim's time."""
     laptop, token = api.register(user="user-1", name="laptop")
-    api.webhook(agent_session_event(session_id="as-race"))
+    api.webhook(agent_session_event(session_id=agent_session))
     [s] = api.post_as(token, "/claim").json()["messages"]
     assert (
         api.post_as(token, "/ack", {"queueId": s["queueId"], "claimToken": s["claimToken"]}).status_code
         == 200
     )
-    f = api.webhook(agent_session_event(session_id="as-race", action="prompted", body="and also?")).json()
+    body = agent_session_event(session_id=agent_session, action="prompted", body="and also?")
+    f: dict[str, Any] = api.webhook(body).json()
     later = datetime.now(UTC)
-    for _ in range(api.settings.max_attempts - 1):  # given back until its last attempt
+    for _ in range(api.settings.max_attempts - 1):
         later += timedelta(hours=1)
         [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
         release(api.pool, api.settings, UUID(laptop), m.queue_id, m.claim_token, reason="crashed", now=later)
     later += timedelta(hours=1)
     [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
+    return laptop, f, m, later
+
+
+def test_a_follow_up_dead_lettered_while_a_stop_is_handled_is_marked_stopped(api: Api) -> None:
+    """A follow-up's last release dead-letters it (without the agent session's turn: only a start's
+    takes it) while the person's stop is handled. The stop's cancel waits for the release's row,
+    and the stop's mark, written after the cancel, sees the dead letter: its retry is refused. Marked
+    before the cancel, the dead letter was missed, and the retry resumed stopped work."""
+    laptop, f, m, later = _follow_up_at_its_last_attempt(api, "as-race")
     stop = agent_session_event(session_id="as-race", action="prompted", signal="stop")
     with transaction(api.pool) as last:  # the last release, not yet committed
         params = {
@@ -766,21 +774,7 @@ def test_a_follow_up_dead_lettered_while_a_stop_waits_for_its_turn_is_marked_sto
     stop's. The stop's mark sees it all the same; and so does migration 0017's, for a database whose
     stops and dead letters were written before it (`upgraded`: the schema before 0017 with this
     data, then 0017), which has only the times to go by."""
-    laptop, token = api.register(user="user-1", name="laptop")
-    api.webhook(agent_session_event(session_id="as-waits"))
-    [s] = api.post_as(token, "/claim").json()["messages"]
-    assert (
-        api.post_as(token, "/ack", {"queueId": s["queueId"], "claimToken": s["claimToken"]}).status_code
-        == 200
-    )
-    f = api.webhook(agent_session_event(session_id="as-waits", action="prompted", body="and also?")).json()
-    later = datetime.now(UTC)
-    for _ in range(api.settings.max_attempts - 1):  # given back until its last attempt
-        later += timedelta(hours=1)
-        [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
-        release(api.pool, api.settings, UUID(laptop), m.queue_id, m.claim_token, reason="crashed", now=later)
-    later += timedelta(hours=1)
-    [m] = claim(api.pool, UUID(laptop), max=1, lease_seconds=60, now=later)
+    laptop, f, m, later = _follow_up_at_its_last_attempt(api, "as-waits")
     stop = agent_session_event(session_id="as-waits", action="prompted", signal="stop")
     with transaction(api.pool) as turn:  # (another event of the agent session, holding its turn)
         turn.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-waits"})
