@@ -497,6 +497,19 @@ def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) ->
     return ack_many(pool, orchestrator_id, [AckItem(queue_id, claim_token)]).statuses[0]
 
 
+def wait_for_turn(tx: Tx, peek: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the statement `peek`, which reads a row's agent session (`org_id`, `agent_session_id`)
+    or finds no row, and then wait for that agent session's turn, held to the commit: what the
+    caller's next statements read is what the turn's previous holder committed. The row read, or
+    None (no turn taken)."""
+    tx = require_tx(tx, "wait_for_turn")
+    row = tx.one(query(peek), params)
+    if row is None:
+        return None
+    tx.execute(query("agent_session_turn_alone"), dict(row))
+    return dict(row)
+
+
 @dataclass(frozen=True)
 class Released:
     status: Literal["released", "claim_superseded", "not_found"]
@@ -532,9 +545,7 @@ def release(
         **end_claim_params(settings, now),
     }
     with transaction(pool) as tx:
-        turn = tx.one(query("release_peek"), params)
-        if turn is not None:  # (a start dead-lettered with what is queued behind it: `release_peek`)
-            tx.execute(query("agent_session_turn_alone"), dict(turn))
+        wait_for_turn(tx, "release_peek", params)  # (a start dead-lettered with what is behind it)
         row = tx.one(query("release"), params)
         assert row is not None
         if row["matched"]:
@@ -567,16 +578,13 @@ def release_to_route_again(
         "orchestrator_id": orchestrator_id,
         "claim_token": claim_token,
     }
-    peek = tx.one(query("release_start_peek"), params)
+    peek = wait_for_turn(tx, "release_start_peek", params)
     if peek is None:
         return None
-    tx.execute(query("agent_session_turn_alone"), dict(peek))
     locked = tx.one(query("release_start_lock"), params)
     if locked is None:
         return None
-    rows = tx.all(
-        query("release_start_remove"), {**params, **dict(peek), "seq": locked["seq"], "reason": reason}
-    )
+    rows = tx.all(query("release_start_remove"), {**params, **peek, "seq": locked["seq"], "reason": reason})
     return [(DispatchPayload.model_validate(r["payload"]), r["linear_user_id"]) for r in rows]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from shared.db import Pool, Tx, lend, transaction
+from shared.queue import wait_for_turn
 from shared.sql import query
 
 SEARCH_LIMIT = 50
@@ -102,9 +103,7 @@ def _locked(tx: Tx, session_id: UUID, *, turn: bool = False) -> dict[str, Any]:
     start, or that decides on what its conversation did since. The order the webhooks and the ack
     take them in."""
     if turn:
-        agent_session = tx.one(query("session_turn_peek"), {"id": session_id})
-        if agent_session is not None:
-            tx.execute(query("agent_session_turn_alone"), dict(agent_session))
+        wait_for_turn(tx, "session_turn_peek", {"id": session_id})
     tx.execute(query("session_queue_lock"), {"id": session_id})  # (the queue row before the session's)
     row = tx.one(query("session_lock"), {"id": session_id})
     if row is None:
