@@ -119,18 +119,16 @@ FOR UPDATE OF s;
 -- conversation did since, which the retry must not undo or fork. No row: no agent session.
 -- * `stopped`: the person stopped the agent session while this message was failed (`record_stop`
 --   marked its dead letter): a retry would start work they stopped.
--- * `holder`: the machine that has the conversation now, the newest other message of the agent
---   session queued or delivered on an active machine (as `devpilot_agent_session_holder` finds
---   it), or NULL. A start is retried only while there is none: a follow-up handled after the start
---   failed started the conversation afresh, and a retry would start it a second time. Any other
---   message (a follow-up, a stop) only on the machine that has the conversation: elsewhere it would
---   reach a machine that never started it (its start failed too: retry that first).
+-- * `holder`: the machine that has the conversation now (`devpilot_agent_session_holder`: the
+--   newest message of the agent session queued or delivered on an active machine; this failed one
+--   is neither; the turn is this transaction's, and re-entrant), or NULL. A start is retried only
+--   while there is none: a follow-up handled after the start failed started the conversation
+--   afresh, and a retry would start it a second time. Any other message (a follow-up, a stop) only
+--   on the machine that has the conversation: elsewhere it would reach a machine that never started
+--   it (its start failed too: retry that first).
 SELECT
     EXISTS (SELECT 1 FROM dead_letters d WHERE d.session_id = s.id AND d.stopped_at IS NOT NULL) AS stopped,
-    (SELECT o.orchestrator_id FROM dispatch_sessions o JOIN orchestrators m ON m.id = o.orchestrator_id
-     WHERE o.org_id = s.org_id AND o.agent_session_id = s.agent_session_id AND o.id <> s.id
-       AND o.status IN ('queued', 'delivered') AND m.revoked_at IS NULL
-     ORDER BY o.created_at DESC LIMIT 1) AS holder
+    (SELECT h.orchestrator_id FROM devpilot_agent_session_holder(s.org_id, s.agent_session_id, false) h) AS holder
 FROM dispatch_sessions s
 WHERE s.id = %(id)s AND s.agent_session_id IS NOT NULL;
 
