@@ -1,5 +1,5 @@
 """Request bodies of the routes (strict: a string where a number belongs is a 400, not a guess). The
-fleet's own (claim, ack, release), and the base they share, are in functions/fleet_bodies.py."""
+fleet's own (claim, ack, release) are in functions/fleet_bodies.py, read without pydantic."""
 
 from __future__ import annotations
 
@@ -18,10 +18,15 @@ from pydantic import (
     model_validator,
 )
 
-from functions.fleet_bodies import Body
 from functions.fleet_bodies import loose_uuid as loose_uuid
 from shared import machines
 from shared.models import FULL_NAME, HOSTNAME, LABEL
+
+
+class Body(BaseModel):
+    # Each model's validator is built on its first use, not at import: a route's first request
+    # builds the one body it reads, not all of them (cold start, bench/README.md).
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", defer_build=True)
 
 
 class RepositoryIn(Body):

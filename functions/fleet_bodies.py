@@ -1,13 +1,16 @@
-"""The bodies of the routes a fleet calls all day (claim, ack, release), apart from every other
-route's (functions/bodies.py): a poll or ack target's first request builds these few models, not all
-of them, nor imports what the others check against (cold start, bench/README.md). Strict as the
-others: a string where a number belongs is a 400, not a guess."""
+"""The bodies of the routes a fleet calls all day (claim, ack, release), read by hand rather than by
+pydantic (functions/bodies.py has every other route's): importing pydantic is 50–90 ms of a cold
+instance's first answer (bench/README.md, Cold start), for three bodies of a few fields. The rules are
+pydantic's strict ones, which the other bodies keep: a string where a number belongs (or `true`, or
+`5.0`) is a 400, not a guess; unknown fields are ignored; each field is found by its wire name or its
+Python name; the 400 names the field (`acks.0.queueId: ...`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
 from uuid import UUID
-
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 NIL = UUID(int=0)  # matches no row and no token: how a malformed id is judged
 
@@ -20,27 +23,126 @@ def loose_uuid(value: str) -> UUID:
         return NIL
 
 
-class Body(BaseModel):
-    # Each model's validator is built on its first use, not at import: a route's first request
-    # builds the one body it reads, not all of them (cold start, bench/README.md).
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", defer_build=True)
+class BodyError(ValueError):
+    """A body that breaks its route's rules; the message starts with the field's place."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}")
 
 
-class ClaimBody(Body):
-    max: StrictInt = Field(default=10, ge=1, le=100)
-    wait_seconds: StrictInt = Field(default=0, ge=0, le=25, alias="waitSeconds")
+_MISSING = object()
 
 
-class AckOne(Body):
-    queue_id: StrictStr = Field(alias="queueId", max_length=100)
-    claim_token: StrictStr = Field(alias="claimToken", max_length=100)
+class PlainBody:
+    """A request body read without pydantic: `parse` takes the JSON object, or raises BodyError."""
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
+        raise NotImplementedError
 
 
-class AckBody(Body):
-    queue_id: StrictStr | None = Field(default=None, alias="queueId", max_length=100)
-    claim_token: StrictStr | None = Field(default=None, alias="claimToken", max_length=100)
-    acks: list[AckOne] | None = Field(default=None, min_length=1, max_length=100)
+def _get(data: Mapping[str, Any], wire: str, name: str) -> object:
+    # The wire name first, as pydantic's populate_by_name does.
+    return data.get(wire, data.get(name, _MISSING))
 
 
-class ReleaseBody(AckOne):
-    reason: StrictStr | None = Field(default=None, max_length=2000)
+def _int(data: Mapping[str, Any], wire: str, name: str, where: str, *, default: int, lo: int, hi: int) -> int:
+    value = _get(data, wire, name)
+    if value is _MISSING:
+        return default
+    if type(value) is not int:  # (bool is an int to Python, not to JSON)
+        raise BodyError(where + wire, "must be an integer")
+    if not lo <= value <= hi:
+        raise BodyError(where + wire, f"must be from {lo} to {hi}")
+    return value
+
+
+def _text(data: Mapping[str, Any], wire: str, name: str, where: str, *, most: int) -> str | None:
+    """The field's string, or None when it is absent or null."""
+    value = _get(data, wire, name)
+    if value is _MISSING or value is None:
+        return None
+    if not isinstance(value, str):
+        raise BodyError(where + wire, "must be a string")
+    if len(value) > most:
+        raise BodyError(where + wire, f"must be at most {most} characters")
+    return value
+
+
+def _needed(value: str | None, where: str) -> str:
+    if value is None:
+        raise BodyError(where, "is required")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBody(PlainBody):
+    max: int = 10
+    wait_seconds: int = 0
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
+        return cls(
+            max=_int(data, "max", "max", where, default=10, lo=1, hi=100),
+            wait_seconds=_int(data, "waitSeconds", "wait_seconds", where, default=0, lo=0, hi=25),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AckOne(PlainBody):
+    queue_id: str
+    claim_token: str
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
+        return cls(
+            queue_id=_needed(_text(data, "queueId", "queue_id", where, most=100), where + "queueId"),
+            claim_token=_needed(
+                _text(data, "claimToken", "claim_token", where, most=100), where + "claimToken"
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AckBody(PlainBody):
+    """One ack (`queueId`, `claimToken`) or a batch (`acks`): which one, functions/ack.py decides."""
+
+    queue_id: str | None = None
+    claim_token: str | None = None
+    acks: list[AckOne] | None = None
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
+        acks = _get(data, "acks", "acks")
+        if acks is _MISSING or acks is None:
+            batch = None
+        elif not isinstance(acks, list):
+            raise BodyError(where + "acks", "must be a list")
+        elif not 1 <= len(acks) <= 100:
+            raise BodyError(where + "acks", "must hold 1 to 100 acks")
+        else:
+            batch = [_one(item, f"{where}acks.{i}") for i, item in enumerate(acks)]
+        return cls(
+            queue_id=_text(data, "queueId", "queue_id", where, most=100),
+            claim_token=_text(data, "claimToken", "claim_token", where, most=100),
+            acks=batch,
+        )
+
+
+def _one(item: object, where: str) -> AckOne:
+    if not isinstance(item, dict):
+        raise BodyError(where, "must be an object")
+    return AckOne.parse(item, where + ".")
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseBody(PlainBody):
+    queue_id: str
+    claim_token: str
+    reason: str | None = None
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
+        one = AckOne.parse(data, where)
+        reason = _text(data, "reason", "reason", where, most=2000)
+        return cls(queue_id=one.queue_id, claim_token=one.claim_token, reason=reason)

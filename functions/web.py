@@ -8,11 +8,11 @@ import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import flask
-from pydantic import BaseModel, ValidationError
 
+from functions.fleet_bodies import BodyError, PlainBody
 from functions.runtime import Runtime
 from shared import agent_tokens, jsoninput
 from shared.dispatch import Dispatch
@@ -20,7 +20,11 @@ from shared.orchestrators import UNAUTHORIZED, Orchestrator, authenticate, authe
 
 MAX_BODY = 1024 * 1024  # 1 MiB
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
+P = TypeVar("P", bound=PlainBody)
 _ctx = threading.local()
 
 
@@ -90,16 +94,36 @@ def raw_body(request: flask.Request) -> bytes:
     return data
 
 
-def json_body(request: flask.Request, model: type[M], *, empty_ok: bool = False) -> M:
+def json_object(request: flask.Request, *, empty_ok: bool = False) -> dict[str, Any]:
+    """The body as a JSON object (an empty body is `{}` where `empty_ok`), or a 400."""
     data = raw_body(request)
     if not data.strip() and empty_ok:
-        return model()
+        return {}
     try:
         parsed = jsoninput.load(data)
     except jsoninput.BadJson as exc:
         raise ApiError(400, "bad_request", str(exc)) from None
     if not isinstance(parsed, dict):
         raise ApiError(400, "bad_request", "body must be a JSON object")
+    return parsed
+
+
+@overload
+def json_body(request: flask.Request, model: type[P], *, empty_ok: bool = False) -> P: ...
+@overload
+def json_body(request: flask.Request, model: type[M], *, empty_ok: bool = False) -> M: ...
+def json_body(request: flask.Request, model: type[P] | type[M], *, empty_ok: bool = False) -> P | M:
+    """The body read by its model: a fleet route's plain one (functions/fleet_bodies.py), or any
+    other route's pydantic model; a body that breaks the model's rules is a 400 naming the field."""
+    parsed = json_object(request, empty_ok=empty_ok)
+    if issubclass(model, PlainBody):
+        try:
+            return model.parse(parsed)
+        except BodyError as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+    # Imported here: the fleet's targets never load pydantic (cold start, bench/README.md).
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(parsed)
     except ValidationError as exc:
@@ -166,7 +190,11 @@ class Call:
     def service(self) -> Dispatch:
         return self.rt.service
 
-    def body(self, model: type[M], *, empty_ok: bool = False) -> M:
+    @overload
+    def body(self, model: type[P], *, empty_ok: bool = False) -> P: ...
+    @overload
+    def body(self, model: type[M], *, empty_ok: bool = False) -> M: ...
+    def body(self, model: type[P] | type[M], *, empty_ok: bool = False) -> P | M:
         return json_body(self.request, model, empty_ok=empty_ok)
 
 
