@@ -17,7 +17,7 @@ commit (Linear notice ids); `shared.dispatch` is the service level that sends th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 from uuid import UUID, uuid4
@@ -90,8 +90,8 @@ def enqueue_dispatch(
         name = "enqueue_for_delivery"
     params = _session_params(message, session_id, now)
     if speaks_as is not None:
-        payload = message.model_copy(update={"agent_session_id": speaks_as})
-        params["payload"] = Jsonb(payload.model_dump(mode="json", by_alias=True))
+        payload = replace(message, agent_session_id=speaks_as)
+        params["payload"] = Jsonb(payload.wire())
     row = tx.one(
         query(name),
         {
@@ -124,7 +124,7 @@ def _session_params(
         "issue_identifier": message.issue.identifier,
         "agent_session_id": message.agent_session_id,
         "kind": message.kind,
-        "payload": Jsonb(message.model_dump(mode="json", by_alias=True)),
+        "payload": Jsonb(message.wire()),
         "now": now,
     }
 
@@ -251,7 +251,7 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
             "issue_id": f.message.issue.id,
             "issue_identifier": f.message.issue.identifier,
             "agent_session_id": f.message.agent_session_id,
-            "payload": f.message.model_dump(mode="json", by_alias=True),
+            "payload": f.message.wire(),
             "prompt_at": f.written_at.isoformat() if f.written_at is not None else None,
         }
         for n, f in enumerate(follow_ups[i] for i in written)
@@ -322,7 +322,7 @@ def _route_and_enqueue_many(
             "issue_identifier": st.message.issue.identifier,
             "agent_session_id": st.message.agent_session_id,
             "event_at": st.event_at.isoformat() if st.event_at is not None else None,
-            "payload": st.message.model_dump(mode="json", by_alias=True),
+            "payload": st.message.wire(),
         }
         for n, st in enumerate(starts[i] for i in written)
     ]
@@ -409,11 +409,11 @@ def _messages(rows: list[DictRow]) -> list[TaskDispatchMessage]:
             claim_token=r["claim_token"],
             lease_expires_at=r["lease_expires_at"],
             created_at=r["created_at"],
-            issue=IssueRef.model_validate(r["payload"]["issue"]),
+            issue=IssueRef.from_wire(r["payload"]["issue"]),
             agent_session_id=r["payload"].get("agentSessionId"),
             kind=r["payload"].get("kind", "start"),
-            prompt=Prompt.model_validate(r["payload"]["prompt"]) if r["payload"].get("prompt") else None,
-            repository=Repository.model_validate(r["payload"]["repository"])
+            prompt=Prompt.from_wire(r["payload"]["prompt"]) if r["payload"].get("prompt") else None,
+            repository=Repository.from_wire(r["payload"]["repository"])
             if r["payload"].get("repository")
             else None,
         )
@@ -585,7 +585,7 @@ def release_to_route_again(
     if locked is None:
         return None
     rows = tx.all(query("release_start_remove"), {**params, **peek, "seq": locked["seq"], "reason": reason})
-    return [(DispatchPayload.model_validate(r["payload"]), r["linear_user_id"]) for r in rows]
+    return [(DispatchPayload.from_wire(r["payload"]), r["linear_user_id"]) for r in rows]
 
 
 @dataclass(frozen=True)

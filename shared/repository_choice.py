@@ -87,9 +87,7 @@ class Choice:
     def stored(self) -> dict[str, Any]:
         """The candidates kept with an asked request, to read the answer by."""
         return {
-            "repositories": [
-                {**c.repository.model_dump(by_alias=True), "confidence": c.confidence} for c in self.ask or []
-            ],
+            "repositories": [{**c.repository.wire(), "confidence": c.confidence} for c in self.ask or []],
             "machines": None if self.machines is None else [str(m) for m in self.machines],
         }
 
@@ -153,7 +151,7 @@ def choose(
 def _answered(stored: dict[str, Any], answer: str) -> Choice:
     """The person's pick (a `prompted` with the `select` signal), read against what was asked."""
     asked = [
-        Candidate(Repository.model_validate(r), r.get("confidence")) for r in stored.get("repositories") or []
+        Candidate(Repository.from_wire(r), r.get("confidence")) for r in stored.get("repositories") or []
     ]
     ids = stored.get("machines")
     machines = None if ids is None else [UUID(m) for m in ids]
@@ -193,7 +191,7 @@ def _machines(pool: Pool, org: str, user: str) -> list[Machine]:
             frozenset(r["repository_keys"]),
             frozenset(r["labels"]),
             r["routing_shape"],
-            tuple(Repository.model_validate(x) for x in r["repositories"]),
+            tuple(Repository.from_wire(x) for x in r["repositories"]),
         )
         for r in rows
     ]

@@ -25,7 +25,7 @@ repository it does not have gives the start back (`release_elsewhere`), and it i
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
 
@@ -75,7 +75,7 @@ def request(
             "agent_session_id": message.agent_session_id,
             "issue_id": message.issue.id,
             "need": need,
-            "message": Jsonb(message.model_dump(mode="json", by_alias=True)),
+            "message": Jsonb(message.wire()),
             "delivery_key": delivery_key,
             "linear_user_id": linear_user_id,
         },
@@ -181,7 +181,7 @@ def run(pool: Pool, settings: Settings, ids: list[UUID] | None = None, limit: in
 
 
 def _route_one(pool: Pool, settings: Settings, row: dict[str, Any], result: Result) -> None:
-    message = DispatchPayload.model_validate(row["message"])
+    message = DispatchPayload.from_wire(row["message"])
     org = row["org_id"]
     user: str | None = row.get("linear_user_id")
     outcome: str | None = None
@@ -259,7 +259,7 @@ def _decide(
         _done(tx, row, outcome or "no_machine", None)
         _tell(tx, row, message, body, result)
         return
-    payload = message.model_copy(update={"kind": kind, "repository": repository if kind == "start" else None})
+    payload = replace(message, kind=kind, repository=repository if kind == "start" else None)
     chosen = choice is not None and not choice.alike
     enq = enqueue_dispatch(
         tx,

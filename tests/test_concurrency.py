@@ -10,6 +10,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -596,9 +597,7 @@ def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
                     "issue_id": "i",
                     "issue_identifier": "X-1",
                     "agent_session_id": held,
-                    "payload": start.model_copy(update={"kind": "prompt"}).model_dump(
-                        mode="json", by_alias=True
-                    ),
+                    "payload": replace(start, kind="prompt").wire(),
                 }
             )
         return {"batch": Jsonb(batch), "now": None}

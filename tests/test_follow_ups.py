@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -112,7 +113,7 @@ def test_follow_ups_need_a_transaction_and_are_prompts(pool: Pool, make_orchestr
     with pool.connection() as conn, pytest.raises(TypeError, match="open transaction"):
         prompt_holders(conn, [prompted("as-1")])  # type: ignore[arg-type]
     start = prompted("as-1")
-    start = FollowUp(start.org_id, None, start.message.model_copy(update={"kind": "start"}), "k", "c")
+    start = FollowUp(start.org_id, None, replace(start.message, kind="start"), "k", "c")
     with statement(pool) as tx, pytest.raises(ValueError, match="prompts"):
         prompt_holders(tx, [start])
     assert row_counts(pool)["sessions"] == 1

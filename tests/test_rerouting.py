@@ -438,7 +438,7 @@ def test_the_sweep_moves_a_start_about_a_repository_only_to_a_machine_that_has_i
     with transaction(api.pool) as tx:
         about = enqueue_dispatch(
             tx, org_id="org-a", orchestrator_id=UUID(laptop_id), linear_user_id="user-1",
-            message=DispatchPayload(issue=IssueRef(id="iss-repo"), repository=Repository.model_validate(backend)),
+            message=DispatchPayload(issue=IssueRef(id="iss-repo"), repository=Repository.from_wire(backend)),
         )  # fmt: skip
         plain = enqueue_dispatch(
             tx, org_id="org-a", orchestrator_id=UUID(laptop_id), linear_user_id="user-1",
