@@ -76,4 +76,4 @@ def fill(settings: Settings) -> tuple[Settings, list[Kept]]:
         value, created = read_or_create(name, lambda: secrets.token_urlsafe(32).encode())
         values[field] = value.decode()
         kept.append(Kept(variable, (home() / name).resolve(), created))
-    return (settings.model_copy(update=values) if values else settings), kept
+    return (settings.replace(**values) if values else settings), kept

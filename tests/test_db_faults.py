@@ -48,7 +48,7 @@ from shared import deadline
 from shared.db import Connection, Pool, lend, open_pool, transaction
 from shared.linear import sign
 from shared.orchestrators import register
-from shared.settings import Settings
+from shared.settings import Settings, SettingsError
 from tests.helpers.api import SECRET, issue_event
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.serving import free_port, start_serve, wait_healthy
@@ -486,7 +486,7 @@ def test_healthz_says_unavailable_at_once_when_the_database_refuses() -> None:
 
 
 def test_the_idle_transaction_limit_must_outlast_linears_timeout() -> None:
-    with pytest.raises(ValueError, match="IDLE_IN_TRANSACTION"):
+    with pytest.raises(SettingsError, match="IDLE_IN_TRANSACTION"):
         Settings(DEVPILOT_LINEAR_TIMEOUT_SECONDS=10, DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS=10_000)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+from dataclasses import FrozenInstanceError
 from typing import Any
 
 import pytest
@@ -13,7 +15,8 @@ from functions.bodies import RegisterBody
 from functions.fleet_bodies import loose_uuid
 from shared import sql
 from shared.linear import BadWebhook, intent, parse
-from shared.settings import Settings, SettingsError, load_settings
+from shared.settings import Settings, SettingsError, get_settings, load_settings
+from tests.helpers.fresh_python import run_json
 
 
 def test_sql_blocks_includes_and_errors() -> None:
@@ -85,6 +88,7 @@ def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         5,
     )
     assert s.webhook_tolerance_seconds == 60 and not s.realtime_enabled
+    assert Settings.defaults()["DEVPILOT_POOL_MAX"] == 10 and Settings.defaults()["DATABASE_URL"] is None
     monkeypatch.setenv("DEVPILOT_LEASE_SECONDS", "soon")
     with pytest.raises(SettingsError, match="DEVPILOT_LEASE_SECONDS"):
         load_settings()
@@ -92,7 +96,15 @@ def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEVPILOT_BACKOFF_CAP_SECONDS", "10")
     with pytest.raises(SettingsError, match="CAP"):
         load_settings()
+    monkeypatch.setenv("DEVPILOT_BACKOFF_CAP_SECONDS", "60")  # equal to the base: allowed
+    assert load_settings().backoff_cap_seconds == 60
     monkeypatch.setenv("DEVPILOT_BACKOFF_CAP_SECONDS", "900")
+    monkeypatch.setenv("DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS", "5000")  # the Linear timeout's 5 s
+    with pytest.raises(SettingsError, match="DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS: must exceed"):
+        load_settings()
+    monkeypatch.setenv("DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS", "5001")
+    assert load_settings().idle_in_transaction_timeout_ms == 5001
+    monkeypatch.delenv("DEVPILOT_IDLE_IN_TRANSACTION_TIMEOUT_MS")
     assert s.delivery_retention_hours == 168  # a week
     for hours, kept in (("0", 0), ("24", 24)):  # 0: for ever
         monkeypatch.setenv("DEVPILOT_DELIVERY_RETENTION_HOURS", hours)
@@ -102,19 +114,112 @@ def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "why"),
+    [
+        ("DEVPILOT_LEASE_SECONDS", "soon", "not an integer"),
+        ("DEVPILOT_LEASE_SECONDS", "10.5", "not an integer"),  # a float where an int belongs
+        ("DEVPILOT_LEASE_SECONDS", "true", "not an integer"),
+        ("DEVPILOT_LINEAR_TIMEOUT_SECONDS", "fast", "not a number"),
+        ("DEVPILOT_METRICS", "maybe", "not a boolean"),
+        ("DEVPILOT_METRICS", "", "not a boolean"),
+        ("DEVPILOT_POOL_MAX", "0", "must be >= 1"),  # ge
+        ("DEVPILOT_REPOSITORY_CONFIDENCE", "-0.1", "must be >= 0"),  # ge, of a float
+        ("DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS", "0", "must be > 0"),  # gt, at its boundary
+        ("DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS", "nan", "must be > 0"),
+        ("DEVPILOT_POOL_MAX", "201", "must be <= 200"),  # le
+        ("DEVPILOT_REPOSITORY_CONFIDENCE", "1.01", "must be <= 1"),
+        ("DEVPILOT_ENDPOINTS", "{not json", "not JSON"),
+        ("DEVPILOT_ENDPOINTS", '["https://claim.example"]', "not a JSON object"),
+        ("DEVPILOT_ENDPOINTS", '{"claim": 1}', "not a JSON object"),
+    ],
+)
+def test_a_bad_value_is_reported_with_its_variable_and_why(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, why: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=rf"^invalid configuration: {variable}: {re.escape(why)}"):
+        load_settings()
+    with pytest.raises(SettingsError, match=rf"^invalid configuration: {variable}: {re.escape(why)}"):
+        Settings(**{variable: value})  # (given, as the environment spells it)
+
+
+def test_every_bad_value_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEVPILOT_POOL_MAX", "0")
+    monkeypatch.setenv("DEVPILOT_METRICS", "maybe")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "invalid configuration: DEVPILOT_POOL_MAX: must be >= 1; DEVPILOT_METRICS: not a boolean "
+        "(true/false, 1/0, yes/no, on/off, t/f, y/n)"
+    )
+
+
+def test_settings_convert_what_the_environment_spells_as_pydantic_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for text, number in (("10", 10), (" 10 ", 10), ("1_0", 10), ("10.0", 10), ("+7", 7)):
+        monkeypatch.setenv("DEVPILOT_POOL_MAX", text)
+        got = load_settings().database_pool_max
+        assert (got, type(got)) == (number, int), text
+    for text, seconds in (("2.5", 2.5), ("3", 3.0), (".5", 0.5), ("1e1", 10.0)):
+        monkeypatch.setenv("DEVPILOT_REQUEST_DEADLINE_SECONDS", text)
+        got_seconds = load_settings().request_deadline_seconds
+        assert (got_seconds, type(got_seconds)) == (seconds, float), text
+    words = {"true": True, "1": True, "yes": True, "on": True, "t": True, "y": True}
+    words |= {"false": False, "0": False, "no": False, "off": False, "f": False, "n": False}
+    for word, meaning in words.items():
+        for spelled in (word, word.upper()):
+            monkeypatch.setenv("DEVPILOT_METRICS", spelled)
+            assert load_settings().metrics_enabled is meaning, spelled
+    monkeypatch.setenv("DEVPILOT_PUBLIC_URL", "")  # set, but empty: kept as it is
+    assert load_settings().public_url == ""
+
+
 def test_settings_come_from_the_environment_in_any_case_and_yield_to_given_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("devpilot_pool_max", "7")
     monkeypatch.setenv("DEVPILOT_METRICS", "true")
     monkeypatch.setenv("DEVPILOT_ENDPOINTS", '{"claim": "https://claim.example"}')
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db.example/dispatch")
     s = Settings()
     assert (s.database_pool_max, s.metrics_enabled) == (7, True)
     assert s.endpoints == {"claim": "https://claim.example"}
-    assert Settings(DEVPILOT_POOL_MAX=3).database_pool_max == 3
+    assert s.database_url == "postgresql://db.example/dispatch"
+    given = Settings(DEVPILOT_POOL_MAX=3, DEVPILOT_METRICS=False, DATABASE_URL=None)
+    assert (given.database_pool_max, given.metrics_enabled, given.database_url) == (3, False, None)
+    assert Settings(DEVPILOT_POOL_MAX="4", DEVPILOT_ENDPOINTS={"ack": "https://a"}).database_pool_max == 4
+    assert Settings(DEVPILOT_ENDPOINTS={"ack": "https://a"}).endpoints == {"ack": "https://a"}
+    # Other names are ignored: unknown variables, and fields' attribute names.
+    assert Settings(NOT_A_SETTING=1, database_pool_max=99).database_pool_max == 7
     monkeypatch.setenv("DEVPILOT_ENDPOINTS", "{not json")
     with pytest.raises(SettingsError, match="DEVPILOT_ENDPOINTS"):
         load_settings()
+    assert Settings(DEVPILOT_ENDPOINTS=None).endpoints is None  # (given: the environment is not read)
+
+
+def test_settings_do_not_change_and_a_copy_checks_its_changes() -> None:
+    s = Settings(DEVPILOT_MAX_ATTEMPTS=3)
+    with pytest.raises(FrozenInstanceError):
+        s.max_attempts = 4  # type: ignore[misc]
+    copy = s.replace(admin_token="admin", lease_seconds=30)
+    assert (copy.admin_token, copy.lease_seconds, copy.max_attempts) == ("admin", 30, 3)
+    assert (s.admin_token, s.lease_seconds) == (None, 60)
+    with pytest.raises(SettingsError, match="DEVPILOT_LEASE_SECONDS: must be >= 1"):
+        s.replace(lease_seconds=0)
+    with pytest.raises(TypeError, match="lease"):
+        s.replace(lease=30)
+
+
+def test_settings_are_read_without_importing_pydantic() -> None:
+    """Every target reads them on its first request; pydantic's import is 50–90 ms of a cold start."""
+    code = (
+        "import sys, json, shared.settings; shared.settings.get_settings(); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.partition('.')[0] in ('pydantic', 'pydantic_core'))))"
+    )
+    assert run_json(code) == []
+    assert get_settings() is get_settings()  # (read once)
 
 
 def hook(body: dict[str, Any]) -> Any:
