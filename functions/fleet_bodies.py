@@ -113,6 +113,9 @@ class AckBody(PlainBody):
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
+        # (in the fields' order, so a body with two faults hears of the one pydantic named)
+        queue_id = _text(data, "queueId", "queue_id", where, most=100)
+        claim_token = _text(data, "claimToken", "claim_token", where, most=100)
         acks = _get(data, "acks", "acks")
         if acks is _MISSING or acks is None:
             batch = None
@@ -122,11 +125,7 @@ class AckBody(PlainBody):
             raise BodyError(where + "acks", "must hold 1 to 100 acks")
         else:
             batch = [_one(item, f"{where}acks.{i}") for i, item in enumerate(acks)]
-        return cls(
-            queue_id=_text(data, "queueId", "queue_id", where, most=100),
-            claim_token=_text(data, "claimToken", "claim_token", where, most=100),
-            acks=batch,
-        )
+        return cls(queue_id=queue_id, claim_token=claim_token, acks=batch)
 
 
 def _one(item: object, where: str) -> AckOne:

@@ -148,6 +148,10 @@ def _outlives_linears_retries(hours: int) -> None:
 
 @dataclass(frozen=True, init=False)
 class Settings:
+    # Not hashable, as the pydantic model was not: `endpoints` is a dict, so a hash (a cache keyed
+    # by the settings) would work only where DEVPILOT_ENDPOINTS is unset.
+    __hash__ = None  # type: ignore[assignment]
+
     database_url: str | None = var("DATABASE_URL", None)
     database_listen_url: str | None = var("DATABASE_LISTEN_URL", None)
     # Set when DATABASE_URL points at PgBouncer/Supavisor in transaction mode: no server-side
@@ -237,8 +241,13 @@ class Settings:
 
     def __init__(self, **given: object) -> None:
         """Each variable's value from `given` (by the variable's name), else from the environment
-        (its name in any case), else its default. Other names are ignored; every bad value is
-        reported at once, in a SettingsError."""
+        (its name in any case), else its default. Unknown names are ignored; every bad value is
+        reported at once, in a SettingsError. A field's own name is refused: it is a mistake
+        (`dataclasses.replace` passes them, and would otherwise read every value afresh from the
+        environment, the change and the given values lost; `replace` below is the way)."""
+        attributes = sorted(given.keys() & {f.name for f in fields(self)})
+        if attributes:
+            raise TypeError(f"Settings takes variables' names (DEVPILOT_POOL_MAX=...), not {attributes}")
         env = {name.upper(): value for name, value in os.environ.items()}
         problems: list[str] = []
         for f in fields(self):

@@ -118,6 +118,7 @@ def test_each_fleet_body_accepts_and_refuses_what_pydantic_did(body: dict[str, A
         (ClaimBody, {"max": True}, "max: must be an integer"),
         (ClaimBody, {"waitSeconds": 26}, "waitSeconds: must be from 0 to 25"),
         (AckBody, {"acks": []}, "acks: must hold 1 to 100"),
+        (AckBody, {"queueId": 5, "acks": "x"}, "queueId: must be a string"),  # (pydantic's first fault)
         (AckBody, {"acks": [{"queueId": "q", "claimToken": "t"}, 3]}, "acks.1: must be an object"),
         (AckBody, {"acks": [{"queueId": "q"}]}, "acks.0.claimToken: is required"),
         (ReleaseBody, {"queueId": "q", "claimToken": "t", "reason": 1}, "reason: must be a string"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -191,8 +192,17 @@ def test_settings_come_from_the_environment_in_any_case_and_yield_to_given_value
     assert (given.database_pool_max, given.metrics_enabled, given.database_url) == (3, False, None)
     assert Settings(DEVPILOT_POOL_MAX="4", DEVPILOT_ENDPOINTS={"ack": "https://a"}).database_pool_max == 4
     assert Settings(DEVPILOT_ENDPOINTS={"ack": "https://a"}).endpoints == {"ack": "https://a"}
-    # Other names are ignored: unknown variables, and fields' attribute names.
-    assert Settings(NOT_A_SETTING=1, database_pool_max=99).database_pool_max == 7
+    # Unknown names are ignored; a field's attribute name is a mistake, refused, so that
+    # dataclasses.replace cannot quietly read every value afresh (Settings.replace is the way).
+    assert Settings(NOT_A_SETTING=1).database_pool_max == 7
+    with pytest.raises(TypeError, match="database_pool_max"):
+        Settings(database_pool_max=99)
+    with pytest.raises(TypeError):
+        dataclasses.replace(given, lease_seconds=30)
+    assert given.replace(lease_seconds=30).database_pool_max == 3  # (the given values kept)
+    with pytest.raises(TypeError):
+        hash(Settings(DEVPILOT_ENDPOINTS=None))  # (not hashable, as the pydantic model was not,
+        # whether or not `endpoints`, a dict, is set)
     monkeypatch.setenv("DEVPILOT_ENDPOINTS", "{not json")
     with pytest.raises(SettingsError, match="DEVPILOT_ENDPOINTS"):
         load_settings()
