@@ -15,8 +15,7 @@ URL's root as well as under its path.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 # Who may call: anyone (the view may still check a signature), the operators' bearer token, a
 # registered machine's bearer token, a machine or its agent COMMAND (a token scoped to one agent
@@ -28,16 +27,14 @@ from typing import Literal
 Auth = Literal["public", "admin", "orchestrator", "poll", "agent", "scheduler", "dashboard", "person"]
 
 
-@dataclass(frozen=True)
-class Endpoint:
+class Endpoint(NamedTuple):
     rule: str  # Werkzeug rule under the route's path; "" is the path itself
     methods: tuple[str, ...]
     auth: Auth
     view: str  # a function of the route's module
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     name: str
     path: str
     endpoints: tuple[Endpoint, ...]

@@ -8,8 +8,7 @@ first count then: a function target that never serves /metrics does not load it 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from functions.runtime import current
 
@@ -21,8 +20,7 @@ Timed = Literal["webhook", "claim", "sweep"]
 TIMED_ROUTES: dict[str, Timed] = {"webhook": "webhook", "claim": "claim"}  # (the sweep times itself)
 
 
-@dataclass(frozen=True)
-class Meters:
+class Meters(NamedTuple):
     registry: CollectorRegistry
     counters: dict[str, Counter]
     timers: dict[str, Histogram]

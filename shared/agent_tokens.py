@@ -14,7 +14,7 @@ import base64
 import hashlib
 import hmac
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 from uuid import UUID
 
 PREFIX = "dpa"
@@ -36,8 +36,7 @@ def mint(machine_token: str, orchestrator_id: str, agent_session_id: str, now: f
     return f"{payload}.{_mac(token_hash(machine_token), payload)}"
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
     """What an agent token says of itself, before its mac is checked against the machine's hash."""
 
     orchestrator_id: UUID

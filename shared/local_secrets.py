@@ -15,8 +15,8 @@ import os
 import secrets
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from shared.settings import Settings
 
@@ -50,8 +50,7 @@ def read_or_create(name: str, make: Callable[[], bytes]) -> tuple[bytes, bool]:
     return path.read_bytes().strip(), created
 
 
-@dataclass(frozen=True)
-class Kept:
+class Kept(NamedTuple):
     """A setting `serve` took from a file under ./.devpilot/ (the report names the file, never the value)."""
 
     variable: str

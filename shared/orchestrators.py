@@ -8,8 +8,8 @@ timing oracle; a revoked orchestrator's token stops working on its next request.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 from uuid import UUID
 
 from shared import agent_tokens
@@ -20,16 +20,14 @@ UNAUTHORIZED = "missing, wrong or revoked orchestrator token"  # what a refused 
 TOKEN_PREFIX = "dpo_"  # the visible prefix of every machine token, not a secret  # nosec B105
 
 
-@dataclass(frozen=True)
-class Orchestrator:
+class Orchestrator(NamedTuple):
     id: UUID
     org_id: str
     linear_user_id: str
     name: str
 
 
-@dataclass(frozen=True)
-class Registered:
+class Registered(NamedTuple):
     id: UUID
     token: str
 
@@ -82,8 +80,7 @@ def authenticate(pool: Pool, token: str) -> Orchestrator | None:
     return Orchestrator(row["id"], row["org_id"], row["linear_user_id"], row["name"])
 
 
-@dataclass(frozen=True)
-class Listed:
+class Listed(NamedTuple):
     id: UUID
     org_id: str
     linear_user_id: str
@@ -100,8 +97,7 @@ def list_all(pool: Pool) -> list[Listed]:
         return [Listed(**r) for r in conn.execute(query("orchestrator_list")).fetchall()]
 
 
-@dataclass(frozen=True)
-class Revoked:
+class Revoked(NamedTuple):
     moved: int  # undelivered starts now with the same user's most recently seen active machine
     cancelled: int  # the rest (prompts, stops, starts no other machine could take)
     notice_ids: list[UUID]  # Linear notices the transaction wrote, to send after commit

@@ -17,9 +17,9 @@ commit (Linear notice ids); `shared.dispatch` is the service level that sends th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 from uuid import UUID, uuid4
 
 from psycopg.rows import DictRow
@@ -129,8 +129,7 @@ def _session_params(
     }
 
 
-@dataclass(frozen=True)
-class Routed:
+class Routed(NamedTuple):
     """What `route_and_enqueue` queued (`enqueued`), and for which machine."""
 
     enqueued: Enqueued
@@ -141,8 +140,7 @@ NO_MACHINE: Final = "no_machine"  # `route_and_enqueue` recorded a plain issue's
 RouteOutcome = Routed | Literal["no_machine"] | None
 
 
-@dataclass(frozen=True)
-class Start:
+class Start(NamedTuple):
     """A start as one webhook asks for it (`route_and_enqueue`, `route_and_enqueue_many`): the org,
     the Linear user, the message, the delivery's two keys. An agent session's has nothing to cancel
     first; an issue's statement finds out whether it has (and then writes nothing)."""
@@ -206,8 +204,7 @@ def route_and_enqueue(
     return _route_outcome(row)
 
 
-@dataclass(frozen=True)
-class FollowUp:
+class FollowUp(NamedTuple):
     """A follow-up as one `prompted` webhook asks for it (`prompt_holders`): the org, the Linear
     user who wrote it (None: an agent session an automation started), the `prompt` message, the
     delivery's two keys."""
@@ -421,8 +418,7 @@ def _messages(rows: list[DictRow]) -> list[TaskDispatchMessage]:
     ]
 
 
-@dataclass(frozen=True)
-class AckItem:
+class AckItem(NamedTuple):
     queue_id: UUID
     claim_token: UUID
 
@@ -438,8 +434,7 @@ def _explain_miss(conn: Conn, orchestrator_id: UUID, item: AckItem) -> AckStatus
     return "claim_superseded" if miss["session_status"] == "queued" else "not_found"
 
 
-@dataclass(frozen=True)
-class AckResult:
+class AckResult(NamedTuple):
     statuses: list[AckStatus]
     notice_ids: list[UUID]  # the `delivered` Linear notices the same statement wrote
 
@@ -510,8 +505,7 @@ def wait_for_turn(tx: Tx, peek: str, params: dict[str, Any]) -> dict[str, Any] |
     return dict(row)
 
 
-@dataclass(frozen=True)
-class Released:
+class Released(NamedTuple):
     status: Literal["released", "claim_superseded", "not_found"]
     available_at: datetime | None = None
     dead_lettered: bool = False
@@ -588,8 +582,7 @@ def release_to_route_again(
     return [(DispatchPayload.from_wire(r["payload"]), r["linear_user_id"]) for r in rows]
 
 
-@dataclass(frozen=True)
-class ExpiredBatch:
+class ExpiredBatch(NamedTuple):
     picked: int  # expired claims locked by the pick
     requeued: int
     dead_lettered: int
@@ -612,8 +605,7 @@ def end_expired_claims(tx: Tx, params: dict[str, Any], passed: list[UUID]) -> Ex
     )
 
 
-@dataclass(frozen=True)
-class SweepResult:
+class SweepResult(NamedTuple):
     requeued: int
     dead_lettered: int
     rerouted: int = 0

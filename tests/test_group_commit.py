@@ -4,7 +4,6 @@ before its rows commit. Real Postgres, real HTTP into the real app."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -289,7 +288,7 @@ def test_an_issue_with_something_undelivered_or_whose_turn_is_taken_is_left_to_t
     make_orchestrator(linear_user_id="u")
     earlier = start("u", 1)
     at = datetime(2026, 12, 7, 10, tzinfo=UTC)
-    changed = dataclasses.replace(start("nobody", 5), event_at=at)  # (an assignment, then another)
+    changed = start("nobody", 5)._replace(event_at=at)  # (an assignment, then another)
     with statement(pool) as tx:
         assert isinstance(route_and_enqueue_many(tx, [earlier])[0], Routed)
     with statement(pool) as tx:
@@ -300,8 +299,8 @@ def test_an_issue_with_something_undelivered_or_whose_turn_is_taken_is_left_to_t
         "SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (busy.message.issue.id,)
     )
     try:
-        older = dataclasses.replace(start("u", 5), event_at=at - timedelta(milliseconds=1))
-        same = dataclasses.replace(start("u", 6), event_at=at)  # (another issue: orders against none)
+        older = start("u", 5)._replace(event_at=at - timedelta(milliseconds=1))
+        same = start("u", 6)._replace(event_at=at)  # (another issue: orders against none)
         batch = [start("u", 1), start("u", 2), start("u", 3), start("u", 3), busy, older, same]
         with statement(pool) as tx:
             out = route_and_enqueue_many(tx, batch)
