@@ -129,6 +129,8 @@ def _session_params(
     }
 
 
+# The records here are NamedTuples, cheap to define at import (docs/design.md, cold start). Being
+# tuples, one sent whole to SQL or JSON would go as a record or an array: send its fields.
 class Routed(NamedTuple):
     """What `route_and_enqueue` queued (`enqueued`), and for which machine."""
 
