@@ -42,15 +42,20 @@ FOLLOW_PROMPT = Prompt(
 REPO = Repository(hostname="github.com", full_name="acme/backend")
 U = [UUID(f"{i:08x}-1234-4678-9234-56781234567{i}") for i in range(6)]
 
+
+def _message(ids: tuple[int, int, int, int, int], **rest: Any) -> TaskDispatchMessage:
+    """A message whose message, queue, session, orchestrator and claim-token ids are these of U."""
+    m, q, s, o, c = (U[i] for i in ids)
+    return TaskDispatchMessage(
+        message_id=m, queue_id=q, session_id=s, orchestrator_id=o, claim_token=c, **rest
+    )
+
+
 CASES: dict[str, Wire] = {
-    "message_utc": TaskDispatchMessage(
-        message_id=U[0],
-        queue_id=U[1],
-        session_id=U[2],
+    "message_utc": _message(
+        (0, 1, 2, 3, 4),
         org_id="org-a",
-        orchestrator_id=U[3],
         attempt=1,
-        claim_token=U[4],
         lease_expires_at=datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=UTC),
         created_at=datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC),
         issue=ISSUE,
@@ -59,28 +64,20 @@ CASES: dict[str, Wire] = {
         prompt=START_PROMPT,
         repository=REPO,
     ),
-    "message_zones": TaskDispatchMessage(
-        message_id=U[5],
-        queue_id=U[4],
-        session_id=U[3],
+    "message_zones": _message(
+        (5, 4, 3, 2, 1),
         org_id="org-b",
-        orchestrator_id=U[2],
         attempt=7,
-        claim_token=U[1],
         lease_expires_at=datetime(2026, 1, 2, 3, 4, 5, 120000, tzinfo=ZoneInfo("Europe/Berlin")),
         created_at=datetime(2026, 7, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=-3, minutes=-30))),
         issue=IssueRef(id="issue-2"),
         kind="prompt",
         prompt=FOLLOW_PROMPT,
     ),
-    "message_etc_utc": TaskDispatchMessage(  # (UTC as psycopg gives it for a server in Etc/UTC)
-        message_id=U[0],
-        queue_id=U[0],
-        session_id=U[0],
+    "message_etc_utc": _message(  # (UTC as psycopg gives it for a server in Etc/UTC)
+        (0, 0, 0, 0, 0),
         org_id="o",
-        orchestrator_id=U[0],
         attempt=0,
-        claim_token=U[0],
         lease_expires_at=datetime(2026, 1, 2, 3, 4, 5, 1, tzinfo=ZoneInfo("Etc/UTC")),
         created_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=5, minutes=30))),
         issue=IssueRef(id=""),
