@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from shared import orchestrators
 from shared.batching import firsts
 from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
-from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, Repository, TaskDispatchMessage
+from shared.models import DispatchPayload, Enqueued, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query, query_with_limit
@@ -397,27 +397,27 @@ def _check_max(max: int) -> None:
 
 def _messages(rows: list[DictRow]) -> list[TaskDispatchMessage]:
     rows.sort(key=lambda r: (r["available_at"], r["id"]))
-    return [
-        TaskDispatchMessage(
-            message_id=r["message_id"],
-            queue_id=r["id"],
-            session_id=r["session_id"],
-            org_id=r["org_id"],
-            orchestrator_id=r["orchestrator_id"],
-            attempt=r["attempts"],
-            claim_token=r["claim_token"],
-            lease_expires_at=r["lease_expires_at"],
-            created_at=r["created_at"],
-            issue=IssueRef.from_wire(r["payload"]["issue"]),
-            agent_session_id=r["payload"].get("agentSessionId"),
-            kind=r["payload"].get("kind", "start"),
-            prompt=Prompt.from_wire(r["payload"]["prompt"]) if r["payload"].get("prompt") else None,
-            repository=Repository.from_wire(r["payload"]["repository"])
-            if r["payload"].get("repository")
-            else None,
-        )
-        for r in rows
-    ]
+    return [_message(r, DispatchPayload.from_wire(r["payload"])) for r in rows]
+
+
+def _message(r: DictRow, payload: DispatchPayload) -> TaskDispatchMessage:
+    """A claimed row as its machine receives it: the claim's fields, and the payload stored with it."""
+    return TaskDispatchMessage(
+        message_id=r["message_id"],
+        queue_id=r["id"],
+        session_id=r["session_id"],
+        org_id=r["org_id"],
+        orchestrator_id=r["orchestrator_id"],
+        attempt=r["attempts"],
+        claim_token=r["claim_token"],
+        lease_expires_at=r["lease_expires_at"],
+        created_at=r["created_at"],
+        issue=payload.issue,
+        agent_session_id=payload.agent_session_id,
+        kind=payload.kind,
+        prompt=payload.prompt,
+        repository=payload.repository,
+    )
 
 
 class AckItem(NamedTuple):
