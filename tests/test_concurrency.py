@@ -415,6 +415,12 @@ def test_enqueue_reads_no_table_in_either_plan(
 
 # What a start's one statement reads and writes: the routing read, the machine's row by its key,
 # the delivery, the session and its queue row.
+# Linear's notices: whether the org is told, an index probe within the statement
+# (`devpilot_notified`, inlined), then the rows written.
+NOTICES_PLAN = [
+    ("Index Only Scan", "linear_credentials", "linear_credentials_pkey"),
+    ("ModifyTable", "linear_notices", None),
+]
 START_PLAN = [
     ("Index Scan", "orchestrators", "orchestrators_route_idx"),
     ("Index Scan", "orchestrators", "orchestrators_pkey"),
@@ -468,9 +474,8 @@ def test_an_agent_session_start_in_one_statement_reads_no_table_in_either_plan(
 
     top = plan["QUERY PLAN"][0]["Plan"]
     touched = _relations(top)
-    assert touched == sorted(  # the routing read, the machine's row by its key, the inserts
-        [*START_PLAN, ("ModifyTable", "linear_notices", None)]
-    ), text
+    # the routing read, the machine's row by its key, the inserts, the notices
+    assert touched == sorted([*START_PLAN, *NOTICES_PLAN]), text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80, text
 
 
@@ -520,7 +525,7 @@ def test_starts_written_together_read_no_table_in_either_plan(
     plan = _steady_write_plan(db_url, mode, query(statement), params)
     text = json.dumps(plan)
     top = plan["QUERY PLAN"][0]["Plan"]
-    notices = [("ModifyTable", "linear_notices", None)] if agent_sessions else []
+    notices = NOTICES_PLAN if agent_sessions else []
     assert _relations(top) == sorted([*START_PLAN, *notices]), text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
 
@@ -776,6 +781,10 @@ def test_ack_plan_probes_by_key(
     text = json.dumps(plan)
     assert "Seq Scan" not in text, text
     assert text.count("dispatch_queue_pkey") >= 1, text
+    # Whether the delivered start's org is told: a probe of its key within the statement
+    # (`devpilot_notified`, inlined), not a function run for each delivered row (migration 0018).
+    assert "linear_credentials_pkey" in text, text
+    assert "devpilot_notif" not in text, text
     top = plan["QUERY PLAN"][0]
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 100, text
 

@@ -179,6 +179,7 @@ def test_supabase_client_roles_get_nothing_but_their_own_queue_rows(pg_server: S
             "DELETE FROM dispatch_queue",
             "INSERT INTO linear_credentials (org_id, token_encrypted) VALUES ('org-a', 'y')",
             "SELECT devpilot_notifies('org-b')",
+            "SELECT * FROM devpilot_notified('org-b')",
         ):
             with pytest.raises(errors.InsufficientPrivilege):
                 as_client("authenticated", write)

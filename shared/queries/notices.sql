@@ -5,7 +5,7 @@
 -- all; nothing is written for an org Linear is not told about.
 INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
 SELECT %(org_id)s, %(session_id)s, %(kind)s, %(agent_session_id)s, %(issue_id)s, %(body)s
-WHERE devpilot_notifies(%(org_id)s)
+WHERE EXISTS (SELECT FROM devpilot_notified(%(org_id)s))
 RETURNING id;
 
 -- name: notice_take
@@ -67,7 +67,7 @@ SELECT EXISTS (
            WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
              AND s.orchestrator_id = %(orchestrator_id)s AND s.status = 'delivered'
        ) AS holds,
-       devpilot_notifies(%(org_id)s) AS connected;
+       EXISTS (SELECT FROM devpilot_notified(%(org_id)s)) AS connected;
 
 -- name: activity_insert
 -- The agent's activity into the outbox, idempotent by the caller's id (also Linear's input.id):

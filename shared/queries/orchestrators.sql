@@ -189,7 +189,7 @@ WITH doomed AS (
     SELECT c.org_id, c.id, 'failed', c.agent_session_id, c.issue_id,
            'The machine this was queued for was removed from devpilot, and no other machine of yours is registered.'
     FROM cancelled c
-    WHERE c.agent_session_id IS NOT NULL AND c.kind = 'start' AND devpilot_notifies(c.org_id)
+    WHERE c.agent_session_id IS NOT NULL AND c.kind = 'start' AND EXISTS (SELECT FROM devpilot_notified(c.org_id))
     RETURNING id
 )
 SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT array_agg(id) FROM notices) AS notice_ids;

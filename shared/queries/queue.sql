@@ -192,7 +192,7 @@ told AS (
     SELECT %(org_id)s, q.session_id, 'dispatched', %(agent_session_id)s, %(issue_id)s,
            'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
     FROM q JOIN target t ON t.id = q.orchestrator_id
-    WHERE %(notice_queued)s AND devpilot_notifies(%(org_id)s)
+    WHERE %(notice_queued)s AND EXISTS (SELECT FROM devpilot_notified(%(org_id)s))
     RETURNING id
 )
 
@@ -362,7 +362,7 @@ notices AS (
     FROM (SELECT d0.*, (SELECT c.app_user_id FROM linear_credentials c WHERE c.org_id = d0.org_id) AS app_user_id,
                  jsonb_build_object('externalUrls', jsonb_build_array(jsonb_build_object(
                      'label', 'devpilot', 'url', %(public_url)s::text || '/sessions/' || d0.id::text))) AS links
-          FROM delivered d0 WHERE d0.kind = 'start' AND devpilot_notifies(d0.org_id)) d
+          FROM delivered d0 WHERE d0.kind = 'start' AND EXISTS (SELECT FROM devpilot_notified(d0.org_id))) d
     JOIN orchestrators o ON o.id = d.orchestrator_id
     CROSS JOIN LATERAL (VALUES
         (1, 'delivered', d.agent_session_id, 'Picked up by ' || o.name, NULL::jsonb,
@@ -438,7 +438,7 @@ dead AS (
 ), notices AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
     SELECT f.org_id, f.id, 'failed', f.agent_session_id, f.issue_id, 'No machine took this: ' || f.failure_reason
-    FROM failed f WHERE f.told AND devpilot_notifies(f.org_id)
+    FROM failed f WHERE f.told AND EXISTS (SELECT FROM devpilot_notified(f.org_id))
     RETURNING id
 ), requeued AS (
     UPDATE dispatch_queue q
@@ -844,7 +844,7 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
     SELECT t.org_id, q.session_id, 'dispatched', t.agent_session_id, t.issue_id,
            'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
     FROM q JOIN target t ON t.session_id = q.session_id
-    WHERE devpilot_notifies(t.org_id)
+    WHERE EXISTS (SELECT FROM devpilot_notified(t.org_id))
     RETURNING id, session_id
 )
 -- include: batch_answer

@@ -138,7 +138,7 @@ INSERT INTO linear_notices (org_id, kind, agent_session_id, issue_id, body, cont
 SELECT org_id, 'dispatched', agent_session_id, issue_id, %(body)s,
        jsonb_build_object('type', 'elicitation', 'body', %(body)s::text), 'select', %(options)s
 FROM asked
-WHERE agent_session_id IS NOT NULL AND devpilot_notifies(org_id)
+WHERE agent_session_id IS NOT NULL AND EXISTS (SELECT FROM devpilot_notified(org_id))
 RETURNING id;
 
 -- name: routing_answer

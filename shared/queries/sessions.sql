@@ -162,7 +162,7 @@ WITH target AS (
     SELECT s.org_id, s.id, 'dispatched', s.agent_session_id, s.issue_id, 'Retrying on ' || t.name,
            jsonb_build_object('type', 'thought', 'body', 'Retrying on ' || t.name)
     FROM s JOIN target t ON t.id = s.orchestrator_id
-    WHERE s.agent_session_id IS NOT NULL AND devpilot_notifies(s.org_id)
+    WHERE s.agent_session_id IS NOT NULL AND EXISTS (SELECT FROM devpilot_notified(s.org_id))
     RETURNING id
 )
 SELECT q.id AS queue_id, t.name AS machine, (SELECT array_agg(id) FROM told) AS notice_ids,
@@ -196,7 +196,7 @@ WITH mine AS (
     SELECT c.org_id, c.id, 'stopped', c.agent_session_id, c.issue_id,
            'Cancelled by an operator before any machine started working on it.'
     FROM cancelled c
-    WHERE c.id = %(id)s AND c.agent_session_id IS NOT NULL AND c.kind = 'start' AND devpilot_notifies(c.org_id)
+    WHERE c.id = %(id)s AND c.agent_session_id IS NOT NULL AND c.kind = 'start' AND EXISTS (SELECT FROM devpilot_notified(c.org_id))
     RETURNING id
 )
 SELECT (SELECT count(*) FROM cancelled WHERE id = %(id)s) AS cancelled,
