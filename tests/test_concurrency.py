@@ -415,18 +415,18 @@ def test_enqueue_reads_no_table_in_either_plan(
 
 # What a start's one statement reads and writes: the routing read, the machine's row by its key,
 # the delivery, the session and its queue row.
-# Linear's notices: whether the org is told, an index probe within the statement
-# (`devpilot_notified`, inlined), then the rows written.
-NOTICES_PLAN = [
-    ("Index Only Scan", "linear_credentials", "linear_credentials_pkey"),
-    ("ModifyTable", "linear_notices", None),
-]
 START_PLAN = [
     ("Index Scan", "orchestrators", "orchestrators_route_idx"),
     ("Index Scan", "orchestrators", "orchestrators_pkey"),
     ("ModifyTable", "webhook_deliveries", None),
     ("ModifyTable", "dispatch_sessions", None),
     ("ModifyTable", "dispatch_queue", None),
+]
+# Linear's notices: whether the org is told, an index probe within the statement
+# (`devpilot_notified`, inlined), then the rows written.
+NOTICES_PLAN = [
+    ("Index Only Scan", "linear_credentials", "linear_credentials_pkey"),
+    ("ModifyTable", "linear_notices", None),
 ]
 
 

@@ -3,7 +3,7 @@
 -- `devpilot_notifies(org)` (0003) is a scalar SQL function whose body is a sub-select, and Postgres
 -- never inlines a scalar function with a sub-select in it: every row a statement tests ran the
 -- function on its own (the ack's notices tested each delivered start's org, ten calls for a batch
--- of ten, about a fifth of the ack's execution). A set-returning SQL function with one SELECT is
+-- of ten, about a sixth of the ack's execution). A set-returning SQL function with one SELECT is
 -- inlined where it is called in FROM, so `EXISTS (SELECT FROM devpilot_notified(org))` plans as an
 -- index probe of `linear_credentials` within the statement. The rule itself is unchanged and still
 -- written once: only orgs that gave us a Linear token are told (without one there is nothing to
