@@ -172,17 +172,34 @@ def test_supabase_client_roles_get_nothing_but_their_own_queue_rows(pg_server: S
                     with pytest.raises(errors.InsufficientPrivilege):
                         as_client(role, f"SELECT * FROM {table}")
 
+        def assert_no_function_runs() -> None:
+            """Neither client role may run any of devpilot's functions, whatever grants them:
+            PUBLIC's default, or Supabase's default privileges for the client roles by name.
+            (Asked of the catalogue: calling one would fail on a locked table inside it anyway.)"""
+            with psycopg.connect(url, autocommit=True) as conn:
+                runnable = conn.execute(
+                    "SELECT r.rolname, p.oid::regprocedure::text FROM pg_proc p"
+                    " CROSS JOIN pg_roles r WHERE p.pronamespace = 'public'::regnamespace"
+                    " AND p.proname LIKE 'devpilot\\_%' AND r.rolname IN ('anon', 'authenticated')"
+                    " AND has_function_privilege(r.oid, p.oid, 'EXECUTE')"
+                ).fetchall()
+                counted = conn.execute(
+                    "SELECT count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
+                    " AND proname LIKE 'devpilot\\_%'"
+                ).fetchone()
+            assert counted is not None and counted[0] >= 10  # (the functions are there to ask about)
+            assert runnable == []
+
         assert_locked(tables)
         assert as_client("authenticated", "SELECT orchestrator_id FROM dispatch_queue") == [(a.id,)]
         for write in (
             f"UPDATE orchestrators SET token_hash = 'x' WHERE id = '{b.id}'",
             "DELETE FROM dispatch_queue",
             "INSERT INTO linear_credentials (org_id, token_encrypted) VALUES ('org-a', 'y')",
-            "SELECT devpilot_notifies('org-b')",
-            "SELECT * FROM devpilot_notified('org-b')",
         ):
             with pytest.raises(errors.InsufficientPrivilege):
                 as_client("authenticated", write)
+        assert_no_function_runs()
 
         # a table a later migration adds is locked by the next `devpilot migrate` too
         with psycopg.connect(url, autocommit=True) as conn:

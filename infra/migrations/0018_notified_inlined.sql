@@ -15,7 +15,9 @@ LANGUAGE sql STABLE
 AS $$ SELECT c.org_id FROM linear_credentials c WHERE c.org_id = org $$;
 
 -- Kept, in terms of the rule above, for a release whose statements still call it while this
--- migration rolls out; this release's statements call `devpilot_notified`.
+-- migration rolls out; this release's statements call `devpilot_notified`. (A SQL function's body
+-- records no dependency: the migration that retires this one drops it before `devpilot_notified`,
+-- or a drop of that would leave this one failing at its next call.)
 CREATE OR REPLACE FUNCTION devpilot_notifies(org text) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$ SELECT EXISTS (SELECT FROM devpilot_notified(org)) $$;

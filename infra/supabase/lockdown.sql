@@ -26,17 +26,23 @@ BEGIN
             EXECUTE format('REVOKE ALL ON %s FROM %I', obj.name, client);
         END LOOP;
     END LOOP;
-    -- Functions are executable by PUBLIC (every role) unless revoked; devpilot's are the service's.
+    -- Functions are executable by PUBLIC (every role) unless revoked, and Supabase's default
+    -- privileges also grant each new one to the client roles by name: both go. devpilot's
+    -- functions are the service's.
     FOR obj IN
         SELECT p.oid::regprocedure AS name, 'f' AS relkind FROM pg_proc p
         WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'devpilot\_%'
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', obj.name);
+        FOR client IN SELECT rolname FROM pg_roles WHERE rolname IN ('anon', 'authenticated') LOOP
+            EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I', obj.name, client);
+        END LOOP;
     END LOOP;
-    -- Tables this role makes later are not granted to the client roles by default either.
+    -- Tables and functions this role makes later are not granted to the client roles by default either.
     FOR client IN SELECT rolname FROM pg_roles WHERE rolname IN ('anon', 'authenticated') LOOP
         EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE ALL ON TABLES FROM %I', client);
         EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE ALL ON SEQUENCES FROM %I', client);
+        EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE ALL ON FUNCTIONS FROM %I', client);
     END LOOP;
 END
 $$;
