@@ -159,6 +159,64 @@ def test_a_delivered_session_cannot_keep_its_row(pool: Pool, make_orchestrator: 
     assert session_status(pool, sid)[0] == "queued"
 
 
+# One statement over three queued sessions that leaves them all consistent, and the same statement
+# breaking the invariant for the last one only: the commit is checked over every session written,
+# by the trigger of the table whose write breaks it.
+DELIVER = (
+    "WITH gone AS (DELETE FROM dispatch_queue WHERE session_id = ANY(%(rows)s) RETURNING session_id)"
+    " UPDATE dispatch_sessions SET status = 'delivered' WHERE id = ANY(%(sessions)s)"
+)  # (a data-modifying CTE runs to completion whether or not the statement reads it)
+BREAKS = {
+    # every row deleted, the last session left `queued` (the queue's DELETE trigger sees it)
+    "row_gone_session_queued": ("rows", "sessions"),
+    # every session `delivered`, the last one's row kept (the sessions' UPDATE trigger sees it)
+    "session_delivered_row_kept": ("sessions", "rows"),
+}
+
+
+@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("how", sorted(BREAKS))
+def test_a_commit_is_checked_over_every_session_it_wrote(
+    pool: Pool, make_orchestrator: MakeOrch, how: str, broken: bool
+) -> None:
+    o = make_orchestrator()
+    sids = [enqueue_one(pool, o, n)[0] for n in range(3)]
+    every, fewer = BREAKS[how]
+    params = {every: sids, fewer: sids[:2] if broken else sids}
+    if broken:
+        with (
+            pytest.raises(psycopg.errors.IntegrityConstraintViolation, match=f"session {sids[2]} is"),
+            transaction(pool) as tx,
+        ):
+            tx.execute(DELIVER, params)
+        assert [session_status(pool, s)[0] for s in sids] == ["queued"] * 3
+        assert counts(pool) == (3, 3)
+    else:
+        with transaction(pool) as tx:
+            tx.execute(DELIVER, params)
+        assert [session_status(pool, s)[0] for s in sids] == ["delivered"] * 3
+        assert counts(pool) == (3, 0)
+
+
+def test_sessions_inserted_without_all_their_rows_cannot_commit(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    """Three queued sessions written in one statement with rows for the first two only."""
+    o = make_orchestrator()
+    with (
+        pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="is queued with no queue row"),
+        transaction(pool) as tx,
+    ):
+        tx.execute(
+            "WITH s AS (INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
+            " SELECT %(org)s, %(orch)s, 'queued', 'i' || g FROM generate_series(1, 3) g RETURNING id, issue_id)"
+            " INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload)"
+            " SELECT s.id, %(orch)s, %(org)s, '{}' FROM s WHERE s.issue_id <> 'i3'",
+            {"org": o.org_id, "orch": o.id},
+        )
+    assert counts(pool) == (0, 0)
+
+
 def test_claim_returns_due_rows_oldest_first_with_fresh_tokens(
     pool: Pool, make_orchestrator: MakeOrch
 ) -> None:
