@@ -368,6 +368,21 @@ def test_batch_ack_judges_each_item(pool: Pool, make_orchestrator: MakeOrch) -> 
     assert counts(pool) == (3, 2)
 
 
+def test_batch_ack_takes_only_uuids(pool: Pool, make_orchestrator: MakeOrch) -> None:
+    """The ids go to Postgres as one array's text: a string holding two ids must not ack two rows."""
+    o = make_orchestrator()
+    for n in range(2):
+        enqueue_one(pool, o, n)
+    a, b = claim(pool, o.id, max=2, lease_seconds=60)
+    ids, tokens = f"{a.queue_id},{b.queue_id}", f"{a.claim_token},{b.claim_token}"
+    bad = [AckItem(ids, a.claim_token), AckItem(a.queue_id, tokens)]  # type: ignore[arg-type]
+    for item in bad:
+        with pytest.raises(TypeError, match="not a UUID: str"):
+            ack_many(pool, o.id, [item])
+    assert counts(pool) == (2, 2)
+    assert ack_many(pool, o.id, [AckItem(a.queue_id, a.claim_token)]).statuses == ["acked"]
+
+
 def test_release_counts_as_a_failed_attempt(pool: Pool, make_orchestrator: MakeOrch) -> None:
     o = make_orchestrator()
     sid, _ = enqueue_one(pool, o)

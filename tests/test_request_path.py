@@ -65,6 +65,33 @@ def test_a_connection_the_server_ended_is_never_lent(db_url: str, settings: Sett
         pool.close()
 
 
+JSON_VALUES = [
+    {"a": [1, 2.5, -0.0, 1e300, 12345678901234567890, True, None], "é": "日本語 \u2028 \ud83d\ude00"},
+    [],
+    "",
+    0,
+    {"nested": {"deep": [{"x": '\\"quoted"'}]}, "": {}},
+]
+
+
+def test_the_pools_jsonb_reads_as_json_loads_of_the_same_text(db_url: str, settings: Settings) -> None:
+    """The pool's connections read `jsonb` with their own loader (shared.db.JsonbLoader, cheaper than
+    psycopg's): every value as `json.loads` reads Postgres's text of it, non-ASCII included."""
+    pool: Pool = open_pool(db_url, settings, max_size=1)
+    try:
+        with transaction(pool) as tx:
+            for value in JSON_VALUES:
+                row = tx.one(
+                    "SELECT %(v)s::jsonb AS parsed, %(v)s::jsonb::text AS text", {"v": json.dumps(value)}
+                )
+                assert row is not None
+                assert row["parsed"] == json.loads(row["text"]) and type(row["parsed"]) is type(value)
+            row = tx.one("SELECT NULL::jsonb AS parsed")
+            assert row is not None and row["parsed"] is None
+    finally:
+        pool.close()
+
+
 def test_serve_answers_200_right_after_its_connections_were_terminated(api: Api, db_url: str) -> None:
     for _ in range(5):
         assert api.http.get("/healthz").status_code == 200
