@@ -486,7 +486,7 @@ def _uuid_array(ids: list[UUID]) -> str:
     for i in ids:
         if not isinstance(i, UUID):
             raise TypeError(f"not a UUID: {type(i).__name__}")
-    return "{" + ",".join(map(str, ids)) + "}"
+    return "{" + ",".join([i.hex for i in ids]) + "}"  # (32 hex digits: Postgres reads them as a uuid)
 
 
 def _ack_result(conn: Conn, orchestrator_id: UUID, items: list[AckItem], rows: list[DictRow]) -> AckResult:
