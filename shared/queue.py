@@ -448,10 +448,9 @@ def ack_many(
     latest claim. Every write is in one statement (autocommit, so one transaction); only items that
     missed are then explained, read-only. Repeating a successful ack answers `acked` again.
     `public_url` (DEVPILOT_PUBLIC_URL): the base of the session pages Linear links to."""
+    params = {"orchestrator_id": orchestrator_id, **_ack_params(items, public_url)}  # (checked first)
     with lend(pool) as conn:
-        rows = conn.execute(
-            query("ack"), {"orchestrator_id": orchestrator_id, **_ack_params(items, public_url)}
-        ).fetchall()
+        rows = conn.execute(query("ack"), params).fetchall()
         return _ack_result(conn, orchestrator_id, items, rows)
 
 
@@ -461,10 +460,9 @@ def ack_as(
     """The ack route in one statement (`ack_as` in queue.sql): the active machine holding this token
     hash, marked seen, and `ack_many`'s work for it. None when the hash is no active machine's
     (nothing is acked then). One round trip for an ack that lands."""
+    params = {"token_hash": token_hash, **_ack_params(items, public_url)}  # (checked first)
     with lend(pool) as conn:
-        rows = conn.execute(
-            query("ack_as"), {"token_hash": token_hash, **_ack_params(items, public_url)}
-        ).fetchall()
+        rows = conn.execute(query("ack_as"), params).fetchall()
         if not rows:
             return None
         caller = _caller(rows[0])

@@ -21,7 +21,7 @@ import pytest
 from shared.db import Pool, Tx, open_pool, transaction
 from shared.migrate import migrate
 from shared.models import DispatchPayload, IssueRef
-from shared.queue import _session_params, ack, claim, enqueue_dispatch, sweep
+from shared.queue import AckItem, _ack_params, _session_params, ack, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from tests.helpers.data import MakeOrch, Orch, bulk, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
@@ -771,9 +771,7 @@ def test_ack_plan_probes_by_key(
     params = {
         "orchestrator_id": o.id,
         "token_hash": hash_token(o.token),
-        "queue_ids": [m.queue_id],
-        "claim_tokens": [m.claim_token],
-        "public_url": None,
+        **_ack_params([AckItem(m.queue_id, m.claim_token)], None),  # (as the ack sends them)
     }
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         with conn.transaction():
