@@ -136,18 +136,30 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
     assert session_status(pool, sid) == ("queued", None)
 
 
-def test_a_session_without_its_queue_row_cannot_commit(pool: Pool, make_orchestrator: MakeOrch) -> None:
+# Queued sessions written directly without all their queue rows (enqueue_dispatch never does this):
+# one alone, and three in one statement with rows for the first two only.
+WITHOUT_ROWS = {
+    "one": "INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
+    " VALUES (%(org)s, %(orch)s, 'queued', 'i')",
+    "the_last_of_three": "WITH s AS (INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
+    " SELECT %(org)s, %(orch)s, 'queued', 'i' || g FROM generate_series(1, 3) g RETURNING id, issue_id)"
+    " INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload)"
+    " SELECT s.id, %(orch)s, %(org)s, '{}' FROM s WHERE s.issue_id <> 'i3'",
+}
+
+
+@pytest.mark.parametrize("written", sorted(WITHOUT_ROWS))
+def test_a_session_without_its_queue_row_cannot_commit(
+    pool: Pool, make_orchestrator: MakeOrch, written: str
+) -> None:
     o = make_orchestrator()
     with (
-        pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="invariant"),
+        pytest.raises(
+            psycopg.errors.IntegrityConstraintViolation, match=r"invariant violated: .* no queue row"
+        ),
         transaction(pool) as tx,
     ):
-        # A session written directly, without its queue row (enqueue_dispatch never does this).
-        tx.execute(
-            "INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
-            " VALUES (%(org)s, %(orch)s, 'queued', 'i')",
-            {"org": o.org_id, "orch": o.id},
-        )
+        tx.execute(WITHOUT_ROWS[written], {"org": o.org_id, "orch": o.id})
     assert counts(pool) == (0, 0)
 
 
@@ -196,25 +208,6 @@ def test_a_commit_is_checked_over_every_session_it_wrote(
             tx.execute(DELIVER, params)
         assert [session_status(pool, s)[0] for s in sids] == ["delivered"] * 3
         assert counts(pool) == (3, 0)
-
-
-def test_sessions_inserted_without_all_their_rows_cannot_commit(
-    pool: Pool, make_orchestrator: MakeOrch
-) -> None:
-    """Three queued sessions written in one statement with rows for the first two only."""
-    o = make_orchestrator()
-    with (
-        pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="is queued with no queue row"),
-        transaction(pool) as tx,
-    ):
-        tx.execute(
-            "WITH s AS (INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, issue_id)"
-            " SELECT %(org)s, %(orch)s, 'queued', 'i' || g FROM generate_series(1, 3) g RETURNING id, issue_id)"
-            " INSERT INTO dispatch_queue (session_id, orchestrator_id, org_id, payload)"
-            " SELECT s.id, %(orch)s, %(org)s, '{}' FROM s WHERE s.issue_id <> 'i3'",
-            {"org": o.org_id, "orch": o.id},
-        )
-    assert counts(pool) == (0, 0)
 
 
 def test_claim_returns_due_rows_oldest_first_with_fresh_tokens(
