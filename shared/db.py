@@ -221,7 +221,7 @@ def transaction(source: Pool | Conn) -> Iterator[Tx]:
     """Open a transaction: commits when the block ends normally, rolls back on an exception.
 
     Behind a transaction-mode pooler session settings do not stick, so on a pool opened for one
-    (DEVPILOT_TRANSACTION_POOLER) the server-side limits are set per transaction instead.
+    (DEVPILOT_TRANSACTION_POOLER) the server-side settings are set per transaction instead.
     """
     if isinstance(source, ConnectionPool):
         with lend(source) as conn, _open(conn, _POOL_SETTINGS.get(source)) as tx:
@@ -240,7 +240,7 @@ def statement(pool: Pool) -> Iterator[Tx]:
     two round trips fewer than a `transaction()` block (no BEGIN, no COMMIT). The `Tx` refuses a
     second statement (TypeError), so what must be atomic cannot be split across two by mistake.
     Behind a transaction-mode pooler the statement runs inside a `transaction()` block instead,
-    where the server-side limits are set (`_open`).
+    where the server-side settings are set (`_open`).
     """
     settings = _POOL_SETTINGS.get(pool)
     with lend(pool) as conn:
@@ -261,7 +261,7 @@ def _open(conn: Conn, settings: Settings | None, *, single: bool = False) -> Ite
         tx = Tx(conn, _MINT, single=single)
         try:
             if settings is not None and settings.database_transaction_pooler:
-                conn.execute(query("set_local_timeouts"), _limits(settings))
+                conn.execute(query("set_local_settings"), _limits(settings))
             yield tx
         finally:
             tx._active = False
@@ -278,11 +278,13 @@ def take_in_rounds(
     `routing_take`) and `handle` them, round after round. Such work is in order per agent session:
     a row waits while an earlier one of its agent session is open. So after a round the statement
     is run again for just the agent sessions `handle` returns (whose next row may now be due) instead
-    of leaving it to the sweep; it stops when a round takes nothing or names no agent session."""
+    of leaving it to the sweep; it stops when a round takes nothing or names no agent session.
+    Each round is one statement (`statement`: behind a transaction pooler, with the server-side
+    settings of `_open`, as the take beside many waiting rows needs its limits and no JIT)."""
     follow: list[str] | None = None
     for _ in range(rounds):
-        with lend(pool) as conn:
-            rows = conn.execute(query(statement_name), {**params, "agent_sessions": follow}).fetchall()
+        with statement(pool) as tx:
+            rows = tx.all(query(statement_name), {**params, "agent_sessions": follow})
         if not rows:
             return
         follow = handle(rows)
@@ -314,14 +316,20 @@ DEFAULT_DEADLINE_SECONDS = 30.0  # a pool opened without settings (never, in the
 
 
 def session_options(url: str, settings: Settings) -> str:
-    """The server-side limits for every session of the pool, sent in the startup packet (libpq's
+    """The server-side settings for every session of the pool, sent in the startup packet (libpq's
     `options`): no round trip of their own, and in force before the first statement. Appended to
-    any `options` the URL already has."""
+    any `options` the URL already has.
+
+    The limits, and no JIT compilation: Postgres compiles a statement whose estimated cost passes
+    `jit_above_cost`, and a statement of ours that runs in milliseconds can be estimated that high
+    over a big table (the outbox's take beside 50,000 waiting posts: 0.4 s compiling, 15 ms
+    running). The service's statements are short; none gains from it."""
     given = str(conninfo_to_dict(url).get("options") or "")
     ours = (
         f"-c statement_timeout={settings.statement_timeout_ms} "
         f"-c lock_timeout={settings.lock_timeout_ms} "
-        f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms}"
+        f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms} "
+        "-c jit=off"
     )
     return f"{given} {ours}".strip()
 
@@ -347,7 +355,7 @@ def open_pool(
     }
     if settings.database_transaction_pooler:
         # PgBouncer/Supavisor transaction mode: no prepared statements, and no session settings
-        # (the limits are set per transaction instead, `_open`).
+        # (the limits, and JIT off, are set per transaction instead, `_open`).
         kwargs["prepare_threshold"] = None
     else:
         kwargs["options"] = session_options(url, settings)

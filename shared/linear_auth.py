@@ -209,7 +209,7 @@ class Tokens:
             wait_ms = round(self.settings.linear_timeout_seconds * 1000) + 2000
             limits = {"statement_ms": wait_ms, "lock_ms": wait_ms}
             tx.execute(
-                query("set_local_timeouts"),
+                query("set_local_settings"),
                 {**limits, "idle_ms": self.settings.idle_in_transaction_timeout_ms},
             )
             row = tx.one(query("credentials_lock"), {"org_id": org_id})

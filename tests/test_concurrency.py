@@ -811,3 +811,57 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
     assert "dispatch_queue_agent_order_idx" in text, text
     top = plan["QUERY PLAN"][0]
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 50, text
+
+
+@pytest.mark.parametrize("form", ["any", "ids", "agent_sessions"])
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_the_outbox_take_reads_only_connected_orgs_due_posts(mode: str, form: str, pool: Pool) -> None:
+    """The outbox's take (`notice_take`: the sweep's round takes any due post; the send after a
+    commit names its posts, and a follow-up round their agent sessions) reads the due posts of
+    connected orgs by index, in both plans. A disconnected org's posts wait for a new install, and
+    50,000 of them (a fleet's activities while a workspace's token was refused) are not read at
+    every take: read, they made the sweep's round slow, and past the statement's deadline the
+    sweep failed for every org. Nor is the history of sent posts, nor posts given up. (Through
+    the service's own pool, whose sessions run without JIT.)"""
+    from shared.sql import query
+
+    bulk(
+        pool,
+        "INSERT INTO linear_credentials (org_id, token_encrypted, disconnected_at)"
+        " VALUES ('org-gone', 'x', now()), ('org-live', 'x', NULL)",
+    )
+    bulk(
+        pool,
+        "INSERT INTO linear_notices (org_id, kind, agent_session_id, body, sent_at, available_at)"
+        " SELECT org, 'activity', 'as-' || (i % 1000), 'b', sent, due"
+        " FROM generate_series(1, 50000) i,"
+        "      (VALUES ('org-gone', NULL::timestamptz, now() - interval '1 hour'),"
+        "              ('org-live', now(), now() - interval '1 hour'),"
+        "              ('org-live', NULL, 'infinity')) AS k(org, sent, due)"
+        " WHERE k.due < 'infinity' OR i <= 5000",  # (5,000 given up)
+    )
+    with transaction(pool) as tx:
+        row = tx.one(
+            "INSERT INTO linear_notices (org_id, kind, agent_session_id, body)"
+            " VALUES ('org-live', 'activity', 'as-live', 'due') RETURNING id"
+        )
+    assert row is not None
+    due = row["id"]
+    with pool.connection() as conn:
+        conn.execute("ANALYZE linear_notices")
+    params = {
+        "ids": [due] if form == "ids" else None,
+        "agent_sessions": ["as-live"] if form == "agent_sessions" else None,
+        "limit": 50,
+    }
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        plan = explain(conn, query("notice_take"), params, mode=mode)
+    top = plan["QUERY PLAN"][0]
+    text = json.dumps(plan)
+    assert top["Plan"]["Actual Rows"] == 1, text  # the one due post of the connected org
+    assert ("Seq Scan", "linear_notices", None) not in _relations(top["Plan"]), text
+    assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 100, text
+    # Estimated far above `jit_above_cost` (its subquery's guess at every row), and not compiled:
+    # the service's sessions run without JIT (`shared.db.session_options`), which here took 0.4 s.
+    assert top["Plan"]["Total Cost"] > 100_000 or form != "any", text
+    assert "JIT" not in top, text

@@ -440,14 +440,15 @@ def test_a_deadline_passed_before_the_database_is_asked_sends_nothing(pool: Pool
             pass
 
 
-def test_sessions_carry_the_server_side_limits(db_url: str) -> None:
-    """Set in the startup packet on a direct connection (no round trip of their own), per
-    transaction behind a transaction-mode pooler; and appended to options the URL already has."""
-    names = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+def test_sessions_carry_the_server_side_settings(db_url: str) -> None:
+    """The limits, and no JIT compilation: set in the startup packet on a direct connection (no
+    round trip of their own), per transaction behind a transaction-mode pooler; and appended to
+    options the URL already has."""
+    names = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout", "jit")
     url = make_conninfo(db_url, options="-c application_name=mine")
     with open_pool(url, Settings(), max_size=1) as p, lend(p) as conn:
         shown = [conn.execute(f"SHOW {n}").fetchone() for n in (*names, "application_name")]
-    assert [next(iter(r.values())) for r in shown if r] == ["2s", "1500ms", "10s", "mine"]
+    assert [next(iter(r.values())) for r in shown if r] == ["2s", "1500ms", "10s", "off", "mine"]
     with open_pool(
         db_url, Settings(DEVPILOT_TRANSACTION_POOLER=True, DEVPILOT_LOCK_TIMEOUT_MS=700), max_size=1
     ) as p:
@@ -455,8 +456,10 @@ def test_sessions_carry_the_server_side_limits(db_url: str) -> None:
             inside = [tx.one(f"SHOW {n}") for n in names]
         with lend(p) as conn:
             outside = [conn.execute(f"SHOW {n}").fetchone() for n in names]
-    assert [next(iter(r.values())) for r in inside if r] == ["2s", "700ms", "10s"]
-    assert [next(iter(r.values())) for r in outside if r] == ["0", "0", "0"]
+            configured = conn.execute("SELECT reset_val FROM pg_settings WHERE name = 'jit'").fetchone()
+    assert [next(iter(r.values())) for r in inside if r] == ["2s", "700ms", "10s", "off"]
+    assert configured is not None  # (the server's own setting: "on" unless its configuration says)
+    assert [next(iter(r.values())) for r in outside if r] == ["0", "0", "0", configured["reset_val"]]
 
 
 def test_a_connection_attempt_that_times_out_leaves_no_socket(db_url: str) -> None:

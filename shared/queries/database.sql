@@ -8,13 +8,15 @@ SELECT 1;
 -- Inside a transaction: it may not write (operators' snapshots).
 SET TRANSACTION READ ONLY;
 
--- name: set_local_timeouts
--- The server-side limits for this transaction only: behind a transaction-mode pooler, where session
--- settings do not stick, the ones a direct connection gets at its start (shared.db.session_options);
--- and where one transaction must wait longer than the hot path may (a token refresh waits on Linear).
+-- name: set_local_settings
+-- The server-side settings for this transaction only: behind a transaction-mode pooler, where session
+-- settings do not stick, the ones a direct connection gets at its start (shared.db.session_options):
+-- the limits, and no JIT compilation; and where one transaction must wait longer than the hot path
+-- may (a token refresh waits on Linear).
 SELECT set_config('statement_timeout', %(statement_ms)s::text, true),
        set_config('lock_timeout', %(lock_ms)s::text, true),
-       set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true);
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true),
+       set_config('jit', 'off', true);
 
 -- name: migrations_lock
 -- Serialises concurrent `devpilot migrate` runs for the rest of the transaction.

@@ -16,14 +16,15 @@ RETURNING id;
 -- session is still being opened (`session_create`); one given up (available_at = infinity) no
 -- longer holds the rest back.
 -- Posts of an org without a working connection (disconnected, or none) are not taken: they wait,
--- attempts untouched, for a new install.
+-- attempts untouched, for a new install. Nor are they read: the connected orgs are listed first and
+-- only their due posts are read (linear_notices_due_idx), however many wait (migration 0019).
 WITH due AS (
     SELECT id FROM linear_notices n0
     WHERE sent_at IS NULL AND available_at <= now()
+      AND org_id = ANY (ARRAY(SELECT c.org_id FROM linear_credentials c WHERE c.disconnected_at IS NULL))
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
       AND ((%(ids)s::uuid[] IS NULL AND %(agent_sessions)s::text[] IS NULL)
            OR id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
-      AND EXISTS (SELECT 1 FROM linear_credentials c WHERE c.org_id = n0.org_id AND c.disconnected_at IS NULL)
       AND (n0.agent_session_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM linear_notices earlier
             WHERE earlier.agent_session_id = n0.agent_session_id AND earlier.sent_at IS NULL
