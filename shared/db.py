@@ -273,18 +273,23 @@ def take_in_rounds(
     params: dict[str, Any],
     handle: Callable[[list[DictRow]], list[str]],
     rounds: int = 20,
+    *,
+    first: str | None = None,
 ) -> None:
     """Take rows with a statement that leases due work (the outbox's `notice_take`, the router's
     `routing_take`) and `handle` them, round after round. Such work is in order per agent session:
     a row waits while an earlier one of its agent session is open. So after a round the statement
     is run again for just the agent sessions `handle` returns (whose next row may now be due) instead
     of leaving it to the sweep; it stops when a round takes nothing or names no agent session.
+    `first`: the first round's statement, when it is another (the outbox's sweep: any due post).
     Each round is one statement (`statement`: behind a transaction pooler, with the server-side
-    settings of `_open`, as the take beside many waiting rows needs its limits and no JIT)."""
+    settings of `_open`, so a take is bound by the limits there too, and never compiled)."""
     follow: list[str] | None = None
+    name = first or statement_name
     for _ in range(rounds):
         with statement(pool) as tx:
-            rows = tx.all(query(statement_name), {**params, "agent_sessions": follow})
+            rows = tx.all(query(name), {**params, "agent_sessions": follow})
+        name = statement_name
         if not rows:
             return
         follow = handle(rows)

@@ -114,9 +114,7 @@ def _linear_id(payload: dict[str, Any]) -> str | None:
     return None
 
 
-def send_pending(
-    pool: Pool, settings: Settings, ids: list[UUID] | None = None, limit: int = 50
-) -> SendResult:
+def send_pending(pool: Pool, settings: Settings, ids: list[UUID] | None = None) -> SendResult:
     """Send due notices (the given ones, or any): each is taken under a lease, posted, then marked
     sent (with Linear's id) or due again after backoff. Never raises for Linear's answers.
 
@@ -133,7 +131,9 @@ def send_pending(
         total = SendResult(total.sent + result.sent, total.failed + result.failed)
         return went_out
 
-    take_in_rounds(pool, "notice_take", {"ids": ids, "limit": limit}, handle)
+    # Named posts by their keys; the sweep's round (none named) any due post of a connected org.
+    first = "notice_take_due" if ids is None else None
+    take_in_rounds(pool, "notice_take", {"ids": ids}, handle, first=first)
     return total
 
 

@@ -816,19 +816,21 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
 @pytest.mark.parametrize("form", ["any", "ids", "agent_sessions"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_the_outbox_take_reads_only_connected_orgs_due_posts(mode: str, form: str, pool: Pool) -> None:
-    """The outbox's take (`notice_take`: the sweep's round takes any due post; the send after a
-    commit names its posts, and a follow-up round their agent sessions) reads the due posts of
-    connected orgs by index, in both plans. A disconnected org's posts wait for a new install, and
-    50,000 of them (a fleet's activities while a workspace's token was refused) are not read at
-    every take: read, they made the sweep's round slow, and past the statement's deadline the
-    sweep failed for every org. Nor is the history of sent posts, nor posts given up. (Through
-    the service's own pool, whose sessions run without JIT.)"""
+    """The outbox's takes read only due posts of connected orgs, by index, in both plans: the
+    sweep's round (`notice_take_due`, any due post: a probe per connected org, 300 here) and the
+    send after a commit and its next rounds (`notice_take`, the posts named by id or by agent
+    session: those rows by key). A disconnected org's posts wait for a new install, and 50,000 of
+    them (a fleet's activities while a workspace's token was refused) are not read: read at every
+    take, they made the sweep's round slow, and past the statement's deadline its sending failed
+    for every org. Nor is the history of sent posts read, nor posts given up. (Through the
+    service's own pool, whose sessions run without JIT.)"""
     from shared.sql import query
 
     bulk(
         pool,
         "INSERT INTO linear_credentials (org_id, token_encrypted, disconnected_at)"
-        " VALUES ('org-gone', 'x', now()), ('org-live', 'x', NULL)",
+        " SELECT org, 'x'::bytea, gone FROM (VALUES ('org-gone', now()), ('org-live', NULL)) AS k(org, gone)"
+        " UNION ALL SELECT 'org-' || i, 'x', NULL FROM generate_series(1, 300) i",
     )
     bulk(
         pool,
@@ -849,19 +851,20 @@ def test_the_outbox_take_reads_only_connected_orgs_due_posts(mode: str, form: st
     due = row["id"]
     with pool.connection() as conn:
         conn.execute("ANALYZE linear_notices")
-    params = {
-        "ids": [due] if form == "ids" else None,
-        "agent_sessions": ["as-live"] if form == "agent_sessions" else None,
-        "limit": 50,
-    }
+        conn.execute("ANALYZE linear_credentials")
+    if form == "any":
+        statement, params, pages = "notice_take_due", {}, 1000
+    else:
+        ids, sessions = ([due], None) if form == "ids" else (None, ["as-live"])
+        statement, params, pages = "notice_take", {"ids": ids, "agent_sessions": sessions}, 100
     with pool.connection() as conn, conn.transaction(force_rollback=True):
-        plan = explain(conn, query("notice_take"), params, mode=mode)
+        plan = explain(conn, query(statement), params, mode=mode)
     top = plan["QUERY PLAN"][0]
     text = json.dumps(plan)
     assert top["Plan"]["Actual Rows"] == 1, text  # the one due post of the connected org
     assert ("Seq Scan", "linear_notices", None) not in _relations(top["Plan"]), text
-    assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 100, text
-    # Estimated far above `jit_above_cost` (its subquery's guess at every row), and not compiled:
+    assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < pages, text
+    # Estimated far above `jit_above_cost` (its order check's guess at every row), and not compiled:
     # the service's sessions run without JIT (`shared.db.session_options`), which here took 0.4 s.
     assert top["Plan"]["Total Cost"] > 100_000 or form != "any", text
     assert "JIT" not in top, text

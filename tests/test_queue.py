@@ -663,6 +663,23 @@ def test_transaction_pooler_mode_sets_the_timeout_per_transaction(db_url: str) -
         assert row is not None and row["statement_timeout"] == "4321ms"
 
 
+def test_behind_a_pooler_the_outbox_take_keeps_the_lock_limit(db_url: str) -> None:
+    """Behind a transaction pooler no session setting sticks, so each round of the outbox's take is
+    a transaction that sets the server-side limits (and no JIT) first: a take that meets a lock on
+    the outbox gives up at the lock limit (LockNotAvailable), where one sent on its own would hold
+    its connection until the deadline cut it (OperationalError)."""
+    from shared import deadline, notices
+    from shared.db import open_pool
+
+    settings = Settings(DEVPILOT_TRANSACTION_POOLER=True, DEVPILOT_LOCK_TIMEOUT_MS=200)
+    with open_pool(db_url, settings, max_size=2) as p, connect(db_url) as holder:
+        with holder.transaction():
+            holder.execute("LOCK TABLE linear_notices IN ACCESS EXCLUSIVE MODE")
+            for ids in (None, [uuid4()]):  # the sweep's round, and the send after a commit
+                with deadline.bound(5), pytest.raises(psycopg.errors.LockNotAvailable):
+                    notices.send_pending(p, settings, ids=ids)
+
+
 def _others(pool: Pool, sids: list[UUID]) -> list[tuple[str, int]]:
     with pool.connection() as conn:
         rows = conn.execute(

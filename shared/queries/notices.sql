@@ -9,22 +9,41 @@ WHERE EXISTS (SELECT FROM devpilot_notified(%(org_id)s))
 RETURNING id;
 
 -- name: notice_take
--- Takes due, unsent notices for sending (those named by id or by agent session, or any when none
--- are named): SKIP LOCKED and a short lease, so two senders never post the same notice at once.
--- In order per agent session and lane (`devpilot_notice_lane`): not while an earlier post of its
--- agent session and lane is unsent (in flight, or waiting out its backoff), nor while the agent
--- session is still being opened (`session_create`); one given up (available_at = infinity) no
--- longer holds the rest back.
--- Posts of an org without a working connection (disconnected, or none) are not taken: they wait,
--- attempts untouched, for a new install. Nor are they read: the connected orgs are listed first and
--- only their due posts are read (linear_notices_due_idx), however many wait (migration 0019).
+-- Takes the named notices (by id, or by agent session: the send after a commit, and its next
+-- rounds), those due and unsent, for sending (`notice_taking`). Few rows by their keys; whether
+-- each one's org has a working connection is asked of that row alone. Nothing when none are named.
 WITH due AS (
     SELECT id FROM linear_notices n0
-    WHERE sent_at IS NULL AND available_at <= now()
-      AND org_id = ANY (ARRAY(SELECT c.org_id FROM linear_credentials c WHERE c.disconnected_at IS NULL))
+    WHERE (id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
+      AND EXISTS (SELECT 1 FROM linear_credentials c WHERE c.org_id = n0.org_id AND c.disconnected_at IS NULL)
+-- include: notice_taking
+)
+-- include: notice_lease
+
+-- name: notice_take_due
+-- Takes any due, unsent notices for sending (the sweep's round: Linear was down, or an instance died
+-- between a commit and its send), by `notice_taking`. The connected orgs are listed first, and
+-- only their due posts are read (linear_notices_due_idx: a probe per connected org, about two pages
+-- each), however many posts of disconnected orgs wait (migration 0019).
+WITH due AS (
+    SELECT id FROM linear_notices n0
+    WHERE org_id = ANY (ARRAY(SELECT c.org_id FROM linear_credentials c WHERE c.disconnected_at IS NULL))
+-- include: notice_taking
+)
+-- include: notice_lease
+
+-- name: notice_taking
+-- A fragment, the rest of the `due` CTE of `notice_take` and `notice_take_due` (each names the
+-- notices it looks at, and keeps only those of orgs with a working connection: the others wait,
+-- attempts untouched, for a new install). Due and unsent, and not leased: SKIP LOCKED and a short
+-- lease (`notice_lease`), so two senders never post the same notice at once. In order per agent
+-- session and lane (`devpilot_notice_lane`): not while an earlier post of its agent session and
+-- lane is unsent (in flight, or waiting out its backoff), nor while the agent session is still
+-- being opened (`session_create`); one given up (available_at = infinity) no longer holds the rest
+-- back. At most 50 a round, written in: with the LIMIT bound, the plan kept for every value
+-- assumed a tenth of the rows would be taken and leased them by a hash join over the whole table.
+      AND sent_at IS NULL AND available_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
-      AND ((%(ids)s::uuid[] IS NULL AND %(agent_sessions)s::text[] IS NULL)
-           OR id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
       AND (n0.agent_session_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM linear_notices earlier
             WHERE earlier.agent_session_id = n0.agent_session_id AND earlier.sent_at IS NULL
@@ -32,9 +51,11 @@ WITH due AS (
               AND (earlier.kind = 'session_create'
                    OR devpilot_notice_lane(earlier.kind) = devpilot_notice_lane(n0.kind))))
     ORDER BY seq
-    LIMIT %(limit)s
+    LIMIT 50
     FOR UPDATE SKIP LOCKED
-)
+
+-- name: notice_lease
+-- A fragment, after `due` (the notices taken, locked): each leased for 30 s and its attempt counted.
 UPDATE linear_notices n SET lease_expires_at = now() + interval '30 seconds', attempts = n.attempts + 1
 FROM due WHERE n.id = due.id
 RETURNING n.id, n.org_id, n.kind, n.agent_session_id, n.issue_id, n.body, n.content, n.ephemeral,

@@ -45,14 +45,15 @@ def explain(
         name = "unknown" if info is None else info.regtype + ("[]" if oid == info.array_oid else "")
         types.append(sql.SQL(name))
     conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-    conn.execute(
-        sql.SQL("PREPARE devpilot_plan_probe ({}) AS {}").format(sql.SQL(", ").join(types), sql.SQL(text))
-    )
+    # (A statement without parameters is prepared and executed without the parentheses.)
+    typed = sql.SQL("({})").format(sql.SQL(", ").join(types)) if names else sql.SQL("")
+    conn.execute(sql.SQL("PREPARE devpilot_plan_probe {} AS {}").format(typed, sql.SQL(text)))
     try:
         args = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
+        given = sql.SQL("({})").format(args) if names else sql.SQL("")
         row = conn.execute(
-            sql.SQL("EXPLAIN ({}, FORMAT JSON) EXECUTE devpilot_plan_probe ({})").format(
-                sql.SQL(options), args
+            sql.SQL("EXPLAIN ({}, FORMAT JSON) EXECUTE devpilot_plan_probe {}").format(
+                sql.SQL(options), given
             )
         ).fetchone()
     finally:
