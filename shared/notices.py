@@ -119,8 +119,9 @@ def send_pending(pool: Pool, settings: Settings, ids: list[UUID] | None = None) 
     sent (with Linear's id) or due again after backoff. Never raises for Linear's answers.
 
     One agent session's posts go out in the order they were accepted: a post is not taken while an
-    earlier one of its agent session is unsent (notice_take). So after a round, the next post of each
-    agent session that just went out is looked for at once, instead of waiting for the sweep."""
+    earlier one of its agent session is unsent (`notice_taking` in notices.sql). So after a round,
+    the next post of each agent session that just went out is looked for at once, instead of
+    waiting for the sweep."""
     if ids is not None and not ids:
         return SendResult(0, 0)
     total = SendResult(0, 0)

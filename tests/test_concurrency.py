@@ -817,9 +817,9 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_the_outbox_take_reads_only_connected_orgs_due_posts(mode: str, form: str, pool: Pool) -> None:
     """The outbox's takes read only due posts of connected orgs, by index, in both plans: the
-    sweep's round (`notice_take_due`, any due post: a probe per connected org, 300 here) and the
-    send after a commit and its next rounds (`notice_take`, the posts named by id or by agent
-    session: those rows by key). A disconnected org's posts wait for a new install, and 50,000 of
+    sweep's first round (`notice_take_due`, any due post: a probe per connected org, 300 here) and
+    the send after a commit and every next round, the sweep's included (`notice_take`, the posts
+    named by id or by agent session: those rows by key). A disconnected org's posts wait for a new install, and 50,000 of
     them (a fleet's activities while a workspace's token was refused) are not read: read at every
     take, they made the sweep's round slow, and past the statement's deadline its sending failed
     for every org. Nor is the history of sent posts read, nor posts given up. (Through the

@@ -349,7 +349,7 @@ items AS (
 --   the first activity in it: "Picked up by <machine> — <how it was chosen>" (a plain assignment
 --   has no one to ask, so Linear hears the choice here). Written here, not by the routing step:
 --   the alias lane exists only once `session_create` is written, and a post under it waits behind
---   that row only if it comes after it (`notice_take`), which this statement's order (`k.n`, the
+--   that row only if it comes after it (`notice_taking`), which this statement's order (`k.n`, the
 --   `seq` it gives) ensures; the agent's own posts under the alias are accepted only after this
 --   ack commits, so they come after it too. A start never delivered says nothing in Linear;
 -- * either: the issue moved to its team's first started state (`issue_started`) and, with the app
