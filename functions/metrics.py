@@ -42,7 +42,7 @@ class QueueDepth(Collector):
             "1 while an org's Linear connection works, 0 once disconnected (its posts wait)",
             labels=["org_id"],
         )
-        snap = snapshot(get_runtime().pool, failed_limit=0, with_history=False)
+        snap = snapshot(get_runtime().pool, with_sessions=False)  # (what it shows reads no session)
         for o in snap.orchestrators:
             depth.add_metric([o.id, o.name, "queued"], o.queued)
             depth.add_metric([o.id, o.name, "claimed"], o.claimed)
