@@ -125,9 +125,10 @@ def _shown(repository: dict[str, str]) -> str:
 def snapshot(
     pool: Pool, *, failed_limit: int = 20, with_history: bool = True, with_sessions: bool = True
 ) -> Snapshot:
-    """`with_sessions=False` (a metrics scrape, which shows neither): no totals, failures or history,
-    so the sessions, which are kept and grow for ever, are not read at all (their totals count every
-    one: about 0.27 s at 2,000,000 on a 2-core machine, at every scrape)."""
+    """`with_sessions=False` (a metrics scrape, which shows none of them): no totals, failures or
+    history (`failed_limit` and `with_history` are then ignored), so the sessions, which are kept
+    and grow for ever, are not read at all (their totals count every one: about 0.27 s at
+    2,000,000 on a 2-core machine, at every scrape)."""
     with lend(pool) as conn, conn.transaction():
         conn.execute(query("read_only"))
         orchs = [

@@ -217,8 +217,10 @@ def test_history_is_each_minutes_count_of_undelivered_sessions(
     pool: Pool, make_orchestrator: MakeOrch
 ) -> None:
     """The one-pass history (shared/queries/status.sql) against its definition: at the end of each
-    minute, the sessions created before then and not finished by then (queued, or last changed
-    after it); and the mean webhook-to-ack time of those acked in the minute."""
+    minute, the sessions created before then and not finished by then (queued, or delivered, failed
+    or cancelled after it); and the mean webhook-to-ack time of those acked in the minute. A
+    delivered session may be changed again later (Linear opening a plain assignment's agent
+    session): it finished when it was delivered."""
     o = make_orchestrator()
     for n in range(3):
         enqueue_one(pool, o, n)
@@ -229,12 +231,20 @@ def test_history_is_each_minutes_count_of_undelivered_sessions(
             created = rng.choice([rng.uniform(-120, 0), float(rng.randint(-120, 0))])
             changed = created + rng.choice([0.0, rng.uniform(0, 40), float(rng.randint(0, 40))])
             status = rng.choice(["delivered", "failed", "cancelled"])
+            later = rng.choice([0.0, 0.0, rng.uniform(0, 30)]) if status == "delivered" else 0.0
             tx.execute(
                 "INSERT INTO dispatch_sessions (org_id, orchestrator_id, status, created_at, updated_at,"
                 " delivered_at) VALUES (%(org)s, %(o)s, %(status)s, now() + %(c)s * interval '1 minute',"
                 " now() + %(u)s * interval '1 minute',"
-                " CASE WHEN %(status)s = 'delivered' THEN now() + %(u)s * interval '1 minute' END)",
-                {"org": o.org_id, "o": o.id, "status": status, "c": created, "u": min(changed, 0.0)},
+                " CASE WHEN %(status)s = 'delivered' THEN now() + %(d)s * interval '1 minute' END)",
+                {
+                    "org": o.org_id,
+                    "o": o.id,
+                    "status": status,
+                    "c": created,
+                    "d": min(changed, 0.0),
+                    "u": min(changed + later, 0.0),
+                },
             )
     with pool.connection() as conn, conn.transaction():  # (one now() for both reads)
         history = conn.execute(query("status_history")).fetchall()
@@ -247,7 +257,8 @@ def test_history_is_each_minutes_count_of_undelivered_sessions(
         undelivered = [
             s
             for s in sessions
-            if s["created_at"] < end and (s["status"] == "queued" or s["updated_at"] >= end)
+            if s["created_at"] < end
+            and (s["status"] == "queued" or (s["delivered_at"] or s["updated_at"]) >= end)
         ]
         assert h["depth"] == len(undelivered), h["minute"]
         acked = [s for s in sessions if s["delivered_at"] and h["minute"] <= s["delivered_at"] < end]
@@ -260,8 +271,8 @@ def test_history_is_each_minutes_count_of_undelivered_sessions(
 
 
 def test_the_history_reads_the_last_hour_not_every_session(pool: Pool, make_orchestrator: MakeOrch) -> None:
-    """Sessions are kept: a busy workspace has millions after a year. The history (the dashboard,
-    `devpilot status`) reads the queued ones and those changed in the last hour, by index, never
+    """Sessions are kept: a busy workspace has millions after a year. The history (the dashboard's
+    chart, `devpilot status --json`) reads the queued ones and those changed in the last hour, by index, never
     every session: read whole, 2,000,000 sessions took 0.6-0.9 s on a 2-core machine, about a third
     of the statement timeout (bench/README.md)."""
     o = make_orchestrator()

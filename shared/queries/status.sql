@@ -33,15 +33,18 @@ SELECT ran_at, requeued, dead_lettered FROM sweep_runs ORDER BY id DESC LIMIT 1;
 -- Minute by minute over the last hour, derived from the sessions themselves: how many were
 -- undelivered at the end of each minute, and the mean webhook-to-ack time of those acked in it.
 -- One pass over the sessions: a session is undelivered at the end of each minute from the one it
--- was created in up to the one before its last change (queued: up to now), so the depth is the
--- running sum of +1 at its first minute and -1 at its last change's. (The minute-by-minute count
--- it replaces read the table 60 times: 1.2 s at 100,000 sessions, bench/statements.py.)
+-- was created in up to the one before it ended (queued: up to now), so the depth is the running
+-- sum of +1 at its first minute and -1 at its end's. It ended when it was delivered
+-- (`delivered_at`; a delivered session is changed once more when Linear opens the agent session
+-- of a plain assignment, which may be minutes later), or failed or was cancelled (its last
+-- change). (The minute-by-minute count it replaces read the table 60 times: 1.2 s at 100,000
+-- sessions, bench/statements.py.)
 -- Sessions are kept, so it reads only those that can count: the queued ones and those changed in
 -- the window, through dispatch_sessions_status_idx (status, updated_at), never every session (read
 -- whole, 2,000,000 sessions took 0.6-0.9 s). Its conditions are written for that index: every
 -- status but `queued` is named (the table's CHECK lists four), and an ack sets `delivered_at` and
 -- `updated_at` together, and only a delivered session has `delivered_at` (a retry clears it), so
--- one acked in the window was changed in it.
+-- one that ended or was acked in the window was changed in it.
 WITH bounds AS (
     SELECT date_trunc('minute', now()) - interval '59 minutes' AS lo, date_trunc('minute', now()) AS hi
 ),
@@ -50,11 +53,13 @@ minutes AS (
 ),
 open_in_window AS (
     SELECT greatest(date_trunc('minute', s.created_at), b.lo) AS opened,
-           CASE WHEN s.status <> 'queued' THEN date_trunc('minute', s.updated_at) END AS closed
+           CASE WHEN s.status <> 'queued' THEN date_trunc('minute', coalesce(s.delivered_at, s.updated_at)) END
+               AS closed
     FROM dispatch_sessions s, bounds b
     WHERE s.created_at < b.hi + interval '1 minute'
       AND (s.status = 'queued'
-           OR (s.status IN ('delivered', 'failed', 'cancelled') AND s.updated_at >= b.lo + interval '1 minute'))
+           OR (s.status IN ('delivered', 'failed', 'cancelled') AND s.updated_at >= b.lo + interval '1 minute'
+               AND coalesce(s.delivered_at, s.updated_at) >= b.lo + interval '1 minute'))
 ),
 per_minute AS (
     SELECT m, sum(d) AS d
