@@ -10,8 +10,9 @@ RETURNING id;
 
 -- name: notice_take
 -- Takes the named notices (by id, or by agent session: the send after a commit, and every next
--- round, the sweep's included), those due and unsent, for sending (`notice_taking`). Few rows by their keys; whether
--- each one's org has a working connection is asked of that row alone. Nothing when none are named.
+-- round, the sweep's included), those due and unsent, for sending (`notice_taking`). Few rows by
+-- their keys; whether each one's org has a working connection is asked of that row alone. Nothing
+-- when none are named.
 WITH due AS (
     SELECT id FROM linear_notices n0
     WHERE (id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
@@ -22,9 +23,9 @@ WITH due AS (
 
 -- name: notice_take_due
 -- Takes any due, unsent notices for sending (the sweep's first round: Linear was down, or an
--- instance died between a commit and its send), by `notice_taking`. The connected orgs are listed first, and
--- only their due posts are read (linear_notices_due_idx: a probe per connected org, about two pages
--- each), however many posts of disconnected orgs wait (migration 0019).
+-- instance died between a commit and its send), by `notice_taking`. The connected orgs are listed
+-- first, and only their due posts are read (linear_notices_due_idx: a probe per connected org,
+-- about two pages each), however many posts of disconnected orgs wait (migration 0019).
 WITH due AS (
     SELECT id FROM linear_notices n0
     WHERE org_id = ANY (ARRAY(SELECT c.org_id FROM linear_credentials c WHERE c.disconnected_at IS NULL))
