@@ -25,7 +25,7 @@ from shared.queue import AckItem, _ack_params, _session_params, ack, claim, enqu
 from shared.settings import Settings
 from tests.helpers.data import MakeOrch, Orch, bulk, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
-from tests.helpers.plans import explain
+from tests.helpers.plans import explain, nodes
 
 ROOT = Path(__file__).parent.parent
 T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
@@ -310,15 +310,8 @@ def test_a_claim_is_planned_once_per_connection_not_at_every_execution(
         plan["QUERY PLAN"][0]["Plan"]
     )
     # (The poll's statement has a second LockRows: its caller's row, when it marks it seen.)
-    locked = [
-        n["Actual Rows"] for n in _nodes(three["QUERY PLAN"][0]["Plan"]) if n["Node Type"] == "LockRows"
-    ]
+    locked = [n["Actual Rows"] for n in nodes(three["QUERY PLAN"][0]["Plan"]) if n["Node Type"] == "LockRows"]
     assert max(locked) == 3, locked
-
-
-def _nodes(n: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every node of an EXPLAIN FORMAT JSON plan, `n` first."""
-    return [n, *(m for child in n.get("Plans", []) for m in _nodes(child))]
 
 
 def _relations(node: dict[str, Any]) -> list[tuple[str, str, str | None]]:
@@ -327,7 +320,7 @@ def _relations(node: dict[str, Any]) -> list[tuple[str, str, str | None]]:
 
     return sorted(
         (n["Node Type"], n["Relation Name"], n.get("Index Name"))
-        for n in _nodes(node)
+        for n in nodes(node)
         if n.get("Relation Name")
     )
 
@@ -819,10 +812,10 @@ def test_the_outbox_take_reads_only_connected_orgs_due_posts(mode: str, form: st
     """The outbox's takes read only due posts of connected orgs, by index, in both plans: the
     sweep's first round (`notice_take_due`, any due post: a probe per connected org, 300 here) and
     the send after a commit and every next round, the sweep's included (`notice_take`, the posts
-    named by id or by agent session: those rows by key). A disconnected org's posts wait for a new install, and 50,000 of
-    them (a fleet's activities while a workspace's token was refused) are not read: read at every
-    take, they made the sweep's round slow, and past the statement's deadline its sending failed
-    for every org. Nor is the history of sent posts read, nor posts given up. (Through the
+    named by id or by agent session: those rows by key). A disconnected org's posts wait for a new
+    install, and 50,000 of them (a fleet's activities while a workspace's token was refused) are not
+    read: read at every take, they made the sweep's round slow, and past the statement's deadline
+    its sending failed for every org. Nor is the history of sent posts read, nor posts given up. (Through the
     service's own pool, whose sessions run without JIT.)"""
     from shared.sql import query
 

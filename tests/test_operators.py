@@ -23,7 +23,7 @@ from shared.status import snapshot
 from tests.helpers.api import ADMIN, Api, issue_event
 from tests.helpers.chromium import headless_chromium
 from tests.helpers.data import MakeOrch, bulk, enqueue_one
-from tests.helpers.plans import explain
+from tests.helpers.plans import explain, nodes
 
 ROOT = Path(__file__).parent.parent
 
@@ -272,9 +272,9 @@ def test_history_is_each_minutes_count_of_undelivered_sessions(
 
 def test_the_history_reads_the_last_hour_not_every_session(pool: Pool, make_orchestrator: MakeOrch) -> None:
     """Sessions are kept: a busy workspace has millions after a year. The history (the dashboard's
-    chart, `devpilot status --json`) reads the queued ones and those changed in the last hour, by index, never
-    every session: read whole, 2,000,000 sessions took 0.6-0.9 s on a 2-core machine, about a third
-    of the statement timeout (bench/README.md)."""
+    chart, `devpilot status --json`) reads the queued ones and those changed in the last hour, by
+    index, never every session: read whole, 2,000,000 sessions took 0.6-0.9 s on a 2-core machine,
+    about a third of the statement timeout (bench/README.md)."""
     o = make_orchestrator()
     enqueue_one(pool, o, 0)
     bulk(
@@ -292,10 +292,6 @@ def test_the_history_reads_the_last_hour_not_every_session(pool: Pool, make_orch
             plan = explain(conn, query("status_history"), {}, mode="force_generic_plan")
     top = plan["QUERY PLAN"][0]
     text = json.dumps(plan)
-    scans = [n for n in _nodes(top["Plan"]) if n.get("Relation Name") == "dispatch_sessions"]
+    scans = [n for n in nodes(top["Plan"]) if n.get("Relation Name") == "dispatch_sessions"]
     assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), text
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < 500, text
-
-
-def _nodes(n: dict[str, Any]) -> list[dict[str, Any]]:
-    return [n, *(m for child in n.get("Plans", []) for m in _nodes(child))]

@@ -60,3 +60,8 @@ def explain(
         conn.execute("DEALLOCATE devpilot_plan_probe")
     assert row is not None
     return dict(row)
+
+
+def nodes(n: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN FORMAT JSON plan, `n` first."""
+    return [n, *(m for child in n.get("Plans", []) for m in nodes(child))]
