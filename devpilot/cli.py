@@ -24,9 +24,13 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from devpilot.serve import serve
+    from devpilot.serve import PortInUse, serve
 
-    return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
+    try:
+        return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
+    except PortInUse as exc:
+        print(f"devpilot serve: {exc}", file=sys.stderr)
+        return 1
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
