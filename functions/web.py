@@ -161,9 +161,10 @@ def require_agent(request: flask.Request, rt: Runtime) -> tuple[Orchestrator, st
     return require_orchestrator(request, rt), None
 
 
-def require_orchestrator(request: flask.Request, rt: Runtime) -> Orchestrator:
+def require_orchestrator(request: flask.Request, rt: Runtime, *, seen: bool = True) -> Orchestrator:
+    """The calling machine, recorded as seen unless not `seen` (it is read about, not asking for work)."""
     token = bearer(request)
-    orch = authenticate(rt.pool, token) if token else None
+    orch = authenticate(rt.pool, token, seen=seen) if token else None
     if orch is None:
         raise ApiError(401, "unauthorized", UNAUTHORIZED)
     note(orchestratorId=orch.id)

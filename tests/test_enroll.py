@@ -375,6 +375,33 @@ def test_logout_revokes_this_machine_and_its_work_moves(
     assert again.returncode == 1 and "not logged in" in err
 
 
+def test_whoami_and_machines_on_an_idle_machine_do_not_change_routing(
+    api: Api, linear: LinearOAuth, tmp_path: Path
+) -> None:
+    """Only a machine asking for work is seen: a person running `whoami` or `machines` on a machine
+    whose orchestrator is not running does not make it the one the next issue goes to."""
+    from orchestrator.login import store
+
+    laptop = login(api, linear, "u-alice", "laptop")
+    desktop = login(api, linear, "u-alice", "desktop")
+    store(tmp_path, {"url": api.url, "token": desktop["token"], "orchestratorId": desktop["orchestratorId"]})
+    assert api.post_as(laptop["token"], "/claim", {}).status_code == 200  # the laptop's orchestrator polls
+    for command in ("whoami", "machines", "whoami"):  # the desktop's person asks about it
+        proc = cli(command, "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": ""})
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    listed = cli("machines", "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": ""})
+    out, _ = listed.communicate(timeout=30)
+    [desk] = [line for line in out.splitlines() if line.startswith("* ")]
+    assert "desktop" in desk and "never" in desk  # still never seen
+    queued = api.webhook(issue_event(org=ACME["id"], assignee="u-alice", issue_id="iss-idle"))
+    assert queued.json()["orchestratorId"] == laptop["orchestratorId"]
+    # its orchestrator polling is what makes it seen (and the one the next issue goes to)
+    assert api.post_as(desktop["token"], "/claim", {}).status_code == 200
+    queued = api.webhook(issue_event(org=ACME["id"], assignee="u-alice", issue_id="iss-polled"))
+    assert queued.json()["orchestratorId"] == desktop["orchestratorId"]
+
+
 # --- /me ---------------------------------------------------------------------------------------------
 def me_sign_in(api: Api, linear: LinearOAuth, browser: Browser, who: str) -> httpx.Response:
     linear.signed_in = who
