@@ -5,7 +5,8 @@ rest of the orchestrator is.
 `login` makes a PKCE verifier (RFC 7636; only its S256 challenge leaves the machine) and either
 - listens on 127.0.0.1, on a port the system picks, for the one redirect back (RFC 8252), prints the
   service's link (first line: `Open this link to sign in: <URL>`) and opens it in a browser; the
-  redirect brings a one-time code, redeemed with the verifier for the machine's token; or
+  redirect brings a one-time code, redeemed with the verifier for the machine's token, or why the
+  sign-in was refused (`error`, `error_description`: printed, exit 1); or
 - (`--no-browser`, a machine without one) prints the page's address and a short code to type there,
   and asks every few seconds whether the person has signed in and confirmed.
 The token goes to `login.json` in the state directory (mode 0600, the directory 0700), never to a
@@ -186,6 +187,10 @@ class _Handler(BaseHTTPRequestHandler):
                 400, "Not this sign-in", "This is not the sign-in this terminal is waiting for."
             )
         self.server.done.set()  # one redirect only, whatever it brings
+        if q.get("error"):  # the sign-in was refused (RFC 6749 §4.1.2.1): why, here and in the terminal
+            why = q.get("error_description") or q["error"]
+            self.server.result.failure = why
+            return self._answer(403, "Not registered", f"{why}. Run login again once that is settled.")
         try:
             line = self.server.redeem(q.get("code", ""))
             self.server.result.outcome = line
@@ -293,8 +298,8 @@ def _with_code(http: httpx.Client, base: str, name: str, state_dir: Path) -> str
         code = answer.json().get("error") if answer.status_code == 400 else None
         if code == "authorization_pending" or answer.status_code >= 500:
             continue
-        if code == "access_denied":
-            raise Failed("the request was denied on the confirm page")
+        if code == "access_denied":  # Deny on the confirm page, or a sign-in the service refused
+            raise Failed(str(answer.json().get("detail") or "the request was denied"))
         if code == "expired_token":
             raise Failed("the code expired before it was confirmed; run login again")
         raise Failed(f"the service did not register this machine: {_reason(answer)}")
