@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from shared import orchestrators
 from shared.batching import firsts
 from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
-from shared.models import DispatchPayload, Enqueued, TaskDispatchMessage
+from shared.models import DispatchPayload, Enqueued, TaskDispatchMessage, with_request
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query, query_with_limit
@@ -415,7 +415,7 @@ def _message(r: DictRow, payload: DispatchPayload) -> TaskDispatchMessage:
         issue=payload.issue,
         agent_session_id=payload.agent_session_id,
         kind=payload.kind,
-        prompt=payload.prompt,
+        prompt=with_request(payload.kind, payload.issue, payload.prompt),
         repository=payload.repository,
     )
 
