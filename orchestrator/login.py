@@ -311,8 +311,13 @@ def _machine(args: argparse.Namespace) -> tuple[httpx.Client, str, dict[str, Any
     saved = stored(args.state_dir)
     token = args.token or (saved or {}).get("token")
     base = (args.url or (saved or {}).get("url") or "").rstrip("/")
-    if not token or not base:
+    if not token:
         raise Failed("this machine is not logged in: run `devpilot-orchestrator login --url BASE` first")
+    if not base:  # a token given (--token, DEVPILOT_ORCHESTRATOR_TOKEN) without a login's URL
+        raise Failed(
+            "no service URL: give --url BASE (the service the token is for); "
+            "`devpilot-orchestrator login --url BASE` keeps both"
+        )
     http = httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}"})
     return http, base, saved if saved and saved.get("token") == token else None
 

@@ -423,6 +423,24 @@ def test_logout_revokes_this_machine_and_its_work_moves(
     again = cli("whoami", "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": ""})
     _, err = again.communicate(timeout=30)
     assert again.returncode == 1 and "not logged in" in err
+    # a token, but no URL (no login here to take it from): what is missing, and how to give it
+    given = cli("whoami", "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": desktop["token"]})
+    _, err = given.communicate(timeout=30)
+    assert given.returncode == 1 and "not logged in" not in err
+    assert err.strip() == (
+        "devpilot-orchestrator whoami: no service URL: give --url BASE (the service the token is for); "
+        "`devpilot-orchestrator login --url BASE` keeps both"
+    )
+    told = cli(
+        "whoami",
+        "--url",
+        api.url,
+        "--state-dir",
+        str(tmp_path),
+        env={"DEVPILOT_ORCHESTRATOR_TOKEN": desktop["token"]},
+    )
+    out, err = told.communicate(timeout=30)
+    assert told.returncode == 0 and "machine: desktop" in out, err
 
 
 def test_whoami_and_machines_on_an_idle_machine_do_not_change_routing(
