@@ -42,6 +42,9 @@ def reply(body: dict[str, Any], status: int = 200, headers: dict[str, str] | Non
 
 
 def error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> flask.Response:
+    """The contract's error answer; its code goes on the request's log line too (a wrong secret and
+    a stale timestamp are both 401s: the line tells them apart)."""
+    note(error=code)
     return reply({"error": code, "detail": detail}, status, headers)
 
 
