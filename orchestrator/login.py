@@ -43,8 +43,21 @@ import httpx
 from orchestrator.agent import TOKEN_ENV, default_state_dir
 from orchestrator.journal import private_dir
 
-COMMANDS = ("login", "logout", "whoami", "machines")
 CREDENTIALS = "login.json"
+# Each command, with what it does: its help, and its line in `devpilot-orchestrator --help`.
+HELP = {
+    "login": "register this machine for you, by signing in with Linear",
+    "whoami": "the workspace, the person and the machine this token is for",
+    "machines": "your machines: last seen, how each waits, what is queued",
+    "logout": "revoke this machine (its queued work moves to your other one)",
+}
+COMMANDS = tuple(HELP)
+LOGIN_DESCRIPTION = (
+    "Register this machine for you: open the printed link, sign in with Linear, and the service gives "
+    "this machine a token of its own, kept in the state directory (mode 0600), where every later "
+    "devpilot-orchestrator run finds it with the URL. Logging in again with the same --name replaces "
+    "that machine's token. A refused sign-in ends it with the reason, exit 1."
+)
 
 
 class Failed(Exception):
@@ -401,18 +414,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     state_help = f"state directory (default {default_state_dir()})"
 
-    c = sub.add_parser("login", help="register this machine for you, by signing in with Linear")
+    c = sub.add_parser("login", help=HELP["login"], description=LOGIN_DESCRIPTION)
     c.add_argument("--url", required=True, help="the service's base URL")
     c.add_argument("--name", help="this machine's name (default: its host name)")
-    c.add_argument("--no-browser", action="store_true", help="print a page address and a code to type there")
+    c.add_argument(
+        "--no-browser",
+        action="store_true",
+        help="print a page address and a code to type there from any device (over SSH), instead of "
+        "opening a browser here",
+    )
     c.add_argument("--state-dir", type=Path, default=None, help=state_help)
     c.set_defaults(func=login)
-    for name, func, what in (
-        ("logout", logout, "revoke this machine (its queued work moves to your other machine)"),
-        ("whoami", whoami, "the workspace, the person and the machine this token is for"),
-        ("machines", machines, "your machines"),
-    ):
-        c = sub.add_parser(name, help=what)
+    for name, func in (("logout", logout), ("whoami", whoami), ("machines", machines)):
+        c = sub.add_parser(name, help=HELP[name], description=HELP[name][0].upper() + HELP[name][1:] + ".")
         c.add_argument("--url", help="the service's base URL (default: the one logged in to)")
         c.add_argument(
             "--token", default=os.environ.get(TOKEN_ENV), help=f"prefer {TOKEN_ENV}; default: login's"
