@@ -42,20 +42,38 @@ def redact(url: str) -> str:
 
 def start_embedded(data_dir: Path | None = None) -> Database:
     """Start (or join) the embedded Postgres whose data lives in `data_dir` (default ./.devpilot/pgdata)."""
-    try:
-        import pgserver
-    except ImportError:
-        raise SettingsError(
-            "DATABASE_URL is not set and the embedded Postgres is not installed: set DATABASE_URL, "
-            "or install the 'embedded' extra (pip install 'devpilot-dispatch[embedded]')"
-        ) from None
-
     folder = data_dir or Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "pgdata"
-    folder.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # platformdirs' note about XDG_RUNTIME_DIR is noise here
-        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    # pgserver keeps its lock file in the user's runtime directory, which it asks platformdirs for
+    # as it is imported. Without XDG_RUNTIME_DIR (root, containers, SSH) platformdirs warns, with a
+    # source line, and falls back to /tmp/runtime-<uid>, which serves: that one warning is silenced,
+    # for that import and the start only.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _runtime_dir_warning())
+        try:
+            import pgserver
+        except ImportError:
+            raise SettingsError(
+                "DATABASE_URL is not set and the embedded Postgres is not installed: set DATABASE_URL, "
+                "or install the 'embedded' extra (pip install 'devpilot-dispatch[embedded]')"
+            ) from None
+        folder.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
     return Database(url=server.get_uri(), embedded=True, handle=server)
+
+
+def _runtime_dir_warning() -> type[Warning]:
+    """platformdirs' RuntimeDirWarning (a release without it says nothing of the kind: then a
+    warning class nobody raises)."""
+    try:
+        import platformdirs
+    except ImportError:
+        return _NeverRaised
+    found = getattr(platformdirs, "RuntimeDirWarning", _NeverRaised)
+    return found if isinstance(found, type) and issubclass(found, Warning) else _NeverRaised
+
+
+class _NeverRaised(Warning):
+    pass
 
 
 def resolve(database_url: str | None) -> Database:

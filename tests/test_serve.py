@@ -190,6 +190,24 @@ def test_serve_without_database_url_uses_embedded_postgres(tmp_path: Path) -> No
             proc.kill()
 
 
+def test_devpilot_without_xdg_runtime_dir_prints_no_warning(tmp_path: Path) -> None:
+    """root, a container, SSH: no XDG_RUNTIME_DIR. The embedded Postgres's runtime directory falls
+    back quietly; every `devpilot` command used to print a RuntimeDirWarning and its source line."""
+    unset = ("DATABASE_URL", "TEST_DATABASE_URL", "XDG_RUNTIME_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    for command in (["migrate"], ["status", "--json"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "devpilot", *command],
+            cwd=tmp_path,
+            env={**env, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "Warning" not in r.stderr and "XDG_RUNTIME_DIR" not in r.stderr, r.stderr
+
+
 def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> None:
     _, token = api.register()
     results: list[tuple[int, dict[str, object]]] = []
