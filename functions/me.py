@@ -54,6 +54,7 @@ def me(call: Call) -> flask.Response:
                 "queuedIssues": m.issues,
                 "repositories": m.repositories,
                 "labels": m.labels,
+                "describedAt": _when(m.described_at),
                 "this": m.id == machine.id,
             }
             for m in people.machines(call.rt.pool, person)

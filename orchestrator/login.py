@@ -42,12 +42,13 @@ import httpx
 
 from orchestrator.agent import TOKEN_ENV, default_state_dir
 from orchestrator.journal import private_dir
+from orchestrator.repositories import told
 
 CREDENTIALS = "login.json"
 # Each command, with what it does: its help, and its line in `devpilot-orchestrator --help`.
 HELP = {
     "login": "register this machine for you, by signing in with Linear",
-    "whoami": "the workspace, the person and the machine this token is for",
+    "whoami": "this machine: its workspace, person, and what it told the service",
     "machines": "your machines: last seen, how each waits, what is queued",
     "logout": "revoke this machine (its queued work moves to your other one)",
 }
@@ -355,7 +356,11 @@ def whoami(args: argparse.Namespace) -> int:
     print(f"person: {me.get('personName') or me['linearUserId']} ({me['linearUserId']})")
     print(f"machine: {me['name']} ({me['orchestratorId']})")
     this: dict[str, Any] = next((m for m in me.get("orchestrators", []) if m.get("this")), {})
-    print(f"has: {_has(this) or 'nothing said yet (--repo, --label)'}")
+    if this.get("describedAt"):  # (as the orchestrator logged it when it started)
+        at = datetime.fromisoformat(this["describedAt"]).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        print(f"told the service: {told(this.get('repositories') or [], this.get('labels') or [])} ({at})")
+    else:
+        print("told the service: nothing yet (the orchestrator tells it its --repo and --label as it starts)")
     return 0
 
 

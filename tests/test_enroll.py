@@ -182,7 +182,7 @@ def test_login_with_a_browser_end_to_end(
         f"workspace: Acme Robotics ({ACME['id']})",
         "person: Alice Example (u-alice)",
         f"machine: laptop-7 ({json.loads(saved.read_text())['orchestratorId']})",
-        "has: nothing said yet (--repo, --label)",
+        "told the service: nothing yet (the orchestrator tells it its --repo and --label as it starts)",
     ]
 
 

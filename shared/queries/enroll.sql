@@ -167,8 +167,8 @@ DELETE FROM people_sessions WHERE token_hash = %(token_hash)s;
 -- name: person_machines
 -- One person's active machines, most recently seen first: whether a long-poll of it is waiting
 -- now (listening) or it only polls, what is queued for it (the first issues, in queue order), and
--- what it said it has (its repositories and labels, `POST /machine`).
-SELECT o.id, o.name, o.created_at, o.last_seen_at,
+-- what it said it has (its repositories and labels, `POST /machine`, and when: NULL, never).
+SELECT o.id, o.name, o.created_at, o.last_seen_at, i.updated_at AS described_at,
        coalesce(o.listening_until > now(), false) AS listening,
        count(q.id) AS queued,
        (array_agg(coalesce(s.issue_identifier, s.issue_id) ORDER BY q.seq)
