@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.local_secrets import private_home
 from shared.settings import SettingsError
 
 
@@ -42,7 +43,7 @@ def redact(url: str) -> str:
 
 def start_embedded(data_dir: Path | None = None) -> Database:
     """Start (or join) the embedded Postgres whose data lives in `data_dir` (default ./.devpilot/pgdata)."""
-    folder = data_dir or Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "pgdata"
+    folder = data_dir or private_home() / "pgdata"
     # pgserver keeps its lock file in the user's runtime directory, which it asks platformdirs for
     # as it is imported. Without XDG_RUNTIME_DIR (root, containers, SSH) platformdirs warns, with a
     # source line, and falls back to /tmp/runtime-<uid>, which serves: that one warning is silenced,
@@ -58,6 +59,10 @@ def start_embedded(data_dir: Path | None = None) -> Database:
             ) from None
         folder.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
+    if data_dir is None and os.geteuid() == 0:
+        # As root, pgserver runs Postgres as a user of its own and opens every folder above its
+        # data to everyone (0755): ./.devpilot/ keeps only the passage that user needs.
+        os.chmod(folder.parent, 0o711)  # noqa: S103  # nosec B103 (narrower than the 0755 it was)
     return Database(url=server.get_uri(), embedded=True, handle=server)
 
 
