@@ -49,16 +49,21 @@ def seed(api: Api) -> dict[str, Any]:
     return {"a": a_id, "b": b_id}
 
 
-def test_status_json_and_terminal(api: Api, db_url: str) -> None:
-    ids = seed(api)
-    r = subprocess.run(
+def status_json(database_url: str) -> subprocess.CompletedProcess[str]:
+    """`devpilot status --json` on that database, as an operator runs it."""
+    return subprocess.run(
         [sys.executable, "-m", "devpilot", "status", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": database_url},
     )
+
+
+def test_status_json_and_terminal(api: Api, db_url: str) -> None:
+    ids = seed(api)
+    r = status_json(db_url)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     by_id = {o["orchestratorId"]: o for o in out["orchestrators"]}
@@ -131,14 +136,7 @@ def test_status_on_a_database_nobody_migrated_says_to_migrate(pg_server: Any) ->
     name = f"devpilot_empty_{os.getpid()}"
     pg_server._create(name, template=None)
     try:
-        r = subprocess.run(
-            [sys.executable, "-m", "devpilot", "status", "--json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": pg_server.url_for(name)},
-        )
+        r = status_json(pg_server.url_for(name))
     finally:
         pg_server.drop(name)
     assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
