@@ -24,12 +24,18 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from devpilot.serve import serve
+    from devpilot.serve import PortInUse, serve
 
-    return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
+    try:
+        return serve(host=args.host, port=args.port, sweep_every=args.sweep_every)
+    except PortInUse as exc:
+        print(f"devpilot serve: {exc}", file=sys.stderr)
+        return 1
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from psycopg.errors import UndefinedTable
+
     from devpilot.status_view import show
     from shared.db import open_pool
     from shared.status import snapshot
@@ -39,6 +45,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     pool = open_pool(db.url, settings, max_size=1)
     try:
         show(snapshot(pool), as_json=args.json)
+    except UndefinedTable:  # (a fresh database: nothing has migrated it yet)
+        print(
+            f"devpilot status: {db.describe()} has no devpilot schema yet: run `devpilot migrate` "
+            "(`devpilot serve` migrates too)",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         pool.close()
     return 0

@@ -4,6 +4,7 @@ route table), plus the in-process sweep."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import json
 import logging
@@ -22,7 +23,7 @@ from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from werkzeug.serving import WSGIRequestHandler
 
-from devpilot.master import SignalSafeServer
+from devpilot.master import SignalSafeServer, listen
 from functions import runtime
 from functions.app import wsgi
 from functions.logs import flush_logs, setup_logging
@@ -91,6 +92,7 @@ class QuietHandler(WSGIRequestHandler):
 # threads, where a waiting long-poll holds a thread and nothing else. More than one worker is how
 # serve uses more than one core: one Python process runs one thread at a time.
 THREADS = 512
+BACKLOG = 1024  # connections the kernel holds for the workers to accept (Granian's default)
 HEADER_DEADLINE = 10.0
 GRACEFUL_SECONDS = 5  # on SIGTERM: requests in flight finish (long-polls are cut short after this)
 
@@ -155,7 +157,28 @@ def _shared_metrics(workers: int) -> str | None:
     return path
 
 
+class PortInUse(Exception):
+    """Something listens on the port already (another `devpilot serve`, say): nothing was started."""
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) -> int:
+    """Serve until SIGINT or SIGTERM; the exit status. PortInUse before anything starts."""
+    try:  # first: a port in use stops start-up before the database is touched
+        listener = listen(host, port, BACKLOG)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise PortInUse(
+            f"port {port} on {host} is in use (another devpilot serve?): stop it, or give --port"
+        ) from None
+    try:
+        return _serve(listener, host, sweep_every)
+    finally:
+        listener.close()
+
+
+def _serve(listener: socket.socket, host: str, sweep_every: float) -> int:
+    port = int(listener.getsockname()[1])
     setup_logging(batched=True)
     settings = get_settings()
     database = resolve(settings.database_url)
@@ -163,9 +186,6 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     if database.embedded:  # a developer's machine: what is unset is generated once under ./.devpilot/
         settings, kept = local_secrets.fill(settings)
     applied = migrate(database.url)
-    if port == 0:  # Granian binds by number: take a free one now (port 0 = "any")
-        with socket.create_server((host, 0)) as probe:
-            port = probe.getsockname()[1]
     url = f"http://{host}:{port}"
     stop = threading.Event()
     made: list[runtime.Runtime] = []
@@ -234,8 +254,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080, sweep_every: float = 30.0) 
     _master["pid"] = os.getpid()
     server = SignalSafeServer(
         "devpilot.serve:worker_app",
+        listener=listener,
         address=host,
         port=port,
+        backlog=BACKLOG,
         interface=Interfaces.WSGI,
         factory=True,
         workers=workers,

@@ -14,13 +14,11 @@ from functions.fleet_bodies import AckBody, loose_uuid
 from functions.telemetry import count
 from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator
 from shared.dispatch import Refused
-from shared.queue import AckItem
+from shared.queue import NOT_FOUND, NOT_LATEST, AckItem
 
 STATUS = {"acked": 200, "claim_superseded": 409, "not_found": 404}
-DETAIL = {
-    "claim_superseded": "a newer claim owns this row; drop this copy",
-    "not_found": "no such queue row for this orchestrator",
-}
+# What a release that missed is told (an ack is told more: shared.queue judges each item).
+DETAIL = {"claim_superseded": NOT_LATEST, "not_found": NOT_FOUND}
 
 
 def ack(call: Call) -> flask.Response:
@@ -31,9 +29,10 @@ def ack(call: Call) -> flask.Response:
         require_orchestrator(call.request, call.rt)  # a wrong token hears 401 before its body is judged
         raise
     try:
-        orch, results = call.service.ack(bearer(call.request) or "", items)
+        orch, judged = call.service.ack(bearer(call.request) or "", items)
     except Refused as exc:
         raise ApiError(401, exc.code, exc.detail) from None
+    results = judged.statuses
     note(orchestratorId=orch.id)
     count("acked", results.count("acked"))
     if body.acks is not None:
@@ -52,7 +51,7 @@ def ack(call: Call) -> flask.Response:
     [result] = results
     if result == "acked":
         return reply({"status": "acked"})
-    raise ApiError(STATUS[result], result, DETAIL[result])
+    raise ApiError(STATUS[result], result, judged.details[0])
 
 
 def _items(body: AckBody) -> list[AckItem]:

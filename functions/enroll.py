@@ -142,6 +142,11 @@ def callback(call: Call) -> flask.Response:
         said = args.get("error", "")[:200] + (
             f": {args.get('error_description', '')[:500]}" if args.get("error_description") else ""
         )
+        cookie = call.request.cookies.get(SIGNIN_COOKIE, "")
+        told = enroll.refused_by_linear(call.rt.pool, args.get("state", ""), cookie, said)
+        if told is not None:  # a loopback login: it hears why, and its page says it
+            note(refused="linear")
+            return drop(redirect(told, 302), SIGNIN_COOKIE)
         return text_page("Not signed in", f"Linear did not sign you in: {said}", 400)
     code, state = args.get("code"), args.get("state")
     if not code or not state:
@@ -160,6 +165,9 @@ def callback(call: Call) -> flask.Response:
     except SignInFailed as exc:
         return text_page("Not signed in", f"{exc}.", 502)
     except enroll.NotAllowed as exc:
+        if exc.loopback is not None:  # the waiting login hears why at once, and its page says it
+            note(refused=exc.code)
+            return drop(redirect(exc.loopback, 302), SIGNIN_COOKIE)
         return text_page("Not allowed", f"{exc.detail}.", 403, code=exc.code)
     except enroll.Gone as exc:
         return text_page("Not signed in", f"{str(exc).capitalize()}.", 400, link=again)

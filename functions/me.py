@@ -26,8 +26,12 @@ from shared.orchestrators import Orchestrator
 
 
 def _machine(call: Call) -> Orchestrator | None:
-    """The calling machine, when the request carries a bearer token (a wrong one is 401)."""
-    return require_orchestrator(call.request, call.rt) if bearer(call.request) is not None else None
+    """The calling machine, when the request carries a bearer token (a wrong one is 401). Not
+    recorded as seen: `whoami` and `machines` read; only the machine's own orchestrator asking for
+    work makes it the one routing prefers."""
+    if bearer(call.request) is None:
+        return None
+    return require_orchestrator(call.request, call.rt, seen=False)
 
 
 def _when(t: datetime | None) -> str | None:
@@ -50,6 +54,7 @@ def me(call: Call) -> flask.Response:
                 "queuedIssues": m.issues,
                 "repositories": m.repositories,
                 "labels": m.labels,
+                "describedAt": _when(m.described_at),
                 "this": m.id == machine.id,
             }
             for m in people.machines(call.rt.pool, person)

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import flask
 
-from functions.web import ApiError, Call, View, error
+from functions.web import ApiError, Call, View, error, note
 
 SIGNIN_COOKIE = "__Host-devpilot-signin"  # one browser's trip through Linear's sign-in
 ME_COOKIE = "__Host-devpilot-me"  # a person's /me session
@@ -68,8 +68,12 @@ def page(title: str, body: str, status: int = 200, *, form_to: str = "") -> flas
 def text_page(
     title: str, text: str, status: int = 200, *, code: str = "", link: tuple[str, str] | None = None
 ) -> flask.Response:
-    """A page of one paragraph (escaped), an error code to quote, and a link to go on with."""
-    extra = f'<p class="muted">({escape(code)})</p>' if code else ""
+    """A page of one paragraph (escaped), an error code to quote (and to log), and a link to go on with."""
+    extra = ""
+    if code:
+        note(error=code)
+        extra = f'<p class="muted">({escape(code)})</p>'
+
     if link is not None:
         extra += f'<p><a href="{escape(link[0])}">{escape(link[1])}</a></p>'
     return page(title, f"<p>{escape(text)}</p>{extra}", status)

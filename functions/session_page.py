@@ -56,6 +56,18 @@ def _post_state(p: dict[str, Any]) -> str:
     return "queued"
 
 
+def _linear_missing(s: dict[str, Any]) -> str:
+    """Why nothing reaches Linear for this session's workspace, with where to put it right (HTML);
+    empty when the workspace is connected."""
+    where = 'a workspace admin connects it at <a href="/oauth/install">/oauth/install</a>'
+    if not s["linear_known"]:
+        return f"Linear is not connected for this workspace, so nothing is posted there: {where}"
+    if s["linear_disconnected_at"] is not None:
+        why = escape(s["linear_disconnect_reason"] or "")
+        return f"Linear is disconnected for this workspace ({why}): its posts wait until {where} again"
+    return ""
+
+
 def _post_type(p: dict[str, Any]) -> str:
     content = p["content"] or {}
     if p["kind"] == "activity" or "type" in content:
@@ -115,13 +127,15 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
         if s["routing_note"]
         else ""
     )
+    missing = _linear_missing(s)
+    linear = f'<tr><th>Linear</th><td class="bad" id="linear">{missing}</td></tr>' if missing else ""
     info = f"""<table id="session">
 <tr><th>issue</th><td id="issue">{escape(s["issue_identifier"] or "")} {escape(named)} <span class="muted">{escape(s["issue_id"] or "")}</span></td></tr>
 <tr><th>workspace</th><td>{escape(s["workspace_name"] or s["org_id"])}</td></tr>
 <tr><th>machine</th><td id="machine">{escape(s["machine"])}{revoked}</td></tr>
 {routing}<tr><th>agent session</th><td id="agent-session">{agent}</td></tr>
 <tr><th>status</th><td id="status">{escape(s["status"])}{(": " + escape(s["failure_reason"])) if s["failure_reason"] else ""}</td></tr>
-{dead}</table>"""
+{linear}{dead}</table>"""
     rows = "".join(
         f'<tr data-session="{escape(str(m["id"]))}"><td>{i}</td>'
         f'<td><a href="/sessions/{escape(str(m["id"]))}">{escape(m["kind"])}</a></td>'
@@ -138,7 +152,7 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
             f'<td class="state">{_post_state(p)}</td></tr>'
             for p in data.posts
         )
-        or '<tr><td colspan="5" class="muted">nothing posted to Linear</td></tr>'
+        or f'<tr><td colspan="5" class="muted" id="no-posts">{missing or "nothing posted to Linear"}</td></tr>'
     )
     actions = (
         "".join(

@@ -42,6 +42,9 @@ def reply(body: dict[str, Any], status: int = 200, headers: dict[str, str] | Non
 
 
 def error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> flask.Response:
+    """The contract's error answer; its code goes on the request's log line too (a wrong secret and
+    a stale timestamp are both 401s: the line tells them apart)."""
+    note(error=code)
     return reply({"error": code, "detail": detail}, status, headers)
 
 
@@ -161,9 +164,10 @@ def require_agent(request: flask.Request, rt: Runtime) -> tuple[Orchestrator, st
     return require_orchestrator(request, rt), None
 
 
-def require_orchestrator(request: flask.Request, rt: Runtime) -> Orchestrator:
+def require_orchestrator(request: flask.Request, rt: Runtime, *, seen: bool = True) -> Orchestrator:
+    """The calling machine, recorded as seen unless not `seen` (it is read about, not asking for work)."""
     token = bearer(request)
-    orch = authenticate(rt.pool, token) if token else None
+    orch = authenticate(rt.pool, token, seen=seen) if token else None
     if orch is None:
         raise ApiError(401, "unauthorized", UNAUTHORIZED)
     note(orchestratorId=orch.id)

@@ -42,7 +42,7 @@ from orchestrator.journal import Journal, private_dir
 from orchestrator.log import Log
 from orchestrator.messages import is_uuid, speaks_in
 from orchestrator.messages import name as _name
-from orchestrator.repositories import LocalRepo
+from orchestrator.repositories import LocalRepo, told
 from orchestrator.workplace import TOKEN_ENV, Workplace
 from orchestrator.worktrees import WorktreeError
 from shared.models import REPOSITORY_MISSING, repository_key
@@ -286,9 +286,9 @@ class Orchestrator:
         elif "error" in said:
             self.log("machine", f"the service refused this machine's repositories: {said.get('detail')}")
         else:
-            names = ", ".join(r["fullName"] for r in said.get("repositories", [])) or "none"
-            labels = ", ".join(said.get("labels", [])) or "none"
-            self.log("machine", f"told the service: repositories {names}; labels {labels}")
+            self.log(
+                "machine", f"told the service: {told(said.get('repositories', []), said.get('labels', []))}"
+            )
 
     def drain(self) -> None:
         """Claim until empty (or until the machine has as much waiting here as it can start)."""

@@ -23,11 +23,25 @@ from orchestrator.client import Api, Rejected, Unreachable
 from orchestrator.conversations import append_line
 from shared.models import LABEL
 
+# The commands besides running the orchestrator, each with its line in `--help`.
+SUBCOMMANDS = {
+    **login.HELP,
+    "activity": "post an activity to the agent session (run by COMMAND)",
+    "plan": "replace the agent session's plan in Linear (run by COMMAND)",
+}
+
+
+def commands_help() -> str:
+    lines = [f"  {name:<10} {what}" for name, what in SUBCOMMANDS.items()]
+    return "commands (devpilot-orchestrator COMMAND --help for each):\n" + "\n".join(lines)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="devpilot-orchestrator",
         description="Take this machine's work from devpilot-dispatch and start COMMAND per message.",
+        epilog=commands_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--url", help="one base URL serving every route (devpilot serve, or the `api` target)")
     p.add_argument(
@@ -41,23 +55,40 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get(TOKEN_ENV),
         help=f"orchestrator bearer token; prefer {TOKEN_ENV} (the process list shows --token)",
     )
-    p.add_argument("--transport", choices=["poll", "listen", "realtime"], default="poll")
-    p.add_argument("--poll-interval", type=float, default=5.0, help="seconds between polls (jittered)")
+    p.add_argument(
+        "--transport",
+        choices=["poll", "listen", "realtime"],
+        default="poll",
+        help="when to look for work: poll every interval; listen: long-polls (devpilot serve on a host "
+        "you run); realtime: Supabase Realtime wake-ups, polling while the socket is away "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=5.0,
+        help="seconds between polls, ±20%% (default: %(default)s)",
+    )
     p.add_argument(
         "--state-dir", type=Path, default=None, help=f"journal folder (default {default_state_dir()})"
     )
-    p.add_argument("--max-parallel", type=int, default=4, help="commands running at once")
+    p.add_argument(
+        "--max-parallel", type=int, default=4, help="commands running at once (default: %(default)s)"
+    )
     p.add_argument(
         "--keep-days",
         type=int,
         default=14,
         metavar="N",
         help="remove from the state dir what finished over N days ago (conversations, each message's "
-        "files, journal rows); 0: never",
+        "files, journal rows); 0: never (default: %(default)s)",
     )
-    p.add_argument("--json-logs", action="store_true")
+    p.add_argument("--json-logs", action="store_true", help="log JSON lines (default: text)")
     p.add_argument(
-        "--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL on Linear's stop"
+        "--stop-grace",
+        type=float,
+        default=10.0,
+        help="seconds between SIGTERM and SIGKILL on Linear's stop (default: %(default)s)",
     )
     p.add_argument(
         "--pass-env",

@@ -5,7 +5,8 @@ rest of the orchestrator is.
 `login` makes a PKCE verifier (RFC 7636; only its S256 challenge leaves the machine) and either
 - listens on 127.0.0.1, on a port the system picks, for the one redirect back (RFC 8252), prints the
   service's link (first line: `Open this link to sign in: <URL>`) and opens it in a browser; the
-  redirect brings a one-time code, redeemed with the verifier for the machine's token; or
+  redirect brings a one-time code, redeemed with the verifier for the machine's token, or why the
+  sign-in was refused (`error`, `error_description`: printed, exit 1); or
 - (`--no-browser`, a machine without one) prints the page's address and a short code to type there,
   and asks every few seconds whether the person has signed in and confirmed.
 The token goes to `login.json` in the state directory (mode 0600, the directory 0700), never to a
@@ -41,9 +42,23 @@ import httpx
 
 from orchestrator.agent import TOKEN_ENV, default_state_dir
 from orchestrator.journal import private_dir
+from orchestrator.repositories import told
 
-COMMANDS = ("login", "logout", "whoami", "machines")
 CREDENTIALS = "login.json"
+# Each command, with what it does: its help, and its line in `devpilot-orchestrator --help`.
+HELP = {
+    "login": "register this machine for you, by signing in with Linear",
+    "whoami": "this machine: its workspace, person, and what it told the service",
+    "machines": "your machines: last seen, how each waits, what is queued",
+    "logout": "revoke this machine (its queued work moves to your other one)",
+}
+COMMANDS = tuple(HELP)
+LOGIN_DESCRIPTION = (
+    "Register this machine for you: open the printed link, sign in with Linear, and the service gives "
+    "this machine a token of its own, kept in the state directory (mode 0600), where every later "
+    "devpilot-orchestrator run finds it with the URL. Logging in again with the same --name replaces "
+    "that machine's token. A refused sign-in ends it with the reason, exit 1."
+)
 
 
 class Failed(Exception):
@@ -186,6 +201,10 @@ class _Handler(BaseHTTPRequestHandler):
                 400, "Not this sign-in", "This is not the sign-in this terminal is waiting for."
             )
         self.server.done.set()  # one redirect only, whatever it brings
+        if q.get("error"):  # the sign-in was refused (RFC 6749 §4.1.2.1): why, here and in the terminal
+            why = q.get("error_description") or q["error"]
+            self.server.result.failure = why
+            return self._answer(403, "Not registered", f"{why}. Run login again once that is settled.")
         try:
             line = self.server.redeem(q.get("code", ""))
             self.server.result.outcome = line
@@ -293,8 +312,8 @@ def _with_code(http: httpx.Client, base: str, name: str, state_dir: Path) -> str
         code = answer.json().get("error") if answer.status_code == 400 else None
         if code == "authorization_pending" or answer.status_code >= 500:
             continue
-        if code == "access_denied":
-            raise Failed("the request was denied on the confirm page")
+        if code == "access_denied":  # Deny on the confirm page, or a sign-in the service refused
+            raise Failed(str(answer.json().get("detail") or "the request was denied"))
         if code == "expired_token":
             raise Failed("the code expired before it was confirmed; run login again")
         raise Failed(f"the service did not register this machine: {_reason(answer)}")
@@ -306,8 +325,13 @@ def _machine(args: argparse.Namespace) -> tuple[httpx.Client, str, dict[str, Any
     saved = stored(args.state_dir)
     token = args.token or (saved or {}).get("token")
     base = (args.url or (saved or {}).get("url") or "").rstrip("/")
-    if not token or not base:
+    if not token:
         raise Failed("this machine is not logged in: run `devpilot-orchestrator login --url BASE` first")
+    if not base:  # a token given (--token, DEVPILOT_ORCHESTRATOR_TOKEN) without a login's URL
+        raise Failed(
+            "no service URL: give --url BASE (the service the token is for); "
+            "`devpilot-orchestrator login --url BASE` keeps both"
+        )
     http = httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}"})
     return http, base, saved if saved and saved.get("token") == token else None
 
@@ -332,7 +356,11 @@ def whoami(args: argparse.Namespace) -> int:
     print(f"person: {me.get('personName') or me['linearUserId']} ({me['linearUserId']})")
     print(f"machine: {me['name']} ({me['orchestratorId']})")
     this: dict[str, Any] = next((m for m in me.get("orchestrators", []) if m.get("this")), {})
-    print(f"has: {_has(this) or 'nothing said yet (--repo, --label)'}")
+    if this.get("describedAt"):  # (as the orchestrator logged it when it started)
+        at = datetime.fromisoformat(this["describedAt"]).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        print(f"told the service: {told(this.get('repositories') or [], this.get('labels') or [])} ({at})")
+    else:
+        print("told the service: nothing yet (the orchestrator tells it its --repo and --label as it starts)")
     return 0
 
 
@@ -391,18 +419,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     state_help = f"state directory (default {default_state_dir()})"
 
-    c = sub.add_parser("login", help="register this machine for you, by signing in with Linear")
+    c = sub.add_parser("login", help=HELP["login"], description=LOGIN_DESCRIPTION)
     c.add_argument("--url", required=True, help="the service's base URL")
     c.add_argument("--name", help="this machine's name (default: its host name)")
-    c.add_argument("--no-browser", action="store_true", help="print a page address and a code to type there")
+    c.add_argument(
+        "--no-browser",
+        action="store_true",
+        help="print a page address and a code to type there from any device (over SSH), instead of "
+        "opening a browser here",
+    )
     c.add_argument("--state-dir", type=Path, default=None, help=state_help)
     c.set_defaults(func=login)
-    for name, func, what in (
-        ("logout", logout, "revoke this machine (its queued work moves to your other machine)"),
-        ("whoami", whoami, "the workspace, the person and the machine this token is for"),
-        ("machines", machines, "your machines"),
-    ):
-        c = sub.add_parser(name, help=what)
+    for name, func in (("logout", logout), ("whoami", whoami), ("machines", machines)):
+        c = sub.add_parser(name, help=HELP[name], description=HELP[name][0].upper() + HELP[name][1:] + ".")
         c.add_argument("--url", help="the service's base URL (default: the one logged in to)")
         c.add_argument(
             "--token", default=os.environ.get(TOKEN_ENV), help=f"prefer {TOKEN_ENV}; default: login's"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from shared.models import IssueRef, start_request
+
 
 def name(m: dict[str, Any]) -> str:
     """How the logs name it: its issue's identifier, else its id."""
@@ -13,19 +15,17 @@ def name(m: dict[str, Any]) -> str:
 
 
 def request_text(m: dict[str, Any]) -> str:
-    """What COMMAND is asked (`DEVPILOT_PROMPT`): on a follow-up, the person's message; on an agent
-    session's start, Linear's promptContext (the issue, the thread, the guidance); on a plain
-    assignment, the issue itself."""
+    """What COMMAND is asked (`DEVPILOT_PROMPT`), the same as its stdin's: on a follow-up, the
+    person's message (`prompt.body`); on a start, `prompt.context` (Linear's promptContext: the
+    issue, the thread, the guidance; a plain assignment's, the issue itself). A start from a
+    service older than that has no context: the same text is made here (`start_request`)."""
     prompt = m.get("prompt") or {}
     if m.get("kind") != "start":
         return str(prompt.get("body") or "")
     if prompt.get("context"):
         return str(prompt["context"])
-    issue = m.get("issue") or {}
-    head = ": ".join(str(x) for x in (issue.get("identifier"), issue.get("title")) if x)
-    return "\n\n".join(
-        x for x in (head, str(issue.get("description") or ""), str(prompt.get("body") or "")) if x
-    )
+    issue = IssueRef.from_wire(m.get("issue") or {"id": ""})
+    return start_request(issue, str(prompt.get("body") or "") or None)
 
 
 def speaks_in(m: dict[str, Any]) -> str | None:

@@ -36,6 +36,16 @@ class LocalRepo:
         return {"hostname": self.hostname, "fullName": self.full_name}
 
 
+def told(repositories: list[dict[str, str]], labels: list[str]) -> str:
+    """What a machine told the service (`POST /machine`), as the orchestrator logs it and `whoami`
+    prints it: `repositories acme/backend, gitlab.example.com/acme/web; labels gpu`."""
+    names = [
+        r["fullName"] if r.get("hostname") in (None, DEFAULT_HOST) else f"{r['hostname']}/{r['fullName']}"
+        for r in repositories
+    ]
+    return f"repositories {', '.join(names) or 'none'}; labels {', '.join(labels) or 'none'}"
+
+
 def parse(spec: str, cwd: Path) -> LocalRepo:
     """One `--repo` value: `[HOST/]OWNER/NAME=PATH` (HOST defaults to github.com), or `.`."""
     if spec.strip() == ".":

@@ -77,13 +77,16 @@ class Workplace:
 
     def end(self, conv: Conversation) -> str | None:
         """The conversation is over: its worktree (if any) is removed, unless it holds uncommitted
-        work. What happened, for the log (None: no worktrees here)."""
+        work, and its branch with it unless it has commits. What happened, for the log (None: no
+        worktrees here)."""
         if not self.worktree:
             return None
-        kept = worktrees.remove(self.checkout(self.repository(conv, {})), self.worktree_path(conv))
-        if kept is None:
-            return f"removed the worktree of {conv.key}"
-        return f"kept the worktree of {conv.key} at {self.worktree_path(conv)}: {kept}"
+        done = worktrees.remove(self.checkout(self.repository(conv, {})), self.worktree_path(conv))
+        if done.kept is not None:
+            return f"kept the worktree of {conv.key} at {self.worktree_path(conv)}: {done.kept}"
+        if done.branch is not None:
+            return f"removed the worktree of {conv.key}; its branch {done.branch} stays (it has commits)"
+        return f"removed the worktree of {conv.key}"
 
     def environment(
         self, m: dict[str, Any], conv: Conversation, directory: Path, repo: LocalRepo | None

@@ -5,7 +5,10 @@ A worktree is made when a conversation's first COMMAND starts, on a branch of it
 current HEAD; every later COMMAND of the conversation runs in it; it is removed when the
 conversation ends (a final `response` or `error`, or Linear's stop). A worktree with changes nobody
 committed is kept, and the orchestrator says so: removing it would throw the agent's work away.
-A conversation that continues after its worktree was removed gets it again, on its branch.
+Its branch goes with it when nothing is on it that the checkout's HEAD does not have (`git branch
+-d`: no commits of its own, or all of them merged); a branch with commits stays.
+A conversation that continues after its worktree was removed gets it again, on its branch (or on a
+new one from HEAD when its branch had nothing on it).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 
 class WorktreeError(RuntimeError):
@@ -45,19 +49,31 @@ def ensure(repo: Path, where: Path, branch: str) -> Path:
     return where
 
 
-def remove(repo: Path, where: Path) -> str | None:
-    """Remove the worktree when nothing in it is uncommitted. None when removed (or already gone);
-    otherwise why it was kept."""
+class Removed(NamedTuple):
+    kept: str | None  # why the worktree was kept; None: removed (or already gone)
+    branch: str | None = None  # its branch, left in place: it has commits of its own
+
+
+def remove(repo: Path, where: Path) -> Removed:
+    """Remove the worktree when nothing in it is uncommitted, and its branch when nothing is on it
+    that `repo`'s HEAD does not have."""
     if not where.exists():
         _git(repo, "worktree", "prune")
-        return None
+        return Removed(None)
     status = _git(where, "status", "--porcelain")
     if status.returncode != 0:
-        return status.stderr.strip() or "git status failed"
+        return Removed(status.stderr.strip() or "git status failed")
     if status.stdout.strip():
-        return "it has changes nobody committed"
+        return Removed("it has changes nobody committed")
+    head = _git(where, "symbolic-ref", "--quiet", "--short", "HEAD")  # (none: a detached HEAD)
+    branch = head.stdout.strip() if head.returncode == 0 else ""
     r = _git(repo, "worktree", "remove", str(where))
-    return None if r.returncode == 0 else (r.stderr.strip() or "git worktree remove failed")
+    if r.returncode != 0:
+        return Removed(r.stderr.strip() or "git worktree remove failed")
+    # `-d`, never `-D`: git itself refuses a branch with commits HEAD does not have.
+    if branch and _git(repo, "branch", "-d", branch).returncode != 0:
+        return Removed(None, branch)
+    return Removed(None)
 
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -158,15 +158,16 @@ class Dispatch:
             raise Refused("unauthorized", orchestrators.UNAUTHORIZED)
         return polled
 
-    def ack(self, token: str, items: list[queue.AckItem]) -> tuple[Orchestrator, list[queue.AckStatus]]:
-        """The ack route: who is calling, that it was seen, and its acks, in one statement.
-        Refused when the token is no active machine's; nothing is acked then."""
+    def ack(self, token: str, items: list[queue.AckItem]) -> tuple[Orchestrator, queue.AckResult]:
+        """The ack route: who is calling, that it was seen, and its acks (each one's status and
+        what it is told), in one statement. Refused when the token is no active machine's; nothing
+        is acked then."""
         acked = queue.ack_as(self.pool, orchestrators.hash_token(token), items, self.settings.public_url)
         if acked is None:
             raise Refused("unauthorized", orchestrators.UNAUTHORIZED)
         caller, result = acked
         self._after_commit(result.notice_ids)
-        return caller, result.statuses
+        return caller, result
 
     def release(
         self, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID, reason: str | None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.local_secrets import private_home
 from shared.settings import SettingsError
 
 
@@ -42,20 +43,42 @@ def redact(url: str) -> str:
 
 def start_embedded(data_dir: Path | None = None) -> Database:
     """Start (or join) the embedded Postgres whose data lives in `data_dir` (default ./.devpilot/pgdata)."""
-    try:
-        import pgserver
-    except ImportError:
-        raise SettingsError(
-            "DATABASE_URL is not set and the embedded Postgres is not installed: set DATABASE_URL, "
-            "or install the 'embedded' extra (pip install 'devpilot-dispatch[embedded]')"
-        ) from None
-
-    folder = data_dir or Path(os.environ.get("DEVPILOT_HOME", ".devpilot")) / "pgdata"
-    folder.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # platformdirs' note about XDG_RUNTIME_DIR is noise here
-        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    folder = data_dir or private_home() / "pgdata"
+    # pgserver keeps its lock file in the user's runtime directory, which it asks platformdirs for
+    # as it is imported. Without XDG_RUNTIME_DIR (root, containers, SSH) platformdirs warns, with a
+    # source line, and falls back to /tmp/runtime-<uid>, which serves: that one warning is silenced,
+    # for that import and the start only.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _runtime_dir_warning())
+        try:
+            import pgserver
+        except ImportError:
+            raise SettingsError(
+                "DATABASE_URL is not set and the embedded Postgres is not installed: set DATABASE_URL, "
+                "or install the 'embedded' extra (pip install 'devpilot-dispatch[embedded]')"
+            ) from None
+        folder.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
+    if data_dir is None and os.geteuid() == 0:
+        # As root, pgserver runs Postgres as a user of its own and opens every folder above its
+        # data to everyone (0755): ./.devpilot/ keeps only the passage that user needs.
+        os.chmod(folder.parent, 0o711)  # noqa: S103  # nosec B103 (narrower than the 0755 it was)
     return Database(url=server.get_uri(), embedded=True, handle=server)
+
+
+def _runtime_dir_warning() -> type[Warning]:
+    """platformdirs' RuntimeDirWarning (a release without it says nothing of the kind: then a
+    warning class nobody raises)."""
+    try:
+        import platformdirs
+    except ImportError:
+        return _NeverRaised
+    found = getattr(platformdirs, "RuntimeDirWarning", _NeverRaised)
+    return found if isinstance(found, type) and issubclass(found, Warning) else _NeverRaised
+
+
+class _NeverRaised(Warning):
+    pass
 
 
 def resolve(database_url: str | None) -> Database:

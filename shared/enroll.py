@@ -27,6 +27,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
+from urllib.parse import urlencode
 from uuid import UUID
 
 from psycopg.rows import DictRow
@@ -96,11 +97,14 @@ class BadState(Exception):
 
 
 class NotAllowed(Exception):
-    """Linear said who signed in, and they may not: `code` is the contract's error code."""
+    """Linear said who signed in, and they may not: `code` is the contract's error code. For a
+    loopback login, `loopback` is where the browser goes on to tell the waiting machine (its
+    enrollment is refused for good: `refuse`)."""
 
     def __init__(self, code: Literal["not_allowed", "workspace_not_connected"], detail: str) -> None:
         super().__init__(detail)
         self.code, self.detail = code, detail
+        self.loopback: str | None = None
 
 
 class TokenError(Exception):
@@ -236,7 +240,12 @@ def callback(pool: Pool, settings: Settings, code: str, state: str, browser_secr
             other = conn.execute(query("flow_known"), {"state_hash": digest(state)}).fetchone()
             raise BadState(other_browser=other is not None)
     viewer = identify(settings, code, browser_secret)  # SignInFailed: Linear refused or is away
-    _allowed(pool, viewer, settings)
+    try:
+        _allowed(pool, viewer, settings)
+    except NotAllowed as exc:
+        if flow["purpose"] == "enroll":  # the machine waiting hears it, and stops waiting
+            exc.loopback = refuse(pool, flow["enrollment_id"], exc.detail)
+        raise
     person = {"org_id": viewer.org_id, "linear_user_id": viewer.id}
     with transaction(pool) as tx:
         tx.execute(query("person_seen"), {**person, "name": viewer.name, "workspace_name": viewer.workspace})
@@ -257,12 +266,46 @@ def callback(pool: Pool, settings: Settings, code: str, state: str, browser_secr
     if row is None:
         raise Gone("this sign-in has ended (already used, or older than 10 minutes)")
     if row["mode"] == "loopback":
-        address = f"http://127.0.0.1:{int(row['loopback_port'])}/callback"
-        return SignedIn(viewer, loopback=f"{address}?code={grant}&state={flow['enrollment_id']}")
+        return SignedIn(
+            viewer, loopback=_loopback(row["loopback_port"], code=grant, state=flow["enrollment_id"])
+        )
     confirm = Confirm(
         flow["enrollment_id"], row["name"], row["requested_from"] or "", row["created_at"], csrf
     )
     return SignedIn(viewer, confirm=confirm)
+
+
+def _loopback(port: int, **params: object) -> str:
+    """The machine's loopback redirect (RFC 8252): the address built from the port it gave, never
+    taken from the client; `state` is the enrollment's id."""
+    return f"http://127.0.0.1:{int(port)}/callback?{urlencode({k: str(v) for k, v in params.items()})}"
+
+
+def refuse(pool: Pool, enrollment_id: UUID, reason: str) -> str | None:
+    """The sign-in for this enrollment was refused (by us or by Linear): the enrollment ends, and
+    `POST /enroll/token` answers `access_denied` with `reason`. Where the browser goes on to tell a
+    loopback login at once (RFC 6749 §4.1.2.1: the error, sent to the redirect URI, with the
+    state); None for code mode (its machine hears it at its next poll) or an enrollment already over."""
+    with lend(pool) as conn:
+        row = conn.execute(query("enrollment_refuse"), {"id": enrollment_id, "refusal": reason}).fetchone()
+    if row is None or row["mode"] != "loopback":
+        return None
+    return _loopback(
+        row["loopback_port"], error="access_denied", error_description=reason, state=enrollment_id
+    )
+
+
+def refused_by_linear(pool: Pool, state: str, browser_secret: str, said: str) -> str | None:
+    """Linear sent the browser back with an `error` (the person cancelled, say): the sign-in flow
+    of this state and browser is used up, and an enrollment's is refused (`refuse`): where the
+    browser goes on, or None (a /me sign-in, code mode, or no live flow of this browser)."""
+    with lend(pool) as conn:
+        flow = conn.execute(
+            query("flow_take"), {"state_hash": digest(state), "browser_hash": digest(browser_secret)}
+        ).fetchone()
+    if flow is None or flow["purpose"] != "enroll":
+        return None
+    return refuse(pool, flow["enrollment_id"], f"Linear did not sign you in: {said}")
 
 
 def _allowed(pool: Pool, viewer: Viewer, settings: Settings) -> None:
@@ -322,8 +365,8 @@ def redeem(pool: Pool, enrollment_id: UUID, verifier: str, code: str | None) -> 
             raise TokenError("expired_token", "this enrollment is older than 10 minutes; log in again")
         if not hmac.compare_digest(s256(verifier).encode(), str(row["code_challenge"]).encode()):
             refusal = TokenError("invalid_grant", "wrong code verifier: this enrollment is spent")
-        elif row["status"] == "denied":
-            raise TokenError("access_denied", "the request was denied on the confirm page")
+        elif row["status"] == "denied":  # Deny on the confirm page, or a refused sign-in (why)
+            raise TokenError("access_denied", row["refusal"] or "the request was denied on the confirm page")
         elif row["mode"] == "loopback":
             if code is None:
                 raise TokenError("authorization_pending", "nobody has signed in yet")

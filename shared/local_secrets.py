@@ -25,13 +25,26 @@ def home() -> Path:
     return Path(os.environ.get("DEVPILOT_HOME", ".devpilot"))
 
 
+def private_home() -> Path:
+    """`home()`, made if missing, and its owner's alone (mode 0700, also when an older version made
+    it 0755): the secrets and the embedded database are in it. Root's embedded Postgres runs as a
+    user of its own, which must pass through it to its data: for root, it may keep others' `x`
+    (0711, shared.embedded), never their `r` or `w`."""
+    path = home()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    keep = info.st_mode & 0o011 if os.geteuid() == 0 else 0
+    if info.st_uid == os.geteuid() and info.st_mode & 0o777 != 0o700 | keep:
+        path.chmod(0o700 | keep)
+    return path
+
+
 def read_or_create(name: str, make: Callable[[], bytes]) -> tuple[bytes, bool]:
     """The secret in `home()/name`, made by `make` and written whole (mode 0600) if there is none
     yet; and whether this call made it. Several processes or threads at once keep the first one."""
-    path = home() / name
+    path = private_home() / name
     created = False
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         # A temporary file of its own for each caller (mkstemp: mode 0600), linked into place: whole
         # or not at all, and a second caller racing here finds the first one's file and keeps it.
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

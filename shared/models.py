@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from types import UnionType
 from typing import Any, ClassVar, Literal, Self, get_args, get_type_hints
@@ -130,6 +130,22 @@ class Prompt(Wire):
     signal_metadata: dict[str, Any] | None = None
     guidance: list[dict[str, Any]] | None = None
     previous_comments: list[dict[str, Any]] | None = None
+
+
+def start_request(issue: IssueRef, body: str | None = None) -> str:
+    """The request of a start Linear gave no `promptContext` for (a plain assignment): the issue,
+    `identifier: title` then its description, and the comment it was started from if any."""
+    head = ": ".join(x for x in (issue.identifier, issue.title) if x)
+    return "\n\n".join(x for x in (head, issue.description or "", body or "") if x)
+
+
+def with_request(kind: str, issue: IssueRef, prompt: Prompt | None) -> Prompt | None:
+    """What a message asks, as its machine receives it: every start carries its request in
+    `prompt.context` (Linear's `promptContext`, else `start_request`), plain assignments too."""
+    if kind != "start" or (prompt is not None and prompt.context):
+        return prompt
+    context = start_request(issue, prompt.body if prompt is not None else None)
+    return Prompt(context=context) if prompt is None else replace(prompt, context=context)
 
 
 @dataclass(frozen=True, slots=True)

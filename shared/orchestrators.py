@@ -71,10 +71,12 @@ def authenticate_agent(pool: Pool, token: str) -> tuple[Orchestrator, str] | Non
     ), claimed.agent_session_id
 
 
-def authenticate(pool: Pool, token: str) -> Orchestrator | None:
-    """The active machine holding this token, recorded as seen now; None for any other token."""
+def authenticate(pool: Pool, token: str, *, seen: bool = True) -> Orchestrator | None:
+    """The active machine holding this token, recorded as seen now (unless not `seen`: a person
+    reading about their machine); None for any other token."""
+    statement = query("orchestrator_by_token" if seen else "orchestrator_by_token_read")
     with lend(pool) as conn:
-        row = conn.execute(query("orchestrator_by_token"), {"token_hash": hash_token(token)}).fetchone()
+        row = conn.execute(statement, {"token_hash": hash_token(token)}).fetchone()
     if row is None:
         return None
     return Orchestrator(row["id"], row["org_id"], row["linear_user_id"], row["name"])

@@ -110,6 +110,7 @@ class Machine:
     issues: list[str] = field(default_factory=list)  # what is queued, first ten, in queue order
     repositories: list[dict[str, str]] = field(default_factory=list)  # as it said last (`/machine`)
     labels: list[str] = field(default_factory=list)
+    described_at: datetime | None = None  # when it said so (None: it never did)
 
     @property
     def has(self) -> list[str]:
@@ -142,6 +143,7 @@ def machines(pool: Pool, person: Person) -> list[Machine]:
             list(r["issues"] or []),
             list(r["repositories"] or []),
             list(r["labels"] or []),
+            r["described_at"],
         )
         for r in rows
     ]

@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from shared import orchestrators
 from shared.batching import firsts
 from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
-from shared.models import DispatchPayload, Enqueued, TaskDispatchMessage
+from shared.models import DispatchPayload, Enqueued, TaskDispatchMessage, with_request
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query, query_with_limit
@@ -415,7 +415,7 @@ def _message(r: DictRow, payload: DispatchPayload) -> TaskDispatchMessage:
         issue=payload.issue,
         agent_session_id=payload.agent_session_id,
         kind=payload.kind,
-        prompt=payload.prompt,
+        prompt=with_request(payload.kind, payload.issue, payload.prompt),
         repository=payload.repository,
     )
 
@@ -425,20 +425,43 @@ class AckItem(NamedTuple):
     claim_token: UUID
 
 
-def _explain_miss(conn: Conn, orchestrator_id: UUID, item: AckItem) -> AckStatus:
-    """After the compare-and-set missed: a repeat of a successful ack, a superseded token, or none."""
+# What an ack that missed is told. Only the latest claim's token is kept, so a token that is not it
+# may be an older claim's or one never issued for the row: the service cannot tell which, and says
+# so, except where no claim was ever made.
+NOT_CLAIMED = (
+    "nothing has claimed this row yet, so no claim token was issued for it: ack with the claimToken "
+    "its claim returns"
+)
+NOT_LATEST = (
+    "this claimToken is not the row's latest claim's: it is an older claim's, superseded, or was never "
+    "issued for this row; drop this copy"
+)
+DELIVERED_BY_ANOTHER = (
+    "this row was delivered, acked with another claim's token: this claimToken is an older claim's "
+    "or one never issued for it; drop this copy"
+)
+NOT_FOUND = "no such queue row for this orchestrator"
+
+
+def _explain_miss(conn: Conn, orchestrator_id: UUID, item: AckItem) -> tuple[AckStatus, str]:
+    """After the compare-and-set missed: a repeat of a successful ack, a superseded token, or none;
+    and what the caller is told."""
     params = {"queue_id": item.queue_id, "orchestrator_id": orchestrator_id}
     miss = conn.execute(query("ack_explain_miss"), params).fetchone()
     assert miss is not None
     if miss["session_status"] == "delivered":
-        return "acked" if miss["acked_token"] == item.claim_token else "claim_superseded"
-    # queued: the row is there (the invariant), and this token is not its latest claim's.
-    return "claim_superseded" if miss["session_status"] == "queued" else "not_found"
+        if miss["acked_token"] == item.claim_token:
+            return "acked", ""
+        return "claim_superseded", DELIVERED_BY_ANOTHER
+    if miss["session_status"] == "queued":  # the row is there (the invariant); not its latest claim's
+        return "claim_superseded", NOT_CLAIMED if miss["live_token"] is None else NOT_LATEST
+    return "not_found", NOT_FOUND
 
 
 class AckResult(NamedTuple):
     statuses: list[AckStatus]
     notice_ids: list[UUID]  # the `delivered` Linear notices the same statement wrote
+    details: list[str]  # for each item, what it is told ("" when acked)
 
 
 def ack_many(
@@ -490,11 +513,13 @@ def _uuid_array(ids: list[UUID]) -> str:
 def _ack_result(conn: Conn, orchestrator_id: UUID, items: list[AckItem], rows: list[DictRow]) -> AckResult:
     acked = {(r["queue_id"], r["claim_token"]) for r in rows}
     # An item listed twice is deleted once; its second copy is then judged a repeated ack.
-    statuses: list[AckStatus] = [
-        "acked" if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
+    judged: list[tuple[AckStatus, str]] = [
+        ("acked", "") if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
         for i in items
     ]
-    return AckResult(statuses, list(rows[0]["notice_ids"] or []) if rows else [])
+    statuses: list[AckStatus] = [status for status, _ in judged]
+    notices = list(rows[0]["notice_ids"] or []) if rows else []
+    return AckResult(statuses, notices, [detail for _, detail in judged])
 
 
 def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) -> AckStatus:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +182,57 @@ def test_login_with_a_browser_end_to_end(
         f"workspace: Acme Robotics ({ACME['id']})",
         "person: Alice Example (u-alice)",
         f"machine: laptop-7 ({json.loads(saved.read_text())['orchestratorId']})",
-        "has: nothing said yet (--repo, --label)",
+        "told the service: nothing yet (the orchestrator tells it its --repo and --label as it starts)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("who", "refused_with", "said"),
+    [
+        ("u-dan", "", "the Linear workspace Gamma Works has not installed devpilot: ask your admin"),
+        ("u-gina", "", "guests of Acme Robotics cannot connect machines"),
+        ("u-alice", '<script>alert("x")</script>', 'Linear did not sign you in: <script>alert("x")</script>'),
+    ],
+)
+def test_a_refused_sign_in_ends_login_at_once_with_the_reason(
+    api: Api, linear: LinearOAuth, browser: Browser, tmp_path: Path, who: str, refused_with: str, said: str
+) -> None:
+    """The workspace has not installed the app, a guest, or Linear refused: the browser shows why
+    and the terminal prints it and exits 1 at once, instead of waiting out the 10 minutes."""
+    linear.signed_in, linear.refuse_with = who, refused_with
+    proc = cli("login", "--url", api.url, "--name", "laptop", "--state-dir", str(tmp_path / "state"))
+    try:
+        [line] = first_lines(proc, 1)
+        page = browser.go(line.removeprefix("Open this link to sign in: "))  # on to the CLI's loopback
+        out, err = proc.communicate(timeout=2)  # done as the browser's page is: nothing left to wait for
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "Registered" not in out
+    assert err.strip().splitlines()[-1].startswith(f"devpilot-orchestrator login: {said}")
+    assert page.status_code == 403 and str(page.url).startswith("http://127.0.0.1:")
+    assert "<script>" not in page.text and escape(said) in page.text
+    assert not (tmp_path / "state" / "login.json").exists()
+
+
+def test_a_refused_sign_in_ends_a_login_without_a_browser_with_the_reason(
+    api: Api, linear: LinearOAuth, browser: Browser, tmp_path: Path
+) -> None:
+    linear.signed_in = "u-dan"  # Gamma has not installed the app
+    proc = cli("login", "--url", api.url, "--name", "ssh-box", "--no-browser", "--state-dir", str(tmp_path))
+    try:
+        _, code_line = first_lines(proc, 2)
+        page = browser.go(f"{api.url}/enroll", method="POST", data={"code": code_line.split()[-1]})
+        out, err = proc.communicate(timeout=10)  # its next poll (every 2 s) hears it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert page.status_code == 403 and f"{api.url}/oauth/install" in page.text
+    assert proc.returncode == 1 and "Registered" not in out
+    assert err.strip().splitlines()[-1] == (
+        "devpilot-orchestrator login: the Linear workspace Gamma Works has not installed devpilot: "
+        f"ask your admin to install it at {api.url}/oauth/install"
+    )
 
 
 def is_private(resp: httpx.Response) -> bool:
@@ -373,6 +423,51 @@ def test_logout_revokes_this_machine_and_its_work_moves(
     again = cli("whoami", "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": ""})
     _, err = again.communicate(timeout=30)
     assert again.returncode == 1 and "not logged in" in err
+    # a token, but no URL (no login here to take it from): what is missing, and how to give it
+    given = cli("whoami", "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": desktop["token"]})
+    _, err = given.communicate(timeout=30)
+    assert given.returncode == 1 and "not logged in" not in err
+    assert err.strip() == (
+        "devpilot-orchestrator whoami: no service URL: give --url BASE (the service the token is for); "
+        "`devpilot-orchestrator login --url BASE` keeps both"
+    )
+    told = cli(
+        "whoami",
+        "--url",
+        api.url,
+        "--state-dir",
+        str(tmp_path),
+        env={"DEVPILOT_ORCHESTRATOR_TOKEN": desktop["token"]},
+    )
+    out, err = told.communicate(timeout=30)
+    assert told.returncode == 0 and "machine: desktop" in out, err
+
+
+def test_whoami_and_machines_on_an_idle_machine_do_not_change_routing(
+    api: Api, linear: LinearOAuth, tmp_path: Path
+) -> None:
+    """Only a machine asking for work is seen: a person running `whoami` or `machines` on a machine
+    whose orchestrator is not running does not make it the one the next issue goes to."""
+    from orchestrator.login import store
+
+    laptop = login(api, linear, "u-alice", "laptop")
+    desktop = login(api, linear, "u-alice", "desktop")
+    store(tmp_path, {"url": api.url, "token": desktop["token"], "orchestratorId": desktop["orchestratorId"]})
+    assert api.post_as(laptop["token"], "/claim", {}).status_code == 200  # the laptop's orchestrator polls
+    for command in ("whoami", "machines", "whoami"):  # the desktop's person asks about it
+        proc = cli(command, "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": ""})
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    listed = cli("machines", "--state-dir", str(tmp_path), env={"DEVPILOT_ORCHESTRATOR_TOKEN": ""})
+    out, _ = listed.communicate(timeout=30)
+    [desk] = [line for line in out.splitlines() if line.startswith("* ")]
+    assert "desktop" in desk and "never" in desk  # still never seen
+    queued = api.webhook(issue_event(org=ACME["id"], assignee="u-alice", issue_id="iss-idle"))
+    assert queued.json()["orchestratorId"] == laptop["orchestratorId"]
+    # its orchestrator polling is what makes it seen (and the one the next issue goes to)
+    assert api.post_as(desktop["token"], "/claim", {}).status_code == 200
+    queued = api.webhook(issue_event(org=ACME["id"], assignee="u-alice", issue_id="iss-polled"))
+    assert queued.json()["orchestratorId"] == desktop["orchestratorId"]
 
 
 # --- /me ---------------------------------------------------------------------------------------------
@@ -460,7 +555,9 @@ def test_after_the_app_is_uninstalled_what_was_granted_stays_and_new_sign_ins_ar
     assert api.webhook(app_revoked_event(ACME["id"])).json()["status"] == "ignored"
     started = ask(api, "desktop")
     refused = browser.go(started["startUrl"], stop_at="http://127.0.0.1:40123/")
-    assert refused.status_code == 403 and "workspace_not_connected" in refused.text
+    told = query(refused.headers["Location"])  # on to the waiting login, with why
+    assert refused.status_code == 302 and told["error"] == "access_denied"
+    assert "has not installed devpilot" in told["error_description"]
     me_again = Browser().go(f"{api.url}/me/signin")  # a /me sign-in too
     assert me_again.status_code == 403 and "workspace_not_connected" in me_again.text
     claimed = api.post_as(laptop["token"], "/claim", {}).json()["messages"]
@@ -571,17 +668,29 @@ def test_a_callback_in_another_browser_is_refused(api: Api, linear: LinearOAuth,
 def test_who_may_not_connect_a_machine(
     api: Api, linear: LinearOAuth, browser: Browser, who: str, status: int, said: str
 ) -> None:
-    started = ask(api)
+    """Refused: a loopback login is sent the reason (RFC 6749 §4.1.2.1: `error` and
+    `error_description` to its redirect URI, with its state); a code-mode login sees the page, and
+    its machine the reason at its next poll. Either way the enrollment is over."""
+    loopback, code = ask(api), ask(api, port=None)
     linear.signed_in = who
-    refused = browser.go(started["startUrl"], stop_at="http://127.0.0.1:40123/")
-    assert refused.status_code == status and said in refused.text
+    refused = browser.go(loopback["startUrl"], stop_at="http://127.0.0.1:40123/")
+    assert refused.status_code == 302, refused.text
+    told = query(refused.headers["Location"])
+    assert refused.headers["Location"].startswith("http://127.0.0.1:40123/callback?")
+    assert told["error"] == "access_denied" and told["state"] == loopback["enrollId"] and "code" not in told
+    page = browser.go(f"{api.url}/enroll", method="POST", data={"code": code["userCode"]})
+    assert page.status_code == status and said in page.text
     if said == "workspace_not_connected":
-        assert f"{api.url}/oauth/install" in refused.text
-    assert linear.revoked == linear.viewers and len(linear.viewers) == 1  # asked, then revoked at once
-    assert [e["status"] for e in enrollments(api)] == ["pending"]  # open for another sign-in
-    linear.signed_in = "u-alice"
-    back = sign_in(Browser(), started)
-    assert redeem(api, started["enrollId"], back["code"]).json()["linearUserId"] == "u-alice"
+        assert f"{api.url}/oauth/install" in told["error_description"]
+        assert f"{api.url}/oauth/install" in page.text
+    for started, given in ((loopback, "any-code"), (code, None)):
+        r = redeem(api, started["enrollId"], given)
+        assert r.status_code == 400 and r.json()["error"] == "access_denied"
+        assert r.json()["detail"] == told["error_description"]  # why, as the loopback heard it
+    assert linear.revoked == linear.viewers and len(linear.viewers) == 2  # asked, then revoked at once
+    assert [e["status"] for e in enrollments(api)] == ["denied", "denied"]
+    assert browser.go(loopback["startUrl"]).status_code == 400  # over: a new login starts again
+    assert api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"] == []
 
 
 def test_five_wrong_codes_then_429(api: Api, linear: LinearOAuth, browser: Browser) -> None:
@@ -644,8 +753,8 @@ def test_asking_to_enroll_is_rate_limited_per_client(api: Api, linear: LinearOAu
 
 def test_linears_error_is_shown_escaped(api: Api, linear: LinearOAuth, browser: Browser) -> None:
     linear.refuse_with = '<script>alert("x")</script>'
-    started = ask(api)
-    r = browser.go(started["startUrl"])
+    started = ask(api, port=None)
+    r = browser.go(f"{api.url}/enroll", method="POST", data={"code": started["userCode"]})
     assert r.status_code == 400 and "<script>" not in r.text and "&lt;script&gt;" in r.text
     direct = browser.go(f"{api.url}/enroll/callback?error=%3Cb%3Ex&error_description=%3Cimg%20src=x%3E")
     assert direct.status_code == 400 and "<img" not in direct.text and "&lt;img src=x&gt;" in direct.text

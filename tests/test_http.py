@@ -66,8 +66,10 @@ def test_bad_signature_writes_nothing(api: Api) -> None:
     before = rows(api)
     r = api.webhook(issue_event(), secret="wrong")
     assert r.status_code == 401 and r.json()["error"] == "bad_signature"
+    assert r.json()["detail"] == "Linear-Signature does not match the body"
     r = api.http.post("/webhook", content=b"{}", headers={"Linear-Delivery": "x"})
     assert r.status_code == 401 and r.json()["error"] == "bad_signature"
+    assert r.json()["detail"].startswith("the Linear-Signature header is missing")  # not "does not match"
     assert rows(api) == before
 
 
@@ -395,6 +397,28 @@ def test_ack_contract(api: Api) -> None:
     for bad in [{}, {"queueId": 5, "claimToken": "x"}, {"acks": []}, {"acks": [{"queueId": "x"}]}]:
         r = api.post_as(token, "/ack", bad)
         assert r.status_code == 400, bad
+
+
+def test_an_ack_says_what_is_wrong_with_its_claim_token(api: Api) -> None:
+    """A token the service never issued is not called superseded by a newer claim: only the latest
+    claim's token is kept, so the service says what it knows."""
+    _, token = api.register()
+    queue_id = api.webhook(issue_event()).json()["queueId"]
+    made_up = str(uuid.uuid4())
+    r = api.post_as(token, "/ack", {"queueId": queue_id, "claimToken": made_up})  # nothing claimed it yet
+    assert r.status_code == 409 and r.json()["error"] == "claim_superseded"
+    assert r.json()["detail"].startswith("nothing has claimed this row yet, so no claim token was issued")
+    [m] = api.post_as(token, "/claim").json()["messages"]
+    r = api.post_as(token, "/ack", {"queueId": queue_id, "claimToken": made_up})
+    assert r.status_code == 409 and r.json()["error"] == "claim_superseded"
+    detail = r.json()["detail"]
+    assert "not the row's latest claim's" in detail and "never issued" in detail
+    assert "newer claim owns" not in detail
+    assert api.post_as(token, "/ack", {"queueId": queue_id, "claimToken": m["claimToken"]}).status_code == 200
+    r = api.post_as(token, "/ack", {"queueId": queue_id, "claimToken": made_up})
+    assert r.status_code == 409 and r.json()["detail"].startswith(
+        "this row was delivered, acked with another"
+    )
 
 
 def test_batch_ack(api: Api) -> None:

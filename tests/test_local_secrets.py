@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -26,6 +27,10 @@ UNSET = (
     "LINEAR_WEBHOOK_SECRET",
     "DEVPILOT_HOME",
 )
+
+
+# ./.devpilot/: 0700; as root 0711, as the embedded Postgres then runs as a user of its own (pgserver's)
+PRIVATE = 0o711 if os.geteuid() == 0 else 0o700
 
 
 def start(cwd: Path) -> tuple[subprocess.Popen[str], list[str]]:
@@ -73,6 +78,8 @@ def test_serve_on_the_embedded_database_generates_the_admin_token_and_webhook_se
         )
         for f in (token_file, secret_file):
             assert f.stat().st_mode & 0o777 == 0o600
+        # ./.devpilot/ is the user's alone (root's embedded Postgres, a user of its own, may pass through)
+        assert (tmp_path / ".devpilot").stat().st_mode & 0o777 == PRIVATE
         token, secret = token_file.read_text().strip(), secret_file.read_text().strip()
         assert len(token) >= 32 and len(secret) >= 32 and token != secret
         url = lines[0].split()[-1]
@@ -88,12 +95,14 @@ def test_serve_on_the_embedded_database_generates_the_admin_token_and_webhook_se
             proc.kill()
     logged = (tmp_path / "serve.err").read_text()
     assert token not in out + logged and secret not in out + logged
-    # the next start keeps them
+    # the next start keeps them (and takes back a folder an older version left open to all)
+    (tmp_path / ".devpilot").chmod(0o755)
     proc, lines = start(tmp_path)
     try:
         said = "\n".join(lines)
         assert f"admin token (DEVPILOT_ADMIN_TOKEN): from an earlier start, kept in {token_file}" in said
         assert token_file.read_text().strip() == token and secret_file.read_text().strip() == secret
+        assert (tmp_path / ".devpilot").stat().st_mode & 0o777 == PRIVATE
         url = lines[0].split()[-1]
         assert (
             httpx.get(f"{url}/orchestrators", headers={"Authorization": f"Bearer {token}"}).status_code == 200
@@ -102,3 +111,14 @@ def test_serve_on_the_embedded_database_generates_the_admin_token_and_webhook_se
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_folder_of_the_secrets_is_its_owners_alone(tmp_path: Path, monkeypatch: Any) -> None:
+    from shared import local_secrets
+
+    monkeypatch.setenv("DEVPILOT_HOME", str(tmp_path / "home"))
+    local_secrets.read_or_create("a-secret", lambda: b"x")
+    assert (tmp_path / "home").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "home").chmod(0o755)  # as an older version made it
+    local_secrets.read_or_create("a-secret", lambda: b"y")
+    assert (tmp_path / "home").stat().st_mode & 0o777 == PRIVATE

@@ -327,10 +327,20 @@ def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_a
             assert run["cwd"] == run["env"]["DEVPILOT_WORKDIR"]
             assert (Path(run["cwd"]) / "README").read_text() == "checkout\n"  # a checkout of the repository
             assert not run["cwd"].startswith(str(repo) + "/")
-        branches = subprocess.run(
-            ["git", "branch", "--list", "devpilot/*"], cwd=repo, capture_output=True, text=True
-        )
-        assert branches.stdout.count("devpilot/") == 2
+
+        def branches() -> list[str]:
+            listed = subprocess.run(["git", "branch", "--list"], cwd=repo, capture_output=True, text=True)
+            return [b.strip("*+ ") for b in listed.stdout.splitlines()]
+
+        def on(cwd: str, *args: str) -> str:
+            return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+        branch = {run["cwd"]: on(run["cwd"], "symbolic-ref", "--short", "HEAD").strip() for run in (one, two)}
+        assert sorted(branches()) == sorted(["main", *branch.values()])
+        # the agent of the first commits its work; the second's leaves nothing on its branch
+        (Path(one["cwd"]) / "fix.txt").write_text("the fix\n")
+        on(one["cwd"], "add", "fix.txt")
+        on(one["cwd"], "commit", "-q", "-m", "the fix")
         for sid in ("as-wt-1", "as-wt-2"):
             api.webhook(agent_session_event(session_id=sid, action="prompted", body="[done]"))
         for sid in ("as-wt-1", "as-wt-2"):
@@ -350,5 +360,9 @@ def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_a
 
         # only the checkout itself (git forgets a worktree a moment after its folder has gone)
         wait_for(lambda: worktrees().count("\n") == 1, timeout=10, what=f"git forgetting them: {worktrees()}")
+        # the branch with the agent's commit stays (and the log says so); the empty one went with its worktree
+        assert sorted(branches()) == sorted(["main", branch[one["cwd"]]])
+        assert on(str(repo), "log", "-1", "--format=%s", branch[one["cwd"]]).strip() == "the fix"
+        assert f"its branch {branch[one['cwd']]} stays (it has commits)" in o.log()
     finally:
         assert o.stop() == 0

@@ -49,16 +49,21 @@ def seed(api: Api) -> dict[str, Any]:
     return {"a": a_id, "b": b_id}
 
 
-def test_status_json_and_terminal(api: Api, db_url: str) -> None:
-    ids = seed(api)
-    r = subprocess.run(
+def status_json(database_url: str) -> subprocess.CompletedProcess[str]:
+    """`devpilot status --json` on that database, as an operator runs it."""
+    return subprocess.run(
         [sys.executable, "-m", "devpilot", "status", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": database_url},
     )
+
+
+def test_status_json_and_terminal(api: Api, db_url: str) -> None:
+    ids = seed(api)
+    r = status_json(db_url)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     by_id = {o["orchestratorId"]: o for o in out["orchestrators"]}
@@ -73,6 +78,71 @@ def test_status_json_and_terminal(api: Api, db_url: str) -> None:
     render(snapshot(api.pool), console)
     text = console.export_text()
     assert "alice-laptop" in text and "bob-desktop" in text and "disk full" in text and "last sweep:" in text
+
+
+def on_terminal(args: list[str], columns: int, env: dict[str, str]) -> str:
+    """What `args` print on a terminal `columns` wide (a pseudo-terminal of that size), escapes removed."""
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+    base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(
+        args, stdin=follower, stdout=follower, stderr=follower, cwd=ROOT, env={**base, "TERM": "xterm", **env}
+    )
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # (EIO: the process closed the terminal)
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=60) == 0, out
+    os.close(leader)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode()).replace("\r\n", "\n")
+
+
+def test_status_on_a_terminal_fits_80_columns_and_says_more_on_a_wider_one(api: Api, db_url: str) -> None:
+    ids = seed(api)
+    api.register(user="carol", name="carol-macbook-pro-2024-eu-1")  # never seen
+    env = {"PYTHONPATH": str(ROOT), "DATABASE_URL": db_url}
+    narrow = on_terminal([sys.executable, "-m", "devpilot", "status"], 80, env)
+    lines = narrow.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    rows = {
+        line.split()[0]: line
+        for line in lines
+        if line.split()[:1] in (["alice-laptop"], ["bob-desktop"], ["carol-macbook-pro-2024-eu-1"])
+    }
+    assert set(rows) == {"alice-laptop", "bob-desktop", "carol-macbook-pro-2024-eu-1"}  # each name whole
+    assert rows["alice-laptop"].rstrip().endswith(" ago") and rows[
+        "carol-macbook-pro-2024-eu-1"
+    ].rstrip().endswith(" never")
+    assert "disk full" in narrow and "last sweep: " in narrow and ids["a"] not in narrow
+    wide = on_terminal([sys.executable, "-m", "devpilot", "status"], 200, env)
+    assert all(len(line) <= 200 for line in wide.splitlines())
+    [alice] = [line for line in wide.splitlines() if line.startswith("alice-laptop")]
+    assert "org-a" in alice and "alice" in alice.split()[1:3] and alice.rstrip().endswith(" ago")
+
+
+def test_status_on_a_database_nobody_migrated_says_to_migrate(pg_server: Any) -> None:
+    name = f"devpilot_empty_{os.getpid()}"
+    pg_server._create(name, template=None)
+    try:
+        r = status_json(pg_server.url_for(name))
+    finally:
+        pg_server.drop(name)
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().endswith(
+        "has no devpilot schema yet: run `devpilot migrate` (`devpilot serve` migrates too)"
+    )
 
 
 def test_metrics(api: Api) -> None:

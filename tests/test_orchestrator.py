@@ -159,6 +159,26 @@ def test_transport_delivers_and_starts_once(api: Api, orch_factory: Any, transpo
     assert "claimed ENG-42 (attempt 1)" in log and "acked ENG-42" in log and "started ENG-42" in log
 
 
+def test_a_plain_assignment_carries_its_request_on_stdin_as_in_devpilot_prompt(
+    api: Api, orch_factory: Any
+) -> None:
+    """An agent that reads its message on stdin (as the README says it may) gets the request of a
+    plain assignment too: `prompt.context`, the same text as DEVPILOT_PROMPT."""
+    o = orch_factory()
+    o.start()
+    api.webhook(issue_event(issue_id="plain-1"))
+    wait_for(lambda: len(o.starts()) == 1, what="the start")
+    assert o.stop() == 0
+    [start] = o.starts()
+    request = "ENG-42: Fix the flaky test\n\nIt fails on Tuesdays."
+    assert start["prompt"]["context"] == request == start["env"]["DEVPILOT_PROMPT"]
+    # as every machine claims it
+    _, token = api.register(user="user-2")
+    api.webhook(issue_event(issue_id="plain-2", assignee="user-2"))
+    [message] = api.post_as(token, "/claim", {}).json()["messages"]
+    assert message["kind"] == "start" and message["prompt"]["context"] == request
+
+
 def test_work_queued_while_offline_is_taken_on_start(api: Api, orch_factory: Any) -> None:
     o = orch_factory("poll", interval=30)  # only the start-up sweep can find it in time
     for n in range(3):

@@ -214,8 +214,8 @@ def test_an_old_conversations_worktree_goes_with_it_unless_work_in_it_is_uncommi
     api: Api, linear: Linear, tmp_path: Path, repo: Path
 ) -> None:
     """Two conversations that asked a question and were never answered keep their worktrees; three
-    days later the clean one goes with its folder (its branch stays), the one with uncommitted
-    work stays with its folder, and the log says why."""
+    days later the clean one goes with its folder (its branch, with the agent's commit, stays), the
+    one with uncommitted work stays with its folder, and the log says why."""
     o = machine(api, tmp_path, "--worktree", "--pass-env", "PYTHONPATH", "--keep-days", "1", cwd=repo)
     o.start()
     for sid in ("as-wt-clean", "as-wt-dirty"):
@@ -228,6 +228,9 @@ def test_an_old_conversations_worktree_goes_with_it_unless_work_in_it_is_uncommi
     where = {s["env"]["DEVPILOT_AGENT_SESSION_ID"]: Path(s["cwd"]) for s in starts(o)}
     assert all(p.is_dir() for p in where.values())
     (where["as-wt-dirty"] / "notes.txt").write_text("the agent's unfinished work\n")
+    subprocess.run(
+        ["git", "commit", "-q", "--allow-empty", "-m", "done"], cwd=where["as-wt-clean"], check=True
+    )
     for sid in where:
         set_back(o, sid)
 

@@ -6,7 +6,9 @@ that has it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from tests.helpers.api import Api, agent_session_event
 from tests.helpers.git import checkout
 from tests.helpers.linear import Linear
 from tests.test_machine_conversations import COMMAND, starts
-from tests.test_orchestrator import Orch, wait_for
+from tests.test_orchestrator import ROOT, Orch, wait_for
 from tests.test_repository_routing import BACKEND, WEB
 
 DOCS = {"hostname": "github.com", "fullName": "acme/docs"}
@@ -99,6 +101,22 @@ def test_each_command_runs_in_its_repository_and_a_machine_without_it_gives_it_b
         assert (machines["web-box"]["repositories"], machines["web-box"]["labels"]) == ([WEB], ["frontend"])
         assert machines["backend-box"]["repositories"] == [BACKEND, DOCS]
         assert "secret" not in backend.log() + web.log()
+        # `whoami` says what the machine last told the service, as its orchestrator logged it
+        for box, o, token in (("web-box", web, web_token), ("backend-box", backend, backend_token)):
+            [logged] = [
+                line.split("told the service: ", 1)[1]
+                for line in o.log().splitlines()
+                if "told the service: " in line
+            ]
+            who = subprocess.run(
+                [sys.executable, "-m", "orchestrator.cli", "whoami", "--url", api.url, "--state-dir", str(tmp_path / box)],
+                capture_output=True, text=True, timeout=30, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "DEVPILOT_ORCHESTRATOR_TOKEN": token},
+            )  # fmt: skip
+            assert who.returncode == 0, who.stderr
+            [said] = [line for line in who.stdout.splitlines() if line.startswith("told the service: ")]
+            assert said.startswith(f"told the service: {logged.strip()} (") and said.endswith(" UTC)")
+        assert logged.strip() == "repositories acme/backend, acme/docs; labels none"
     finally:
         assert web.stop() == 0
         assert backend.stop() == 0

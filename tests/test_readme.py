@@ -18,12 +18,16 @@ from tests.helpers.serving import free_port
 ROOT = Path(__file__).parent.parent
 
 
-def walkthrough() -> str:
+def blocks() -> list[str]:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Try it by hand", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
-    assert len(blocks) >= 4
-    return "\n".join(blocks)
+    found: list[str] = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    assert len(found) >= 4
+    return found
+
+
+def walkthrough() -> str:
+    return "\n".join(blocks())
 
 
 def paste(script: str, port: int, database_url: str) -> subprocess.CompletedProcess[str]:
@@ -83,3 +87,33 @@ def test_the_readme_walkthrough_works_pasted_twice_into_fresh_shells(pg_server: 
     mine = {m["orchestratorId"]: m for m in listed}
     assert set(mine) == {first["orchestratorId"], second["orchestratorId"]}
     assert all(m["lastSeenAt"] for m in mine.values())  # each machine's claim was seen
+
+
+def test_the_walkthrough_pasted_while_another_service_holds_the_port_says_so_first(pg_server: Server) -> None:
+    """Pasted while the first `./dev serve` still runs: its own service stops at once, naming the
+    port, and the walkthrough stops waiting for it, instead of talking to the other one (which shared
+    the port and answered half of the requests, under another admin token)."""
+    import http.server
+    import threading
+
+    class Other(http.server.BaseHTTPRequestHandler):  # a service of another admin token
+        def do_GET(self) -> None:
+            self.send_response(401)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    name, url = pg_server.fresh_database()
+    try:
+        script = (
+            "set -uo pipefail\n" + blocks()[0] + "\necho walkthrough-went-on"
+        )  # (the block that starts it)
+        r = paste(script, other.server_address[1], url)
+    finally:
+        other.shutdown()
+        pg_server.drop(name)
+    assert f"port {other.server_address[1]} on 127.0.0.1 is in use" in r.stderr
+    assert r.stdout.strip().endswith("walkthrough-went-on")  # not waiting for ever

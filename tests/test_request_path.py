@@ -545,3 +545,27 @@ def test_a_user_whose_machines_are_alike_stays_on_the_one_statement(db_url: str,
         assert _receive(pool, event, "d-3") == {"status": "duplicate", "sessionId": None}
     finally:
         pool.close()
+
+
+def test_the_request_line_of_an_error_names_its_code(api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong LINEAR_WEBHOOK_SECRET and a stale timestamp are both 401s: the line of each names the
+    error it answered, as does every other 4xx."""
+    caplog.set_level(logging.INFO, logger="devpilot.request")
+    _, token = api.register()
+    assert api.webhook(issue_event(), secret="not-the-secret").status_code == 401
+    assert api.webhook(issue_event(ts=1)).status_code == 401
+    nothing = {"queueId": str(UUID(int=1)), "claimToken": str(UUID(int=2))}
+    assert api.post_as(token, "/ack", nothing).status_code == 404
+    assert api.post_as(token, "/ack", {"queueId": 5}).status_code == 400
+    assert api.http.get("/nowhere").status_code == 404
+    assert api.webhook(issue_event()).status_code == 200
+    lines = [r.args for r in caplog.records if isinstance(r.args, dict)]
+    assert [(line["route"], line["status"], line.get("error")) for line in lines] == [
+        ("orchestrators", 201, None),
+        ("webhook", 401, "bad_signature"),
+        ("webhook", 401, "stale_webhook"),
+        ("ack", 404, "not_found"),
+        ("ack", 400, "bad_request"),
+        ("-", 404, "not_found"),
+        ("webhook", 200, None),
+    ]

@@ -107,6 +107,39 @@ def test_serve_says_at_start_which_settings_are_missing(db_url: str, tmp_path: P
         proc.wait()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_second_serve_on_a_port_in_use_stops_at_start_and_names_it(
+    db_url: str, tmp_path: Path, workers: int
+) -> None:
+    """The README's walkthrough pasted while `./dev serve` still runs: the second serve (another
+    admin token) must not share the port with the first (on Linux Granian's workers bound it with
+    SO_REUSEPORT, and every other request reached the other serve: 200 200 401 200 401 ...)."""
+    env = {"DATABASE_URL": db_url, "DEVPILOT_ADMIN_TOKEN": ADMIN, "DEVPILOT_SERVE_WORKERS": str(workers)}
+    first, url, _ = start_serve(env, tmp_path)
+    try:
+        port = url.rsplit(":", 1)[1]
+        second = subprocess.run(
+            [sys.executable, "-m", "devpilot", "serve", "--port", port],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env, "DEVPILOT_ADMIN_TOKEN": "another-admin-token"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0, second.stdout
+        assert f"port {port} on 127.0.0.1 is in use" in second.stderr
+        assert "serving on" not in second.stdout
+        # Every request still reaches the first serve, and each of its workers answers.
+        answers = {
+            httpx.get(url + "/orchestrators", headers={"Authorization": f"Bearer {ADMIN}"}).status_code
+            for _ in range(40)
+        }
+        assert answers == {200}
+    finally:
+        first.kill()
+        first.wait()
+
+
 def test_serve_answers_as_soon_as_it_says_it_serves(db_url: str, tmp_path: Path) -> None:
     """Whoever reads "devpilot serving on URL" may call at once: the line comes after the worker
     listens, not before (Granian's worker binds its socket after the app is built; a connect right
@@ -155,6 +188,24 @@ def test_serve_without_database_url_uses_embedded_postgres(tmp_path: Path) -> No
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_devpilot_without_xdg_runtime_dir_prints_no_warning(tmp_path: Path) -> None:
+    """root, a container, SSH: no XDG_RUNTIME_DIR. The embedded Postgres's runtime directory falls
+    back quietly; every `devpilot` command used to print a RuntimeDirWarning and its source line."""
+    unset = ("DATABASE_URL", "TEST_DATABASE_URL", "XDG_RUNTIME_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    for command in (["migrate"], ["status", "--json"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "devpilot", *command],
+            cwd=tmp_path,
+            env={**env, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "Warning" not in r.stderr and "XDG_RUNTIME_DIR" not in r.stderr, r.stderr
 
 
 def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> None:

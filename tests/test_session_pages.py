@@ -466,3 +466,32 @@ def test_retry_routes_a_start_again_when_its_machine_was_revoked(api: Api, linea
         ).fetchone()
     assert row is not None and (str(row["orchestrator_id"]), row["attempts"]) == (desktop, 0)
     assert str(row["message_id"]) == dead["messageId"]
+
+
+def test_the_page_says_when_linear_is_not_connected_and_where_to_connect_it(api: Api) -> None:
+    """Nothing reaches Linear from a workspace that never connected it (or whose connection is
+    gone): the page says so, and where an admin connects it, instead of "nothing posted"."""
+    _, token = api.register()
+    sid = api.webhook(issue_event()).json()["sessionId"]
+    deliver(api, token)
+
+    def page() -> str:
+        r = api.http.get(f"/sessions/{sid}", headers=api.admin())
+        assert r.status_code == 200
+        return r.text
+
+    text = page()
+    assert "Linear is not connected for this workspace" in text and 'href="/oauth/install"' in text
+    assert "nothing posted to Linear" not in text
+    r = api.http.post(
+        "/linear-credentials", json={"orgId": "org-a", "accessToken": "lin-x"}, headers=api.admin()
+    )
+    assert r.status_code == 200, r.text
+    text = page()
+    assert "not connected" not in text and "/oauth/install" not in text
+    with api.pool.connection() as conn:
+        conn.execute(
+            "UPDATE linear_credentials SET disconnected_at = now(), disconnect_reason = 'refresh refused'"
+        )
+    text = page()
+    assert "Linear is disconnected for this workspace (refresh refused)" in text and "/oauth/install" in text

@@ -84,10 +84,18 @@ WHERE id = %(id)s AND mode = 'code' AND status = 'signed_in' AND expires_at > no
   AND browser_hash = %(browser_hash)s AND confirm_hash = %(confirm_hash)s
 RETURNING status, name, org_id;
 
+-- name: enrollment_refuse
+-- Linear said who signed in and they may not connect a machine, or Linear refused the sign-in: the
+-- live enrollment is refused for good, with the reason its machine hears (`refusal`), once. No row:
+-- it had ended already (redeemed, spent, denied or expired), and nothing changes.
+UPDATE enrollments SET status = 'denied', refusal = %(refusal)s, grant_hash = NULL, confirm_hash = NULL
+WHERE id = %(id)s AND expires_at > now() AND status IN ('pending', 'signed_in')
+RETURNING mode, loopback_port;
+
 -- name: enrollment_lock
 -- The machine redeems its enrollment: the row, locked for the rest of the transaction, so two
 -- redemptions at once take turns and the second finds it redeemed.
-SELECT id, mode, name, code_challenge, status, org_id, linear_user_id, grant_hash,
+SELECT id, mode, name, code_challenge, status, refusal, org_id, linear_user_id, grant_hash,
        grant_expires_at > now() AS grant_live, expires_at <= now() AS expired
 FROM enrollments WHERE id = %(id)s
 FOR UPDATE;
@@ -159,8 +167,8 @@ DELETE FROM people_sessions WHERE token_hash = %(token_hash)s;
 -- name: person_machines
 -- One person's active machines, most recently seen first: whether a long-poll of it is waiting
 -- now (listening) or it only polls, what is queued for it (the first issues, in queue order), and
--- what it said it has (its repositories and labels, `POST /machine`).
-SELECT o.id, o.name, o.created_at, o.last_seen_at,
+-- what it said it has (its repositories and labels, `POST /machine`, and when: NULL, never).
+SELECT o.id, o.name, o.created_at, o.last_seen_at, i.updated_at AS described_at,
        coalesce(o.listening_until > now(), false) AS listening,
        count(q.id) AS queued,
        (array_agg(coalesce(s.issue_identifier, s.issue_id) ORDER BY q.seq)

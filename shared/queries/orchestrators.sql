@@ -11,9 +11,17 @@ WITH
 -- include: caller
 SELECT id, org_id, linear_user_id, name FROM who;
 
+-- name: orchestrator_by_token_read
+-- Who is calling, read only: a person looking at their machine (`whoami`, `machines`, `logout`
+-- through /me) is not the machine asking for work, and must not make it the one routing prefers.
+SELECT id, org_id, linear_user_id, name FROM orchestrators
+WHERE token_hash = %(token_hash)s AND revoked_at IS NULL;
+
 -- name: caller
 -- A fragment: the CTEs `who` (the active machine holding this token hash: one row or none) and
 -- `seen`, which records it was seen. A revoked token authenticates nothing, from its next request on.
+-- Seen means its orchestrator called: a claim, a long-poll, an ack or release, the Realtime token,
+-- `/machine`, its activities; never /me (`orchestrator_by_token_read`).
 -- Last-seen (routing prefers the most recently seen machine; the sweep reroutes from a quiet one) is
 -- written at most once a second per machine, so idle polls and concurrent calls cost a read, not a
 -- row update. It never waits for the machine's row (SKIP LOCKED): whoever holds it is a concurrent

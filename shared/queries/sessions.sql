@@ -4,8 +4,9 @@
 
 -- name: session_header
 -- The session, its machine (and how it was chosen, when routing by repository said so: for a
--- follow-up or a stop, the note of the start it follows, as they go where the start went), and
--- its queue row while it is queued (read-only).
+-- follow-up or a stop, the note of the start it follows, as they go where the start went), its
+-- queue row while it is queued, and its workspace's Linear connection (none, or disconnected:
+-- nothing reaches Linear until it is connected again) (read-only).
 SELECT s.id, s.org_id, s.status, s.kind, s.issue_id, s.issue_identifier, s.agent_session_id,
        s.agent_session_created, s.linear_user_id, s.failure_reason,
        coalesce(s.routing_note, (
@@ -19,7 +20,8 @@ SELECT s.id, s.org_id, s.status, s.kind, s.issue_id, s.issue_identifier, s.agent
        q.attempts AS live_attempts, q.claimed_at AS live_claimed_at, q.lease_expires_at, q.available_at,
        q.last_error AS live_error, q.payload AS live_payload,
        d.payload AS dead_payload, d.reason AS dead_reason, d.failed_at AS dead_at, d.attempts AS dead_attempts,
-       c.workspace_name
+       c.workspace_name, c.org_id IS NOT NULL AS linear_known, c.disconnected_at AS linear_disconnected_at,
+       c.disconnect_reason AS linear_disconnect_reason
 FROM dispatch_sessions s
 JOIN orchestrators o ON o.id = s.orchestrator_id
 LEFT JOIN dispatch_queue q ON q.session_id = s.id

@@ -12,6 +12,7 @@ line = json.dumps(
         "messageId": message["messageId"],
         "env": {k: v for k, v in os.environ.items() if k.startswith("DEVPILOT_")},
         "identifier": message["issue"]["identifier"],
+        "prompt": message.get("prompt"),
     }
 )
 with open(sys.argv[1], "a", encoding="utf-8") as f:
