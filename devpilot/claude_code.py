@@ -34,7 +34,9 @@ def installed() -> Path | None:
     if not cli.exists():
         return None
     try:
-        said = subprocess.run([str(cli), "--version"], capture_output=True, text=True, timeout=60, check=False)
+        said = subprocess.run(
+            [str(cli), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return cli if said.returncode == 0 and said.stdout.startswith(PINNED) else None

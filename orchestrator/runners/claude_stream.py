@@ -128,14 +128,13 @@ def parameter(tool: str, given: dict[str, Any], workdir: Path | None = None) -> 
 
 
 def result_text(content: Any) -> str:
-    """A tool_result's content as text (a string, or blocks of which the text ones count)."""
-    if isinstance(content, str):
-        return content
+    """A tool_result's content as text (a string, or blocks of which the text ones count), without
+    the CLI's `<tool_use_error>` markup."""
     if isinstance(content, list):
-        return "\n".join(
+        content = "\n".join(
             str(b.get("text") or "") for b in content if isinstance(b, dict) and b.get("type") == "text"
         )
-    return ""
+    return re.sub(r"</?tool_use_error>", "", content) if isinstance(content, str) else ""
 
 
 def failure(result: dict[str, Any]) -> str:
@@ -224,7 +223,9 @@ class ClaudeStream:
         given = given if isinstance(given, dict) else {}
         self._calls[use_id] = (tool, given)
         if tool == "TaskCreate" and given.get("subject"):
-            self._creating[use_id] = str(given["subject"])
+            self._creating[use_id] = str(given["subject"])  # (its id comes with its result)
+        elif tool == "TaskUpdate":
+            self._task_updated(given)  # (now: the call the agent makes next may be the work it starts)
         elif tool == "TodoWrite" and isinstance(given.get("todos"), list):
             self.tasks = {
                 str(i): {"subject": str(t.get("content") or ""), "status": str(t.get("status") or "pending")}
@@ -244,33 +245,34 @@ class ClaudeStream:
             if not isinstance(block, dict) or block.get("type") != "tool_result":
                 continue
             use_id = str(block.get("tool_use_id") or "")
-            tool, given = self._calls.pop(use_id, ("", {}))
+            tool, _ = self._calls.pop(use_id, ("", {}))
             is_error = bool(block.get("is_error"))
-            if tool in ("TaskCreate", "TaskUpdate") and not is_error:
-                self._task_done(use_id, tool, given, structured, result_text(block.get("content")))
+            if tool == "TaskCreate" and not is_error:
+                self._task_created(use_id, structured, result_text(block.get("content")))
             if tool not in NOT_ACTIONS:
                 self.narrator.action_finished(use_id, result_text(block.get("content")), is_error)
 
-    def _task_done(self, use_id: str, tool: str, given: dict[str, Any], structured: Any, text: str) -> None:
-        if tool == "TaskCreate":
-            subject = self._creating.pop(use_id, "")
-            task = structured.get("task") if isinstance(structured, dict) else None
-            task_id = str(task.get("id")) if isinstance(task, dict) and task.get("id") is not None else ""
-            if not task_id and (m := re.search(r"Task #(\w+) created", text)):
-                task_id = m.group(1)
-            if task_id and subject:
-                self.tasks[task_id] = {"subject": subject, "status": "pending"}
+    def _task_created(self, use_id: str, structured: Any, text: str) -> None:
+        subject = self._creating.pop(use_id, "")
+        task = structured.get("task") if isinstance(structured, dict) else None
+        task_id = str(task.get("id")) if isinstance(task, dict) and task.get("id") is not None else ""
+        if not task_id and (m := re.search(r"Task #(\w+) created", text)):
+            task_id = m.group(1)
+        if task_id and subject:
+            self.tasks[task_id] = {"subject": subject, "status": "pending"}
+            self.narrator.plan(self.plan())
+
+    def _task_updated(self, given: dict[str, Any]) -> None:
+        task_id = str(given.get("taskId") or "")
+        if task_id not in self.tasks:
+            return
+        if given.get("status") == "deleted":
+            del self.tasks[task_id]
         else:
-            task_id = str(given.get("taskId") or "")
-            if task_id not in self.tasks:
-                return
-            if given.get("status") == "deleted":
-                del self.tasks[task_id]
-            else:
-                if given.get("status") in PLAN_STATUS:
-                    self.tasks[task_id]["status"] = str(given["status"])
-                if given.get("subject"):
-                    self.tasks[task_id]["subject"] = str(given["subject"])
+            if given.get("status") in PLAN_STATUS:
+                self.tasks[task_id]["status"] = str(given["status"])
+            if given.get("subject"):
+                self.tasks[task_id]["subject"] = str(given["subject"])
         self.narrator.plan(self.plan())
 
     def _control(self, event: dict[str, Any]) -> list[Effect]:

@@ -90,6 +90,7 @@ class Narrator:
 
     def action_started(self, key: str, name: str, parameter: str) -> None:
         self._thought()
+        self._plan()
         self.running[key] = Running(name, one_line(parameter), time.monotonic())
 
     def action_finished(self, key: str, result: str, is_error: bool = False) -> None:
