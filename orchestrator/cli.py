@@ -113,11 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def agent_command(name: str, agent_args: list[str], approval_timeout: float | None) -> list[str]:
-    """`--agent NAME --agent-arg ARG...` as the COMMAND it is short for: devpilot-agent (beside this
-    interpreter, as installed with the orchestrator; else found on PATH) NAME ARG..."""
+    """`--agent NAME --agent-arg ARG...` as the COMMAND it is short for: devpilot-agent NAME ARG...
+    (the one installed with this orchestrator, beside its interpreter; run from a checkout, the
+    same module through this interpreter)."""
     script = Path(sys.executable).parent / "devpilot-agent"
+    runner = [str(script)] if script.exists() else [sys.executable, "-m", "orchestrator.runners"]
     timeout = ["--approval-timeout", f"{approval_timeout:g}"] if approval_timeout is not None else []
-    return [str(script) if script.exists() else "devpilot-agent", *timeout, name, *agent_args]
+    return [*runner, *timeout, name, *agent_args]
 
 
 ACTIVITY_TYPES = ("thought", "action", "elicitation", "response", "error")

@@ -328,9 +328,13 @@ def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_a
             assert (Path(run["cwd"]) / "README").read_text() == "checkout\n"  # a checkout of the repository
             assert not run["cwd"].startswith(str(repo) + "/")
         branches = subprocess.run(
-            ["git", "branch", "--list", "devpilot/*"], cwd=repo, capture_output=True, text=True
+            ["git", "branch", "--list", "--format=%(refname:short)", "devpilot/*"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
         )
-        assert branches.stdout.count("devpilot/") == 2
+        # Named for the issue (ENG-7), so Linear links a pull request made from one to it.
+        assert sorted(branches.stdout.split()) == ["devpilot/eng-7-as-wt-1", "devpilot/eng-7-as-wt-2"]
         for sid in ("as-wt-1", "as-wt-2"):
             api.webhook(agent_session_event(session_id=sid, action="prompted", body="[done]"))
         for sid in ("as-wt-1", "as-wt-2"):
