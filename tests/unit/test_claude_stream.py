@@ -70,8 +70,11 @@ def replay(name: str) -> tuple[Heard, list[Effect], ClaudeStream]:
     for line in (FIXTURES / f"{name}.jsonl").read_text().splitlines():
         for effect in stream.feed(json.loads(line)):
             effects.append(effect)
-            if isinstance(effect, Result) and not effect.is_error:
-                stream.narrator.finish(effect.text)
+            if isinstance(effect, Result):  # (as the runner ends a run)
+                if effect.is_error:
+                    stream.narrator.fail(effect.reason)
+                else:
+                    stream.narrator.finish(effect.text)
     return heard, effects, stream
 
 
@@ -172,10 +175,13 @@ def test_a_question_to_the_person_is_a_permission_request_with_its_questions_and
     assert heard.shown() == [("response", "Going with SQLite.")]
 
 
-def test_an_interrupted_turn_ends_in_an_error_result() -> None:
+def test_an_interrupted_turn_ends_in_an_error_result_and_its_turn_cancelled() -> None:
+    from tests.helpers.record_claude import TURN
+
     _, effects, _ = replay("interrupt")
     [result] = [e for e in effects if isinstance(e, Result)]
     assert result.is_error and result.subtype == "error_during_execution"
+    assert TurnEnded(TURN) in effects  # (cancelled: the runner waits for no more of it)
 
 
 def test_a_follow_up_mid_turn_is_reported_done_by_its_uuid() -> None:
@@ -191,7 +197,7 @@ def test_no_credentials_is_an_error_result_and_the_made_up_message_is_not_a_thou
     heard, effects, _ = replay("not-logged-in")
     [result] = [e for e in effects if isinstance(e, Result)]
     assert result.is_error and "Not logged in" in result.reason
-    assert heard.posts == []
+    assert heard.shown() == [("error", "Not logged in · Please run /login")]  # said once, as the error
 
 
 def test_a_session_that_cannot_be_resumed_fails_before_it_starts() -> None:
