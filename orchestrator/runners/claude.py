@@ -344,7 +344,7 @@ class Claude:
                 )
             else:
                 self.narrator.note(
-                    f"The model's API is failing ({effect.status or effect.error}); Claude Code tries "
+                    f"The model's API is failing ({effect.status or effect.error or 'no answer'}); Claude Code tries "
                     f"again (attempt {effect.attempt} of {effect.of}).",
                     ephemeral=True,
                 )
@@ -480,16 +480,24 @@ class Claude:
                 self._post_ask()
                 return
             self.asks.popleft()
+            picks = "; ".join(f"{q} {a}" for q, a in ask.answers.items())
+            self.narrator.note(f"Answered in Linear: {picks}", ephemeral=True)
             self._allow(ask.permission, {**ask.permission.input, "answers": ask.answers})
         else:
             self.asks.popleft()
             word = said.lower().strip(" .!")
+            p = ask.permission
+            what = f"{p.tool} `{one_line(parameter(p.tool, p.input, self.workdir))}`"
+            # (said in Linear at once: the person sees the agent took the answer; the page keeps it)
             if word in YES:
-                self._allow(ask.permission, ask.permission.input)
+                self.narrator.note(f"Allowed in Linear: {what}", ephemeral=True)
+                self._allow(p, p.input)
             elif word in NO:
-                self._deny(ask.permission, "Denied by the person in Linear.")
+                self.narrator.note(f"Denied in Linear: {what}", ephemeral=True)
+                self._deny(p, "Denied by the person in Linear.")
             else:
-                self._deny(ask.permission, f"Not allowed; the person said in Linear: {said}")
+                self.narrator.note(f"Not allowed in Linear: {what}", ephemeral=True)
+                self._deny(p, f"Not allowed; the person said in Linear: {said}")
         self._post_ask()
 
     def _asks_due(self) -> None:
