@@ -176,6 +176,7 @@ class Narrator:
         if self.steps is None:
             return
         steps, self.steps = self.steps, None
+        self.posted["plan"] += 1
         if self.speaker is None:
             print(f"devpilot-agent: plan {steps}", file=sys.stderr)
             return
@@ -183,7 +184,6 @@ class Narrator:
             status = self.speaker.plan(steps)
         except (Unreachable, Rejected) as exc:
             status = str(exc)
-        self.posted["plan"] += 1
         if status != "queued":
             print(f"devpilot-agent: the plan was not posted: {status}", file=sys.stderr)
 
@@ -194,6 +194,7 @@ class Narrator:
         signal: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
+        self.posted[content["type"] + (" (ephemeral)" if ephemeral else "")] += 1
         if self.speaker is None:
             print(f"devpilot-agent: {content}", file=sys.stderr)
             return
@@ -201,7 +202,6 @@ class Narrator:
             status = self.speaker.say(content, signal=signal, signal_metadata=metadata, ephemeral=ephemeral)
         except (Unreachable, Rejected) as exc:
             status = str(exc)
-        self.posted[content["type"]] += 1
         if status != "queued":
             print(f"devpilot-agent: a {content['type']} was not posted: {status}", file=sys.stderr)
 

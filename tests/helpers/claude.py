@@ -27,10 +27,13 @@ PASSED = ["ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", *QUIET]
 
 
 def cli() -> Path:
-    """The pinned CLI, installed if it is not yet; the test skips when it cannot be."""
+    """The pinned CLI, installed if it is not yet; the test skips when it cannot be (and fails
+    instead under DEVPILOT_REQUIRE_AGENT_CLIS=1, as in CI, which installs it first)."""
     try:
         return claude_code.install()
     except claude_code.Unavailable as exc:
+        if os.environ.get("DEVPILOT_REQUIRE_AGENT_CLIS") == "1":
+            pytest.fail(f"DEVPILOT_REQUIRE_AGENT_CLIS=1, but {exc}")
         pytest.skip(str(exc))
 
 
