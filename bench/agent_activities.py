@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,7 +79,7 @@ def main() -> int:
     inbox.mkdir(parents=True)
     (work / "cart.py").write_text("def total(items):\n    return 0\n")
     (work / "test_cart.py").write_text("from cart import total\n")
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run([shutil.which("git") or "git", "init", "-q", str(work)], check=True)
     replies = session(work)
 
     def script(request: dict[str, Any]) -> list[Block]:
