@@ -279,12 +279,15 @@ class ClaudeStream:
         request = event.get("request") or {}
         request_id = str(event.get("request_id") or "")
         if request.get("subtype") == "can_use_tool":
+            use_id = str(request.get("tool_use_id") or "")
             given = request.get("input")
+            if not given and use_id in self._calls:  # (ExitPlanMode's comes empty: its plan is the call's)
+                given = self._calls[use_id][1]
             asked = Permission(
                 request_id=request_id,
                 tool=str(request.get("tool_name") or ""),
                 input=given if isinstance(given, dict) else {},
-                tool_use_id=str(request.get("tool_use_id") or ""),
+                tool_use_id=use_id,
                 description=str(request.get("description") or ""),
             )
             self.narrator.hold(asked.tool_use_id)
