@@ -196,6 +196,28 @@ def test_a_permission_prompt_is_asked_in_linear_and_the_persons_pick_decides(
         model.close()
 
 
+def test_a_permission_nobody_answers_is_denied_after_the_approval_timeout_and_linear_told(
+    api: Api, linear: Linear, running: Any, repo: Path
+) -> None:
+    def script(request: dict[str, Any]) -> list[Block]:
+        if turns(request) == 0:
+            return [ToolUse("Bash", {"command": "touch unanswered.txt", "description": "Write"})]
+        return [Text(f"Outcome: {last_user_text(request)}")]
+
+    model = ScriptedModel(script)
+    try:
+        running(model, "--approval-timeout", "2")
+        api.webhook(agent_session_event(session_id="as-wait", body="write it"))
+        wait_for(lambda: last_word(linear, "as-wait") is not None, timeout=60, what="the answer")
+        assert kinds(linear, "as-wait").count("elicitation") == 1
+        [action] = [a["content"] for a in said(linear, "as-wait") if a["content"]["type"] == "action"]
+        assert action["result"] == "Error: No answer in Linear within 2 seconds: not allowed."
+        assert last_user_text(model.agent_requests[1]) == "No answer in Linear within 2 seconds: not allowed."
+        assert not (repo / "unanswered.txt").exists()
+    finally:
+        model.close()
+
+
 def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_session(
     api: Api, linear: Linear, running: Any, repo: Path, tmp_path: Path
 ) -> None:
