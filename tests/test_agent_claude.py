@@ -307,6 +307,18 @@ def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_sessi
         )
         after = next(r for r in model.agent_requests if "Where were we?" in last_user_text(r))
         assert "Now the [long] job" in texts(after) and "sleep 20" in texts(after)
+
+        # 5. a session the CLI no longer has (its history pruned): a new one, pointed at the transcript
+        wait_for(lambda: answers(linear, "as-resume") == 6, timeout=60, what="the answer after the stop")
+        for kept in (tmp_path / "home" / ".claude" / "projects").rglob("*.jsonl"):
+            kept.unlink()
+        api.webhook(agent_session_event(session_id="as-resume", action="prompted", body="Start over?"))
+        wait_for(lambda: answers(linear, "as-resume") == 7, timeout=60, what="the new session's answer")
+        fresh = next(r for r in model.agent_requests if "Start over?" in last_user_text(r))
+        assert "Remember ZEBRA" not in texts(fresh)
+        assert "This continues a conversation from Linear" in last_user_text(fresh)
+        assert str(o.state / "conversations" / "as-resume" / "transcript.jsonl") in last_user_text(fresh)
+        assert kinds(linear, "as-resume").count("error") == 0
     finally:
         model.close()
 
@@ -370,6 +382,7 @@ def test_a_cli_missing_a_refused_key_and_a_crash_are_errors_that_name_the_cause(
         assert refused is not None and refused["type"] == "error"
         assert "refused Claude Code's credentials (HTTP 401" in refused["body"]
         assert "--pass-env ANTHROPIC_API_KEY" in refused["body"]
+        assert kinds(linear, "as-401").count("error") == 1  # said once, however often the CLI retried
         wait_for(lambda: not claude_running("as-401"), timeout=30, what="the CLI ended")
         o.stop()
         # the CLI not installed: not on the PATH the orchestrator gives its agent

@@ -200,11 +200,7 @@ class Claude:
             return 1
         self._turn(first)
         while True:
-            if not self._pump(0.2):
-                break  # its stdout closed: it ended
-            if self.failed:
-                self._close(grace=2.0)
-                return 1
+            alive = self._pump(0.2)
             if resume is not None and not self.started and self.result is not None:
                 self._close(grace=2.0)
                 print(
@@ -213,6 +209,11 @@ class Claude:
                 )
                 self._forget_session()
                 return None
+            if self.failed:
+                self._close(grace=2.0)
+                return 1
+            if not alive:
+                break  # its stdout closed: it ended
             if self.stopping:
                 return self._stop()
             self._follow_ups()
@@ -234,14 +235,20 @@ class Claude:
             self.narrator.finish(result.text)
             return 0
         if result is not None:
-            self.narrator.fail(self._explain(result))
+            self._fail(self._explain(result))
             return 1
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         tail = "\n".join(self.stderr_tail).strip()
-        self.narrator.fail(
+        self._fail(
             f"Claude Code {how} before it finished." + (f"\n\n```\n{tail[-1500:]}\n```" if tail else "")
         )
         return 1
+
+    def _fail(self, reason: str) -> None:
+        """The run failed: Linear hears why, once."""
+        if not self.failed:
+            self.failed = True
+            self.narrator.fail(reason)
 
     def _explain(self, result: Result) -> str:
         reason = result.reason
@@ -312,8 +319,7 @@ class Claude:
         elif isinstance(effect, Result):
             self.result = effect
             if effect.is_error and not self.stopping and (self.started or self.resume_id is None):
-                self.failed = True
-                self.narrator.fail(self._explain(effect))
+                self._fail(self._explain(effect))
         elif isinstance(effect, Permission):
             if self.stopping:
                 self._deny(effect, "Linear asked the agent to stop.")
@@ -336,13 +342,12 @@ class Claude:
             )
         elif isinstance(effect, Retry):
             if effect.status in REFUSED and not self.stopping:
-                self.failed = True
-                self.narrator.fail(
+                self._fail(
                     f"The model's API refused Claude Code's credentials (HTTP {effect.status}, "
                     f"{effect.error or 'refused'}): check the API key the orchestrator passes with "
                     "`--pass-env ANTHROPIC_API_KEY`, or the CLI's login."
                 )
-            else:
+            elif not self.failed and not self.stopping:
                 self.narrator.note(
                     f"The model's API is failing ({effect.status or effect.error or 'no answer'}); Claude Code tries "
                     f"again (attempt {effect.attempt} of {effect.of}).",
