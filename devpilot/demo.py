@@ -431,10 +431,10 @@ def run_demo(agent: str | None = None) -> int:
 AGENT_SESSION = "demo-agent-session"
 
 
-def _prompted(body: str, signal: str | None = None) -> dict[str, Any]:
+def _prompted(body: str, signal: str | None = None, session: str = AGENT_SESSION) -> dict[str, Any]:
     activity: dict[str, Any] = {
         "id": secrets.token_hex(8),
-        "agentSessionId": AGENT_SESSION,
+        "agentSessionId": session,
         "content": {"type": "prompt", "body": body},
         "userId": "demo-user",
         "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds"),
@@ -446,7 +446,7 @@ def _prompted(body: str, signal: str | None = None) -> dict[str, Any]:
         "action": "prompted",
         "organizationId": "demo-org",
         "webhookTimestamp": int(time.time() * 1000),
-        "agentSession": {"id": AGENT_SESSION, "creatorId": "demo-user"},
+        "agentSession": {"id": session, "creatorId": "demo-user"},
         "agentActivity": activity,
     }
 

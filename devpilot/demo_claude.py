@@ -15,13 +15,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from devpilot import claude_code
+from devpilot.demo import _prompted
 from devpilot.scripted_model import KEY, Block, ScriptedModel, Text, ToolUse
 from shared.linear import sign
 
@@ -69,44 +69,27 @@ def _script(request: dict[str, Any]) -> list[Block]:
     return REPLIES[min(done, len(REPLIES) - 1)]
 
 
-def _event(action: str, body: str, signal: str | None = None) -> dict[str, Any]:
-    now = int(time.time() * 1000)
-    session = {
-        "id": AGENT_SESSION,
-        "creatorId": "demo-user",
-        "issue": {
-            "id": "demo-issue-3",
-            "identifier": "DEMO-3",
-            "title": "The login redirect forgets where you were",
-            "url": "https://linear.app/demo/issue/DEMO-3",
-        },
-    }
-    event: dict[str, Any] = {
+def _created(body: str) -> dict[str, Any]:
+    return {
         "type": "AgentSessionEvent",
-        "action": action,
+        "action": "created",
         "organizationId": "demo-org",
-        "webhookTimestamp": now,
-        "agentSession": session,
+        "webhookTimestamp": int(time.time() * 1000),
+        "agentSession": {
+            "id": AGENT_SESSION,
+            "creatorId": "demo-user",
+            "issue": {
+                "id": "demo-issue-3",
+                "identifier": "DEMO-3",
+                "title": "The login redirect forgets where you were",
+                "url": "https://linear.app/demo/issue/DEMO-3",
+            },
+            "comment": {"id": "demo-claude-comment", "body": body},
+            "sourceCommentId": "demo-claude-comment",
+        },
+        "promptContext": '<issue identifier="DEMO-3"><title>The login redirect forgets where you were</title>'
+        f"</issue>\n<comment>{body}</comment>",
     }
-    if action == "created":
-        session["comment"] = {"id": "demo-claude-comment", "body": body}
-        session["sourceCommentId"] = "demo-claude-comment"
-        event["promptContext"] = (
-            '<issue identifier="DEMO-3"><title>The login redirect forgets where you were</title></issue>'
-            f"\n<comment>{body}</comment>"
-        )
-    else:
-        activity: dict[str, Any] = {
-            "id": secrets.token_hex(8),
-            "agentSessionId": AGENT_SESSION,
-            "content": {"type": "prompt", "body": body},
-            "userId": "demo-user",
-            "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        }
-        if signal:
-            activity["signal"] = signal
-        event["agentActivity"] = activity
-    return event
 
 
 def _repository(where: Path) -> Path:
@@ -168,10 +151,10 @@ def run(
 
     try:
         time.sleep(0.8)  # (its first long-poll)
-        send("agent session (DEMO-3)", _event("created", "@agent the login redirect forgets ?next="))
+        send("agent session (DEMO-3)", _created("@agent the login redirect forgets ?next="))
         wait(lambda: any(a["content"]["type"] == "elicitation" for a in mine()), 60, "Claude Code's question")
         print("demo: Claude Code asks before it writes a file; the person presses Allow in Linear")
-        send("Allow", _event("prompted", "Allow", signal="select"))
+        send("Allow", _prompted("Allow", signal="select", session=AGENT_SESSION))
         wait(lambda: any(a["content"]["type"] in ("response", "error") for a in mine()), 60, "its answer")
     finally:
         orch.terminate()

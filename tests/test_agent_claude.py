@@ -235,6 +235,13 @@ def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_sessi
         return [Text(f"Answered turn {turns(request)}.")]
 
     model = ScriptedModel(script)
+
+    def follow_up(text: str) -> dict[str, Any]:
+        """Said in Linear: the model's request that carries it, once the CLI sent it."""
+        api.webhook(agent_session_event(session_id="as-resume", action="prompted", body=text))
+        wait_for(lambda: any(text in last_user_text(r) for r in model.agent_requests), 60, repr(text))
+        return next(r for r in model.agent_requests if text in last_user_text(r))
+
     try:
         o = running(model, SLEEPS)
         # 1. a follow-up while the CLI works: the same process takes it
@@ -270,13 +277,7 @@ def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_sessi
         o.start()
         wait_for(lambda: answers(linear, "as-resume") == 3, timeout=60, what="the CLI finishing alone")
         assert len(model.agent_requests) == 5  # (its tool's result went to the model, then it answered)
-        api.webhook(agent_session_event(session_id="as-resume", action="prompted", body="And BANANA?"))
-        wait_for(
-            lambda: any("And BANANA?" in last_user_text(r) for r in model.agent_requests),
-            60,
-            "the resumed turn",
-        )
-        banana = next(r for r in model.agent_requests if "And BANANA?" in last_user_text(r))
+        banana = follow_up("And BANANA?")
         assert "Remember ZEBRA" in texts(banana) and "Then more [work]" in texts(banana)
 
         assert o.log().count("started ENG-7") == 4  # a COMMAND of its own, after the restart
@@ -299,22 +300,15 @@ def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_sessi
             30,
             "the stop's response",
         )
-        api.webhook(agent_session_event(session_id="as-resume", action="prompted", body="Where were we?"))
-        wait_for(
-            lambda: any("Where were we?" in last_user_text(r) for r in model.agent_requests),
-            60,
-            "the last turn",
-        )
-        after = next(r for r in model.agent_requests if "Where were we?" in last_user_text(r))
+        after = follow_up("Where were we?")
         assert "Now the [long] job" in texts(after) and "sleep 20" in texts(after)
 
         # 5. a session the CLI no longer has (its history pruned): a new one, pointed at the transcript
         wait_for(lambda: answers(linear, "as-resume") == 6, timeout=60, what="the answer after the stop")
         for kept in (tmp_path / "home" / ".claude" / "projects").rglob("*.jsonl"):
             kept.unlink()
-        api.webhook(agent_session_event(session_id="as-resume", action="prompted", body="Start over?"))
+        fresh = follow_up("Start over?")
         wait_for(lambda: answers(linear, "as-resume") == 7, timeout=60, what="the new session's answer")
-        fresh = next(r for r in model.agent_requests if "Start over?" in last_user_text(r))
         assert "Remember ZEBRA" not in texts(fresh)
         assert "This continues a conversation from Linear" in last_user_text(fresh)
         assert str(o.state / "conversations" / "as-resume" / "transcript.jsonl") in last_user_text(fresh)
@@ -323,8 +317,9 @@ def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_sessi
         model.close()
 
 
-def claude_running(agent_session: str) -> bool:
-    """Whether a `claude` process of this agent session runs (its environment names the session)."""
+def claude_pids(agent_session: str) -> list[int]:
+    """The `claude` processes of this agent session that run (their environment names it)."""
+    pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -334,29 +329,14 @@ def claude_running(agent_session: str) -> bool:
             state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue
-        if (
-            state != "Z"
-            and argv[0].endswith(b"claude")
-            and f"DEVPILOT_AGENT_SESSION_ID={agent_session}".encode() in environ
-        ):
-            return True
-    return False
+        named = f"DEVPILOT_AGENT_SESSION_ID={agent_session}".encode() in environ
+        if state != "Z" and argv[0].endswith(b"claude") and named:
+            pids.append(int(proc.name))
+    return pids
 
 
-def claude_pid(agent_session: str) -> int:
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-                environ = (proc / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if (
-                argv[0].endswith(b"claude")
-                and f"DEVPILOT_AGENT_SESSION_ID={agent_session}".encode() in environ
-            ):
-                return int(proc.name)
-    raise AssertionError(f"no claude process of {agent_session}")
+def claude_running(agent_session: str) -> bool:
+    return bool(claude_pids(agent_session))
 
 
 def test_a_cli_missing_a_refused_key_and_a_crash_are_errors_that_name_the_cause(
@@ -369,7 +349,8 @@ def test_a_cli_missing_a_refused_key_and_a_crash_are_errors_that_name_the_cause(
         api.webhook(agent_session_event(session_id="as-crash", issue_id="i-crash", body="go"))
         wait_for(lambda: claude_running("as-crash"), timeout=60, what="the CLI")
         wait_for(lambda: len(model.agent_requests) >= 1, timeout=60, what="its request")
-        os.kill(claude_pid("as-crash"), signal.SIGKILL)
+        [pid] = claude_pids("as-crash")
+        os.kill(pid, signal.SIGKILL)
         wait_for(lambda: last_word(linear, "as-crash") is not None, timeout=30, what="the crash's error")
         crash = last_word(linear, "as-crash")
         assert crash is not None and crash["type"] == "error"

@@ -10,16 +10,21 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 
 
-def test_demo_shows_the_timeline(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
-    r = subprocess.run(
-        [sys.executable, "-m", "devpilot", "demo"],
+def demo(tmp_path: Path, *args: str, timeout: float = 90, **env: str) -> subprocess.CompletedProcess[str]:
+    """`devpilot demo ARGS` as a person runs it, never on the tests' database."""
+    kept = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "devpilot", "demo", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=90,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=timeout,
+        env={**kept, "PYTHONPATH": str(ROOT), **env},
     )
+
+
+def test_demo_shows_the_timeline(tmp_path: Path) -> None:
+    r = demo(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     # the workspace installs the app; the engineer connects the machine with a code (headless)
@@ -63,15 +68,7 @@ def test_demo_with_claude_shows_the_real_cli_at_work_as_linear_does(tmp_path: Pa
     from tests.helpers.claude import cli
 
     cli()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
-    r = subprocess.run(
-        [sys.executable, "-m", "devpilot", "demo", "--agent", "claude"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "PYTHONPATH": str(ROOT)},
-    )
+    r = demo(tmp_path, "--agent", "claude", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "Registered demo-laptop for Dana Demo in Demo Workspace" in out
@@ -93,15 +90,7 @@ def test_demo_with_claude_shows_the_real_cli_at_work_as_linear_does(tmp_path: Pa
 
 
 def test_demo_with_claude_says_how_to_install_it_when_it_is_not(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
-    r = subprocess.run(
-        [sys.executable, "-m", "devpilot", "demo", "--agent", "claude"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**env, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "empty-cache")},
-    )
+    r = demo(tmp_path, "--agent", "claude", timeout=60, XDG_CACHE_HOME=str(tmp_path / "empty-cache"))
     assert r.returncode == 1
     assert "@anthropic-ai/claude-code@2.1.332" in r.stdout and "not installed" in r.stdout
     assert "python -m devpilot.claude_code" in r.stdout
