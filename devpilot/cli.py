@@ -125,7 +125,7 @@ def _cmd_sessions(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from devpilot.demo import run_demo
 
-    return run_demo()
+    return run_demo(args.agent)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sessions)
 
     p = sub.add_parser("demo", help="the whole loop in under 30 s on an embedded database, then clean up")
+    p.add_argument(
+        "--agent",
+        choices=["claude"],
+        help="claude: the real Claude Code CLI (pinned; installed with python -m devpilot.claude_code) "
+        "works on an issue, through a scripted stand-in of its model",
+    )
     p.set_defaults(func=_cmd_demo)
     return parser
 

@@ -82,7 +82,8 @@ class StandInLinear:
 
     def __init__(self) -> None:
         self.activities: list[dict[str, Any]] = []
-        calls = self.activities
+        self.plans: list[list[dict[str, str]]] = []  # each agent session plan posted
+        calls, plans = self.activities, self.plans
         grants: dict[str, dict[str, str]] = {}
 
         class Handler(BaseHTTPRequestHandler):
@@ -147,6 +148,8 @@ class StandInLinear:
                     issue = {"id": body["variables"]["id"], "state": {"id": "s", "type": "started"}}
                     return self._send(200, {"data": {"issue": {**issue, "delegate": {"id": "someone"}}}})
                 key = "agentSessionUpdate" if "agentSessionUpdate" in query else "issueUpdate"
+                if key == "agentSessionUpdate" and "plan" in body["variables"].get("input", {}):
+                    plans.append(body["variables"]["input"]["plan"])
                 self._send(200, {"data": {key: {"success": True}}})  # (those updates: accepted)
 
             def log_message(self, format: str, *args: Any) -> None:
@@ -249,7 +252,16 @@ def _login(url: str, home: Path, env: dict[str, str]) -> None:
     print(f"  {out.strip()}")
 
 
-def run_demo() -> int:
+def run_demo(agent: str | None = None) -> int:
+    """The demo; with `agent` "claude", the real Claude Code CLI works on an issue after the
+    login, instead of the sample agent (devpilot.demo_claude)."""
+    if agent == "claude":
+        from devpilot import demo_claude
+
+        how = demo_claude.missing()
+        if how is not None:
+            print(how)
+            return 1
     t_begin = time.monotonic()
     home = Path(tempfile.mkdtemp(prefix="devpilot-demo-"))
     secret = secrets.token_urlsafe(16)
@@ -289,6 +301,9 @@ def run_demo() -> int:
 
         _install(url)
         _login(url, home, env)
+        if agent == "claude":
+            demo_claude.run(http, secret, linear.activities, linear.plans, home, env, _wait)
+            return 0
         started_file = home / "started.jsonl"
         started_file.touch()
         print(
@@ -416,10 +431,10 @@ def run_demo() -> int:
 AGENT_SESSION = "demo-agent-session"
 
 
-def _prompted(body: str, signal: str | None = None) -> dict[str, Any]:
+def _prompted(body: str, signal: str | None = None, session: str = AGENT_SESSION) -> dict[str, Any]:
     activity: dict[str, Any] = {
         "id": secrets.token_hex(8),
-        "agentSessionId": AGENT_SESSION,
+        "agentSessionId": session,
         "content": {"type": "prompt", "body": body},
         "userId": "demo-user",
         "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds"),
@@ -431,7 +446,7 @@ def _prompted(body: str, signal: str | None = None) -> dict[str, Any]:
         "action": "prompted",
         "organizationId": "demo-org",
         "webhookTimestamp": int(time.time() * 1000),
-        "agentSession": {"id": AGENT_SESSION, "creatorId": "demo-user"},
+        "agentSession": {"id": session, "creatorId": "demo-user"},
         "agentActivity": activity,
     }
 

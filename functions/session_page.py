@@ -75,6 +75,47 @@ def _post_type(p: dict[str, Any]) -> str:
     return str(ACTIVITY_TYPE.get(p["kind"], p["kind"]))
 
 
+def _post_body(p: dict[str, Any]) -> str:
+    """What the post says, as Linear shows it: an action's tool, parameter and result; the plan's
+    steps; an elicitation's options (the person's answer comes as a follow-up, and the agent says
+    what it did with it); an ephemeral post marked so (Linear replaces it with the next)."""
+    content = p["content"] or {}
+    if content.get("type") == "action":
+        result = content.get("result")
+        shown = (
+            f'<span class="tool">{escape(str(content.get("action") or ""))}</span> '
+            f'<code class="parameter">{escape(str(content.get("parameter") or ""))}</code>'
+            + (f'<pre class="result">{escape(str(result))}</pre>' if result is not None else "")
+        )
+    elif isinstance(content.get("plan"), list):
+        shown = (
+            '<ol class="plan">'
+            + "".join(
+                f'<li class="{escape(str(step.get("status")))}">{escape(str(step.get("content")))} '
+                f'<span class="muted">({escape(str(step.get("status")))})</span></li>'
+                for step in content["plan"]
+                if isinstance(step, dict)
+            )
+            + "</ol>"
+        )
+    else:
+        shown = escape(p["body"] or "")
+    options = (p.get("signal_metadata") or {}).get("options") if p.get("signal") == "select" else None
+    if isinstance(options, list):
+        shown += (
+            '<ul class="options">'
+            + "".join(
+                f"<li>{escape(str(o.get('label') or o.get('value')))}</li>"
+                for o in options
+                if isinstance(o, dict)
+            )
+            + "</ul>"
+        )
+    if p.get("ephemeral"):
+        shown += ' <span class="muted ephemeral">(ephemeral)</span>'
+    return shown
+
+
 def _buttons(data: Page, who: Viewer) -> str:
     s = data.session
     sid = escape(str(s["id"]))
@@ -131,7 +172,7 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
     linear = f'<tr><th>Linear</th><td class="bad" id="linear">{missing}</td></tr>' if missing else ""
     info = f"""<table id="session">
 <tr><th>issue</th><td id="issue">{escape(s["issue_identifier"] or "")} {escape(named)} <span class="muted">{escape(s["issue_id"] or "")}</span></td></tr>
-<tr><th>workspace</th><td>{escape(s["workspace_name"] or s["org_id"])}</td></tr>
+<tr><th>workspace</th><td id="workspace">{escape(s["workspace_name"] or s["org_id"])}</td></tr>
 <tr><th>machine</th><td id="machine">{escape(s["machine"])}{revoked}</td></tr>
 {routing}<tr><th>agent session</th><td id="agent-session">{agent}</td></tr>
 <tr><th>status</th><td id="status">{escape(s["status"])}{(": " + escape(s["failure_reason"])) if s["failure_reason"] else ""}</td></tr>
@@ -148,7 +189,7 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
         "".join(
             f'<tr data-post="{escape(str(p["id"]))}"><td class="type">{escape(_post_type(p))}</td>'
             f'<td class="from">{"agent" if p["by_agent"] else "devpilot"}</td>'
-            f'<td class="body">{escape(p["body"] or "")}</td><td>{_t(p["created_at"])}</td>'
+            f'<td class="body">{_post_body(p)}</td><td>{_t(p["created_at"])}</td>'
             f'<td class="state">{_post_state(p)}</td></tr>'
             for p in data.posts
         )

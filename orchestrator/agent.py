@@ -477,7 +477,7 @@ class Orchestrator:
         self.journal.mark(mid, "starting")
         repo = self.workplace.repository(conv, m)
         try:
-            workdir = self.workplace.directory(conv, repo)
+            workdir = self.workplace.directory(conv, repo, m)
         except WorktreeError as exc:
             self.journal.mark(mid, "delivered")
             self.log("error", f"could not make the worktree for {name}: {exc}", messageId=mid)

@@ -11,16 +11,13 @@ import argparse
 import json
 import os
 import sys
-import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from orchestrator import login, repositories, worktrees
+from orchestrator import login, repositories, runners, voice, worktrees
 from orchestrator.agent import TOKEN_ENV, Config, Orchestrator, default_state_dir
-from orchestrator.client import Api, Rejected, Unreachable
-from orchestrator.conversations import append_line
+from orchestrator.client import Rejected, Unreachable
 from shared.models import LABEL
 
 # The commands besides running the orchestrator, each with its line in `--help`.
@@ -122,8 +119,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="a label of this machine (repeatable): an issue with a Linear label of that name goes only to "
         "machines that have it",
     )
+    p.add_argument(
+        "--agent",
+        choices=sorted([*runners.AGENTS, *runners.COMING]),
+        help="run this coding agent's CLI as COMMAND, its work live in Linear: short for "
+        "-- devpilot-agent NAME [ARG]...",
+    )
+    p.add_argument(
+        "--agent-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="with --agent: a flag for the agent's CLI (repeatable; write --agent-arg=--model=NAME)",
+    )
+    p.add_argument(
+        "--approval-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --agent: how long a permission prompt waits for the person in Linear before it is "
+        "denied (default 900)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... (gets the message JSON on stdin)")
     return p
+
+
+def agent_command(name: str, agent_args: list[str], approval_timeout: float | None) -> list[str]:
+    """`--agent NAME --agent-arg ARG...` as the COMMAND it is short for: devpilot-agent NAME ARG...
+    (the one installed with this orchestrator, beside its interpreter; run from a checkout, the
+    same module through this interpreter)."""
+    script = Path(sys.executable).parent / "devpilot-agent"
+    runner = [str(script)] if script.exists() else [sys.executable, "-m", "orchestrator.runners"]
+    timeout = ["--approval-timeout", f"{approval_timeout:g}"] if approval_timeout is not None else []
+    return [*runner, *timeout, name, *agent_args]
 
 
 ACTIVITY_TYPES = ("thought", "action", "elicitation", "response", "error")
@@ -154,10 +181,9 @@ def activity(argv: Sequence[str]) -> int:
         p.error("--select and --auth-url make an elicitation")
     if args.select and args.auth_url:
         p.error("give --select or --auth-url, not both")
-    need = ("DEVPILOT_ACTIVITIES_URL", "DEVPILOT_AGENT_TOKEN", "DEVPILOT_AGENT_SESSION_ID")
-    missing = [k for k in need if not os.environ.get(k)]
-    if missing:
-        p.error(f"run this from the agent COMMAND the orchestrator started (missing {', '.join(missing)})")
+    lacking = voice.missing(os.environ, "activity")
+    if lacking:
+        p.error(f"run this from the agent COMMAND the orchestrator started (missing {', '.join(lacking)})")
     if args.type == "action":
         if not args.action:
             p.error("--type action needs --action")
@@ -175,36 +201,19 @@ def activity(argv: Sequence[str]) -> int:
     elif args.auth_url:
         meta = {"url": args.auth_url, **({"providerName": args.provider} if args.provider else {})}
         signal = {"signal": "auth", "signalMetadata": meta}
-    api = Api(
-        None,
-        os.environ["DEVPILOT_AGENT_TOKEN"],
-        endpoints={"activities": os.environ["DEVPILOT_ACTIVITIES_URL"]},
-    )
+    speaker = voice.Voice(os.environ)
     try:
-        status = api.activity(
-            os.environ["DEVPILOT_AGENT_SESSION_ID"],
-            content,
-            args.id or str(uuid.uuid4()),
-            signal=signal.get("signal"),
-            signal_metadata=signal.get("signalMetadata"),
+        status = speaker.say(
+            content, args.id, signal=signal.get("signal"), signal_metadata=signal.get("signalMetadata")
         )
     except (Unreachable, Rejected) as exc:
         print(f"devpilot-orchestrator activity: {exc}", file=sys.stderr)
         return 1
     finally:
-        api.close()
+        speaker.close()
     if status != "queued":
         print(f"devpilot-orchestrator activity: refused: {status}", file=sys.stderr)
         return 1
-    said = os.environ.get("DEVPILOT_RESPONDED_FILE")
-    if said:  # the last thing COMMAND said: after a response or an elicitation, no "Finished." of ours
-        fd = os.open(said, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        os.write(fd, content["type"].encode())
-        os.close(fd)
-    transcript = os.environ.get("DEVPILOT_TRANSCRIPT")
-    if transcript:
-        at = datetime.now(UTC).isoformat()
-        append_line(Path(transcript), {"at": at, "from": "agent", "kind": "activity", **content, **signal})
     return 0
 
 
@@ -224,10 +233,9 @@ def plan(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     if bool(args.step) == bool(args.file):
         p.error("give the steps with --step, or a JSON file with --file")
-    need = ("DEVPILOT_PLAN_URL", "DEVPILOT_AGENT_TOKEN", "DEVPILOT_AGENT_SESSION_ID")
-    missing = [k for k in need if not os.environ.get(k)]
-    if missing:
-        p.error(f"run this from the agent COMMAND the orchestrator started (missing {', '.join(missing)})")
+    lacking = voice.missing(os.environ, "plan")
+    if lacking:
+        p.error(f"run this from the agent COMMAND the orchestrator started (missing {', '.join(lacking)})")
     steps: list[dict[str, str]] = []
     if args.step:
         for raw in args.step:
@@ -249,14 +257,14 @@ def plan(argv: Sequence[str]) -> int:
                 f'--file must hold a list of {{"content", "status"}} with status one of {", ".join(PLAN_STATUSES)}'
             )
         steps = [{"content": s["content"], "status": s["status"]} for s in loaded]
-    api = Api(None, os.environ["DEVPILOT_AGENT_TOKEN"], endpoints={"plan": os.environ["DEVPILOT_PLAN_URL"]})
+    speaker = voice.Voice(os.environ)
     try:
-        status = api.plan(os.environ["DEVPILOT_AGENT_SESSION_ID"], steps)
+        status = speaker.plan(steps)
     except (Unreachable, Rejected) as exc:
         print(f"devpilot-orchestrator plan: {exc}", file=sys.stderr)
         return 1
     finally:
-        api.close()
+        speaker.close()
     if status != "queued":
         print(f"devpilot-orchestrator plan: refused: {status}", file=sys.stderr)
         return 1
@@ -275,8 +283,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     login.fill(args)  # a machine that logged in: its token (and URL) from its state directory
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.agent and command:
+        parser.error("give --agent NAME or -- COMMAND, not both")
+    if (args.agent_arg or args.approval_timeout is not None) and not args.agent:
+        parser.error("--agent-arg and --approval-timeout go with --agent")
+    if args.agent in runners.COMING:
+        parser.error(f"--agent {args.agent}: not in this version yet (give its COMMAND after -- instead)")
+    if args.approval_timeout is not None and args.approval_timeout <= 0:
+        parser.error("--approval-timeout must be more than 0 seconds")
+    if args.agent:
+        command = agent_command(args.agent, args.agent_arg, args.approval_timeout)
     if not command:
-        parser.error("give the command to run after --")
+        parser.error("give the command to run after -- (or --agent claude)")
     if not args.token:
         parser.error(
             "--token (or DEVPILOT_ORCHESTRATOR_TOKEN) is required, or `devpilot-orchestrator login` first"

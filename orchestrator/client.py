@@ -111,13 +111,17 @@ class Api:
         activity_id: str,
         signal: str | None = None,
         signal_metadata: dict[str, Any] | None = None,
+        ephemeral: bool = False,
     ) -> str:
         """Post an activity to the agent session (202 queued); returns the status or the error code.
         The id makes a retried post (after a timeout, or a restart) one activity in Linear. An
-        elicitation may carry Linear's `select` or `auth` signal with its metadata."""
+        elicitation may carry Linear's `select` or `auth` signal with its metadata; an `ephemeral`
+        one is replaced in Linear by the next."""
         body: dict[str, Any] = {"agentSessionId": agent_session_id, "content": content, "id": activity_id}
         if signal is not None:
             body.update(signal=signal, signalMetadata=signal_metadata or {})
+        if ephemeral:
+            body["ephemeral"] = True
         r = self._post("activities", body)
         if r.status_code == 202:
             return "queued"

@@ -11,6 +11,7 @@ conversation's own worktree of it. COMMAND's environment is built here, never in
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,17 +61,36 @@ class Workplace:
     def checkout(self, repo: LocalRepo | None) -> Path:
         return repo.path if repo is not None else self.workdir
 
-    def directory(self, conv: Conversation, repo: LocalRepo | None) -> Path:
+    def directory(self, conv: Conversation, repo: LocalRepo | None, m: dict[str, Any] | None = None) -> Path:
         """Where the conversation's COMMANDs run: its repository's path (or the directory the
         orchestrator was started in), or, with --worktree, the conversation's own worktree of it
-        (made now if it is not there). Raises WorktreeError when git cannot make it."""
+        (made now if it is not there, on the conversation's branch). Raises WorktreeError when git
+        cannot make it."""
         base = self.checkout(repo)
         if not self.worktree:
             return base
         top = worktrees.toplevel(base)
         if top is None:
             raise WorktreeError(f"{base} is not a git checkout")
-        return worktrees.ensure(top, self.worktree_path(conv), f"devpilot/{conv.folder.name}")
+        return worktrees.ensure(top, self.worktree_path(conv), self.branch(conv, m or {}))
+
+    def branch(self, conv: Conversation, m: dict[str, Any]) -> str:
+        """The conversation's branch: `devpilot/<issue identifier>-<conversation>` (`devpilot/eng-7-…`),
+        so Linear's GitHub and GitLab integrations link a pull request made from it to the issue,
+        as they link any branch whose name holds the identifier. Named once, at its first COMMAND,
+        and remembered in the conversation's folder: the issue may be renamed or moved later."""
+        remembered = conv.folder / "branch"
+        try:
+            return remembered.read_text(encoding="utf-8").strip() or self._branch(conv, m)
+        except OSError:
+            name = self._branch(conv, m)
+            remembered.write_text(name, encoding="utf-8")
+            return name
+
+    def _branch(self, conv: Conversation, m: dict[str, Any]) -> str:
+        identifier = str((m.get("issue") or {}).get("identifier") or "")
+        slug = re.sub(r"[^a-z0-9]+", "-", identifier.lower()).strip("-")
+        return f"devpilot/{slug}-{conv.folder.name}" if slug else f"devpilot/{conv.folder.name}"
 
     def worktree_path(self, conv: Conversation) -> Path:
         return self.state_dir / "worktrees" / conv.folder.name

@@ -1,7 +1,7 @@
 """`--worktree`: each conversation edits its own git worktree, never the checkout another uses.
 
 A worktree is made when a conversation's first COMMAND starts, on a branch of its own
-(`devpilot/<conversation>`, so what the agent commits outlives the worktree), from the repository's
+(`devpilot/<issue identifier>-<conversation>`, so what the agent commits outlives the worktree), from the repository's
 current HEAD; every later COMMAND of the conversation runs in it; it is removed when the
 conversation ends (a final `response` or `error`, or Linear's stop). A worktree with changes nobody
 committed is kept, and the orchestrator says so: removing it would throw the agent's work away.

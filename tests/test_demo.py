@@ -10,16 +10,21 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 
 
-def test_demo_shows_the_timeline(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
-    r = subprocess.run(
-        [sys.executable, "-m", "devpilot", "demo"],
+def demo(tmp_path: Path, *args: str, timeout: float = 90, **env: str) -> subprocess.CompletedProcess[str]:
+    """`devpilot demo ARGS` as a person runs it, never on the tests' database."""
+    kept = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "devpilot", "demo", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=90,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=timeout,
+        env={**kept, "PYTHONPATH": str(ROOT), **env},
     )
+
+
+def test_demo_shows_the_timeline(tmp_path: Path) -> None:
+    r = demo(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     # the workspace installs the app; the engineer connects the machine with a code (headless)
@@ -55,3 +60,38 @@ def test_demo_shows_the_timeline(tmp_path: Path) -> None:
     assert "Done: Now do the long database migration" not in out  # stopped before it finished
     home = out.split("embedded Postgres in ")[1].split()[0]
     assert not Path(home).exists()
+
+
+def test_demo_with_claude_shows_the_real_cli_at_work_as_linear_does(tmp_path: Path) -> None:
+    """`devpilot demo --agent claude`: the pinned claude CLI (installed for the tests) answers an
+    issue through the scripted model: its Bash call and result, the plan, the person's approval."""
+    from tests.helpers.claude import cli
+
+    cli()
+    r = demo(tmp_path, "--agent", "claude", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "Registered demo-laptop for Dana Demo in Demo Workspace" in out
+    assert "devpilot-orchestrator --transport listen" in out and "--agent claude" in out
+    shown = out.split("what Linear shows in the agent session on DEMO-3:\n")[1].split("\n\n")[0].splitlines()
+    assert "  [action] Bash `git log --oneline -1 && ls`" in shown
+    assert shown[shown.index("  [action] Bash `git log --oneline -1 && ls`") + 2 :][:2] == [
+        "      README.md",
+        "      login.py",
+    ]  # the real command's output, in the scratch repository
+    [ask] = [line for line in shown if line.startswith("  [elicitation]")]
+    assert "Claude Code asks to use **Bash**" in ask and ask.endswith("[Allow | Deny]")
+    assert shown.index(ask) < shown.index(
+        next(x for x in shown if x.startswith("  [thought] Allowed in Linear"))
+    )
+    assert shown[-2] == "  [response] Done: the login redirect keeps `?next=`, and CHANGELOG.md says so."
+    assert shown[-1].startswith("  the session's plan: Read the login handler (completed)")
+    assert "CHANGELOG.md, written by Claude Code's Bash tool: Fixed: the login redirect keeps ?next=." in out
+
+
+def test_demo_with_claude_says_how_to_install_it_when_it_is_not(tmp_path: Path) -> None:
+    r = demo(tmp_path, "--agent", "claude", timeout=60, XDG_CACHE_HOME=str(tmp_path / "empty-cache"))
+    assert r.returncode == 1
+    assert "@anthropic-ai/claude-code@2.1.332" in r.stdout and "not installed" in r.stdout
+    assert "python -m devpilot.claude_code" in r.stdout
+    assert "starting devpilot serve" not in r.stdout  # (nothing started)

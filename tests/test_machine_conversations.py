@@ -337,6 +337,8 @@ def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_a
 
         branch = {run["cwd"]: on(run["cwd"], "symbolic-ref", "--short", "HEAD").strip() for run in (one, two)}
         assert sorted(branches()) == sorted(["main", *branch.values()])
+        # Named for the issue (ENG-7), so Linear links a pull request made from one to it.
+        assert sorted(branch.values()) == ["devpilot/eng-7-as-wt-1", "devpilot/eng-7-as-wt-2"]
         # the agent of the first commits its work; the second's leaves nothing on its branch
         (Path(one["cwd"]) / "fix.txt").write_text("the fix\n")
         on(one["cwd"], "add", "fix.txt")

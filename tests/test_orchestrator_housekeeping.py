@@ -244,5 +244,5 @@ def test_an_old_conversations_worktree_goes_with_it_unless_work_in_it_is_uncommi
     branches = subprocess.run(
         ["git", "branch", "--list", "devpilot/*"], cwd=repo, capture_output=True, text=True
     )
-    assert "devpilot/as-wt-clean" in branches.stdout  # what the agent committed outlives its worktree
+    assert "devpilot/eng-7-as-wt-clean" in branches.stdout  # what the agent committed outlives its worktree
     assert o.stop() == 0

@@ -88,7 +88,7 @@ def test_each_command_runs_in_its_repository_and_a_machine_without_it_gives_it_b
             text=True,
             check=True,
         ).stdout
-        assert "devpilot/as-back" in branches
+        assert "devpilot/eng-7-as-back" in branches
         for other in (docs_repo, web_repo):
             assert (
                 "devpilot/"

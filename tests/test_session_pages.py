@@ -119,25 +119,60 @@ def test_the_page_of_a_conversation_read_back_from_the_browser(
     )
     m = deliver(api, token)  # the second attempt: the message retried, then delivered
     scoped = agent_tokens.mint(token, orch, "as-page")
-    for content in (
-        {"type": "thought", "body": "Reading the failing test"},
-        {"type": "action", "action": "Ran", "parameter": "pytest tests/test_flaky.py", "result": "1 failed"},
-        {"type": "response", "body": "Fixed the race in the fixture; the test passes 200 times in a row."},
+    allow_deny = {
+        "signal": "select",
+        "signalMetadata": {"options": [{"label": "Allow", "value": "Allow"}, {"value": "Deny"}]},
+    }
+    plan = [
+        {"content": "Reproduce the flake", "status": "completed"},
+        {"content": "Fix it", "status": "inProgress"},
+    ]
+    for content, extra in (
+        ({"type": "thought", "body": "Reading the failing test"}, {}),
+        (
+            {
+                "type": "action",
+                "action": "Bash",
+                "parameter": "pytest tests/test_flaky.py",
+                "result": "1 failed",
+            },
+            {},
+        ),
+        (
+            {"type": "elicitation", "body": "Claude Code asks to use Bash: `rm -rf .cache`. Allow it?"},
+            allow_deny,
+        ),
+        ({"type": "thought", "body": "Allowed in Linear: Bash `rm -rf .cache`"}, {"ephemeral": True}),
+        (
+            {
+                "type": "response",
+                "body": "Fixed the race in the fixture; the test passes 200 times in a row.",
+            },
+            {},
+        ),
     ):
-        assert (
-            api.post_as(scoped, "/activities", {"agentSessionId": "as-page", "content": content}).status_code
-            == 202
+        body = {"agentSessionId": "as-page", "content": content, **extra}
+        assert api.post_as(scoped, "/activities", body).status_code == 202
+        if content["type"] == "elicitation":
+            assert (
+                api.post_as(scoped, "/plan", {"agentSessionId": "as-page", "plan": plan}).status_code == 202
+            )
+    with api.pool.connection() as conn:  # a person of the workspace signed in once: its name is known
+        conn.execute(
+            "INSERT INTO linear_people (org_id, linear_user_id, name, workspace_name)"
+            " VALUES ('org-a', 'creator-1', 'Alice', 'Acme Robotics')"
         )
     api.webhook(
         agent_session_event(
             action="prompted", session_id="as-page", body="also the docs", issue_id="issue-page"
         )
     )
-    wait_for(lambda: len(linear.activities()) == 5, 10, "five activities in Linear")
+    wait_for(lambda: len(linear.activities()) == 7, 10, "seven activities in Linear")
 
     sign_in(browser, api)
     browser.get(f"{api.url}/sessions/{m['sessionId']}")
     assert text_of(browser, "#machine") == "alice-laptop" and "ENG-7" in text_of(browser, "#issue")
+    assert text_of(browser, "#workspace") == "Acme Robotics"
     messages = browser.find_elements(by("CSS_SELECTOR"), "#messages tr[data-session]")
     assert [r.find_element(by("CSS_SELECTOR"), "td:nth-child(2)").text for r in messages] == [
         "start",
@@ -151,12 +186,17 @@ def test_the_page_of_a_conversation_read_back_from_the_browser(
         (r.find_element(by("CSS_SELECTOR"), ".type").text, r.find_element(by("CSS_SELECTOR"), ".body").text)
         for r in rows
     ]
-    activities = [s for s in said if s[0] in ("thought", "action", "response", "error", "elicitation")]
-    assert activities == [
+    activities = [
+        s for s in said if s[0] in ("thought", "action", "response", "error", "elicitation", "plan")
+    ]
+    assert activities == [  # as Linear shows them: the tool, its parameter and result; the options; the plan
         ("thought", "Queued for alice-laptop"),
         ("thought", "Picked up by alice-laptop"),
         ("thought", "Reading the failing test"),
-        ("action", "Ran"),
+        ("action", "Bash pytest tests/test_flaky.py\n1 failed"),
+        ("elicitation", "Claude Code asks to use Bash: `rm -rf .cache`. Allow it?\nAllow\nDeny"),
+        ("plan", "Reproduce the flake (completed)\nFix it (inProgress)"),
+        ("thought", "Allowed in Linear: Bash `rm -rf .cache` (ephemeral)"),
         ("response", "Fixed the race in the fixture; the test passes 200 times in a row."),
     ]
     assert {"issue_started", "external_urls"} <= {s[0] for s in said}

@@ -20,7 +20,12 @@ SELECT s.id, s.org_id, s.status, s.kind, s.issue_id, s.issue_identifier, s.agent
        q.attempts AS live_attempts, q.claimed_at AS live_claimed_at, q.lease_expires_at, q.available_at,
        q.last_error AS live_error, q.payload AS live_payload,
        d.payload AS dead_payload, d.reason AS dead_reason, d.failed_at AS dead_at, d.attempts AS dead_attempts,
-       c.workspace_name, c.org_id IS NOT NULL AS linear_known, c.disconnected_at AS linear_disconnected_at,
+       -- The workspace's name: as the OAuth install learned it, else as a person who signed in
+       -- from it saw it (a static token names none); by linear_people's key, one row.
+       coalesce(c.workspace_name, (
+           SELECT p.workspace_name FROM linear_people p
+           WHERE p.org_id = s.org_id ORDER BY p.updated_at DESC LIMIT 1)) AS workspace_name,
+       c.org_id IS NOT NULL AS linear_known, c.disconnected_at AS linear_disconnected_at,
        c.disconnect_reason AS linear_disconnect_reason
 FROM dispatch_sessions s
 JOIN orchestrators o ON o.id = s.orchestrator_id
@@ -60,7 +65,8 @@ ORDER BY session_id, id;
 -- delegate) written for its sessions; `given_up` past the attempt limit (available_at is
 -- 'infinity', which no client datetime holds). At most 1,000, the newest.
 SELECT * FROM (
-    SELECT n.id, n.kind, n.body, n.content, n.created_at, n.sent_at, n.attempts, n.last_error,
+    SELECT n.id, n.kind, n.body, n.content, n.signal, n.signal_metadata, n.ephemeral, n.created_at, n.sent_at,
+           n.attempts, n.last_error,
            n.available_at = 'infinity' AS given_up,
            CASE WHEN n.available_at < 'infinity' THEN n.available_at END AS next_at,
            n.linear_id, n.orchestrator_id IS NOT NULL AS by_agent, n.seq

@@ -16,7 +16,9 @@ from tests.helpers.linear import schema_errors
 ROOT = Path(__file__).parent.parent.parent
 README = ROOT / "README.md"
 # A user's guide: benchmark history goes to bench/README.md, the design's reasons to docs/design.md.
-MAX_LINES = 420
+MAX_LINES = (
+    435  # (420 until the agents' runner: `--agent claude` and its mapping lead "Running the orchestrator")
+)
 # The documentation that the README links to, and that links back: every relative link must hold.
 DOCS = [
     README,

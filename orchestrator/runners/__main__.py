@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.runners.main import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""`devpilot-agent [--approval-timeout SECONDS] NAME [AGENT_ARG]...`: run the agent NAME's CLI as
+this COMMAND (see `orchestrator.runners`). `devpilot-orchestrator --agent NAME [--agent-arg
+ARG]...` is short for `devpilot-orchestrator ... -- devpilot-agent NAME ARG...`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from orchestrator.runners import AGENTS, COMING
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="devpilot-agent",
+        description="Run a coding agent's CLI as the orchestrator's COMMAND, its work live in Linear.",
+    )
+    p.add_argument(
+        "--approval-timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="how long a permission prompt or a question waits for the person in Linear before the "
+        "agent is told no (default 900)",
+    )
+    p.add_argument("agent", choices=sorted([*AGENTS, *COMING]), help="which agent's CLI to run")
+    p.add_argument("agent_args", nargs=argparse.REMAINDER, help="passed to the agent's CLI as they are")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.approval_timeout <= 0:
+        build_parser().error("--approval-timeout must be more than 0 seconds")
+    if args.agent not in AGENTS:
+        print(f"devpilot-agent: {args.agent} is not in this version yet", file=sys.stderr)
+        return 2
+    runner = importlib.import_module(AGENTS[args.agent])
+    code: int = runner.run(args.agent_args, runner.Options(approval_timeout=args.approval_timeout))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""`devpilot-orchestrator --agent NAME [--agent-arg ARG]... [--approval-timeout S]`: the COMMAND it
+is short for, and what it refuses before anything starts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.runners import main as agent_main
+
+
+def test_agent_is_short_for_devpilot_agent_with_the_persons_flags() -> None:
+    command = cli.agent_command("claude", ["--model=sonnet", "--permission-mode=acceptEdits"], 60)
+    script = Path(sys.executable).parent / "devpilot-agent"
+    runner = [str(script)] if script.exists() else [sys.executable, "-m", "orchestrator.runners"]
+    assert command == [
+        *runner,
+        "--approval-timeout",
+        "60",
+        "claude",
+        "--model=sonnet",
+        "--permission-mode=acceptEdits",
+    ]
+    assert cli.agent_command("claude", [], None) == [*runner, "claude"]  # (its own default timeout)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--agent", "codex"], "--agent codex: not in this version yet"),
+        (["--agent", "claude", "--", "my-agent"], "give --agent NAME or -- COMMAND, not both"),
+        (["--agent-arg=--model=x", "--", "my-agent"], "--agent-arg and --approval-timeout go with --agent"),
+        (["--agent", "claude", "--approval-timeout", "0"], "--approval-timeout must be more than 0 seconds"),
+        (["--agent", "gemini"], "invalid choice: 'gemini'"),
+        ([], "give the command to run after -- (or --agent claude)"),
+    ],
+)
+def test_what_the_orchestrator_refuses_before_it_starts(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["--url", "http://127.0.0.1:9", "--token", "dpo_x", *argv])
+    assert ended.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_devpilot_agent_names_an_agent_not_in_this_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert agent_main.main(["codex"]) == 2
+    assert "codex is not in this version yet" in capsys.readouterr().err
