@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from shared.status import Snapshot, format_age
+from shared.status import Snapshot, format_age, pace_text
 
 
 def render(snap: Snapshot, console: Console) -> None:
@@ -43,7 +43,7 @@ def render(snap: Snapshot, console: Console) -> None:
         )
     console.print(failed)
     linear = Table(title="Linear connections")
-    for col in ("org", "workspace", "kind", "state", "token expires"):
+    for col in ("org", "workspace", "kind", "state", "token expires", "rate limit"):
         linear.add_column(col)
     for c in snap.linear:
         linear.add_row(
@@ -52,6 +52,7 @@ def render(snap: Snapshot, console: Console) -> None:
             c["kind"],
             "connected" if c["disconnected_at"] is None else f"DISCONNECTED: {c['disconnect_reason']}",
             c["expires_at"].isoformat(timespec="seconds") if c["expires_at"] else "never",
+            pace_text(c),
         )
     console.print(linear)
     sw = snap.last_sweep

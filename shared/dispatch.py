@@ -230,8 +230,12 @@ class Dispatch:
         the service opened for it once Linear has answered, the alias until then."""
         from shared import linear_actions
 
-        params = {"org_id": orch.org_id, "orchestrator_id": orch.id, "agent_session_id": agent_session_id}
-        known = False
+        params: dict[str, object] = {
+            "org_id": orch.org_id,
+            "orchestrator_id": orch.id,
+            "agent_session_id": agent_session_id,
+            "alias_of": None,
+        }
         if linear_actions.is_alias(agent_session_id):
             try:
                 session_id = UUID(agent_session_id.removeprefix(linear_actions.ALIAS_PREFIX))
@@ -246,10 +250,10 @@ class Dispatch:
                     "this workspace has not installed the Linear app, so this assignment has no agent session",
                 )
             params["agent_session_id"] = row["agent_session_id"] or agent_session_id
-            known = True
+            params["alias_of"] = session_id
         rights = tx.one(query("activity_rights"), params)
         assert rights is not None
-        if not (known or rights["holds"]):
+        if not rights["holds"]:
             raise Refused("not_found", "no agent session of yours by that id")
         if not rights["connected"]:
             raise Refused("linear_not_connected", "this workspace has not connected Linear")

@@ -4,8 +4,9 @@
 
 -- name: session_header
 -- The session, its machine (and how it was chosen, when routing by repository said so: for a
--- follow-up or a stop, the note of the start it follows, as they go where the start went), and
--- its queue row while it is queued (read-only).
+-- follow-up or a stop, the note of the start it follows, as they go where the start went), its
+-- queue row while it is queued, and until when its workspace's posts wait for Linear's rate
+-- limit, if they do (read-only).
 SELECT s.id, s.org_id, s.status, s.kind, s.issue_id, s.issue_identifier, s.agent_session_id,
        s.agent_session_created, s.linear_user_id, s.failure_reason,
        coalesce(s.routing_note, (
@@ -19,12 +20,13 @@ SELECT s.id, s.org_id, s.status, s.kind, s.issue_id, s.issue_identifier, s.agent
        q.attempts AS live_attempts, q.claimed_at AS live_claimed_at, q.lease_expires_at, q.available_at,
        q.last_error AS live_error, q.payload AS live_payload,
        d.payload AS dead_payload, d.reason AS dead_reason, d.failed_at AS dead_at, d.attempts AS dead_attempts,
-       c.workspace_name
+       c.workspace_name, p.blocked_until AS paced_until, p.budget AS ratelimit_budget
 FROM dispatch_sessions s
 JOIN orchestrators o ON o.id = s.orchestrator_id
 LEFT JOIN dispatch_queue q ON q.session_id = s.id
 LEFT JOIN dead_letters d ON d.session_id = s.id
 LEFT JOIN linear_credentials c ON c.org_id = s.org_id
+LEFT JOIN linear_paces p ON p.org_id = s.org_id AND p.blocked_until > now()
 WHERE s.id = %(id)s;
 
 -- name: session_conversation
@@ -56,10 +58,11 @@ ORDER BY session_id, id;
 -- What was posted to Linear (or waits) for the conversation, in the order accepted: the agent
 -- session's posts (and those under a plain assignment's alias), and the issue's own (state,
 -- delegate) written for its sessions; `given_up` past the attempt limit (available_at is
--- 'infinity', which no client datetime holds). At most 1,000, the newest.
+-- 'infinity', which no client datetime holds), `superseded_by` an ephemeral activity replaced
+-- before it was sent (not sent, not given up). At most 1,000, the newest.
 SELECT * FROM (
     SELECT n.id, n.kind, n.body, n.content, n.created_at, n.sent_at, n.attempts, n.last_error,
-           n.available_at = 'infinity' AS given_up,
+           n.available_at = 'infinity' AND n.superseded_by IS NULL AS given_up, n.superseded_by,
            CASE WHEN n.available_at < 'infinity' THEN n.available_at END AS next_at,
            n.linear_id, n.orchestrator_id IS NOT NULL AS by_agent, n.seq
     FROM linear_notices n
