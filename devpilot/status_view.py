@@ -15,7 +15,8 @@ def render(snap: Snapshot, console: Console) -> None:
     t = snap.totals
     console.print(
         f"[bold]devpilot dispatch[/bold] — {snap.taken_at.isoformat(timespec='seconds')}   "
-        + "   ".join(f"{k} {t.get(k, 0)}" for k in ("queued", "delivered", "failed", "cancelled"))
+        + f"   queued {t.get('queued', 0)}   last 24 h: "
+        + "   ".join(f"{k} {t.get(k, 0)}" for k in ("delivered", "failed", "cancelled"))
     )
     table = Table(title="orchestrators")
     for col in ("machine", "org", "Linear user", "queued", "claimed", "oldest due", "attempts", "last seen"):

@@ -123,7 +123,7 @@ def _chart(history: list[dict[str, Any]]) -> str:
 def render(snap: Snapshot) -> str:
     t = snap.totals
     cards = "".join(
-        f'<span id="total-{k}">{escape(k)}: <b>{t.get(k, 0)}</b></span>'
+        f'<span id="total-{k}">{escape(k)}{"" if k == "queued" else " (24 h)"}: <b>{t.get(k, 0)}</b></span>'
         for k in ("queued", "delivered", "failed", "cancelled")
     )
     rows = "".join(

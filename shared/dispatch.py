@@ -190,8 +190,8 @@ class Dispatch:
     def sweep(self) -> queue.SweepResult:
         """Re-queue expired leases and dead-letter at the limit, then send every Linear notice still
         unsent (Linear was down, or an instance died between a commit and its send), and forget
-        webhook deliveries past their retention."""
-        from shared import enroll, intake, notices, routing
+        webhook deliveries and finished conversations past their retention."""
+        from shared import enroll, intake, notices, retention, routing
 
         # The sweep's deadline is its own (DEVPILOT_SWEEP_DEADLINE_SECONDS), for each of its
         # database steps, whether a scheduler's request or `devpilot serve`'s timer runs it. The
@@ -213,6 +213,15 @@ class Dispatch:
             pruned = intake.prune_deliveries(self.pool, self.settings)
         if pruned:
             log.info('{"event":"deliveries_pruned","count":%d}', pruned)
+        with deadline.bound(within):
+            kept = retention.forget(self.pool, self.settings)
+        if kept.conversations:
+            log.info(
+                '{"event":"conversations_forgotten","conversations":%d,"sessions":%d,"posts":%d}',
+                kept.conversations,
+                kept.sessions,
+                kept.posts,
+            )
         forgotten = enroll.forget_stale(self.pool)
         if forgotten.enrollments or forgotten.flows:
             log.info(

@@ -62,7 +62,7 @@ $$;
 CREATE TABLE IF NOT EXISTS retention_cursors (
     walk    text PRIMARY KEY CHECK (walk IN ('delivered', 'failed', 'cancelled', 'posts', 'routing')),
     at      timestamptz NOT NULL DEFAULT '-infinity',
-    id      text NOT NULL DEFAULT ''
+    id      uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000'
 );
 INSERT INTO retention_cursors (walk)
 VALUES ('delivered'), ('failed'), ('cancelled'), ('posts'), ('routing')

@@ -85,7 +85,18 @@ LEFT JOIN acked a ON a.m = mm.m
 ORDER BY mm.m;
 
 -- name: status_totals
-SELECT status, count(*) AS n FROM dispatch_sessions GROUP BY status;
+-- The cards: the sessions queued now (one queue row each: the live queue, never the sessions
+-- kept), and those that became delivered, failed or cancelled in the last 24 hours (their last
+-- change), by dispatch_sessions_status_idx. Sessions are kept for DEVPILOT_RETENTION_DAYS: a
+-- count of them all grew with what is kept (0.27 s at 2,000,000); this one reads a day's
+-- sessions, whatever is kept, and a card says what happened today rather than since a date the
+-- retention moves.
+SELECT 'queued' AS status, count(*) AS n FROM dispatch_queue
+UNION ALL
+SELECT s.status, count(*) AS n
+FROM dispatch_sessions s
+WHERE s.status IN ('delivered', 'failed', 'cancelled') AND s.updated_at >= now() - interval '24 hours'
+GROUP BY s.status;
 
 -- name: status_now
 SELECT now() AS t;
