@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import time
 from typing import Any, NamedTuple
+from uuid import UUID
 
 from bench.loadgen import agent_created, assignment, edit, prompted, reassigned
 from shared import linear, linear_auth, queue, sessions, status
 from shared.db import Pool, transaction
 from shared.dispatch import Dispatch
-from shared.orchestrators import Orchestrator, Registered, hash_token, register
+from shared.orchestrators import Orchestrator, hash_token, register
 from shared.queue import AckItem
 from shared.settings import Settings
 
@@ -35,9 +36,28 @@ QUEUED = 10_000
 CHUNK = 500_000  # sessions per statement of the seed
 
 
+class Machine(NamedTuple):
+    id: UUID
+    token_hash: bytes
+
+
 class Year(NamedTuple):
-    machines: list[Registered]
+    machines: list[Machine]  # m0 .. m99, user u0 .. u99 each
     sessions: int
+
+
+def found(pool: Pool) -> Year | None:
+    """The year a database was seeded with, to run the workload on it again."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT id, token_hash FROM orchestrators WHERE org_id = %s AND name ~ '^m[0-9]+$'"
+            " AND revoked_at IS NULL ORDER BY substr(name, 2)::int",
+            (ORG,),
+        ).fetchall()
+        n = conn.execute("SELECT count(*) AS n FROM dispatch_sessions").fetchone()
+    if len(rows) < 60 or n is None:  # (each workload revokes one)
+        return None
+    return Year([Machine(r["id"], bytes(r["token_hash"])) for r in rows], int(n["n"]))
 
 
 SEED_SESSIONS = """
@@ -166,7 +186,7 @@ def seed(pool: Pool, settings: Settings, n: int, *, dense: bool = False, log: bo
             conn.execute(f"VACUUM ANALYZE {table}")  # (names of ours)
     if log:
         print(f"  seeded and analysed ({time.monotonic() - t0:.0f} s)", flush=True)
-    return Year(machines, n)
+    return Year([Machine(r.id, hash_token(r.token)) for r in machines], n)
 
 
 def _hook(body: dict[str, object]) -> linear.Webhook:
@@ -188,7 +208,7 @@ def workload(pool: Pool, settings: Settings, year: Year) -> dict[str, Any]:
             service.receive_webhook(_hook(agent_created(f"as-new-{i}", f"ai-{i}", user)), f"c-{i}")
         # machines at work: polls, claims, batch acks, a release; their agents speak
         for i, reg in enumerate(m[:5]):
-            polled = queue.poll(pool, hash_token(reg.token), max=10, lease_seconds=600)
+            polled = queue.poll(pool, reg.token_hash, max=10, lease_seconds=600)
             got = (polled[1] if polled else []) + queue.claim(pool, reg.id, max=100, lease_seconds=600)
             if got:  # the oldest (a seeded start) given back; the others acked
                 first = got[0]
@@ -240,8 +260,8 @@ def workload(pool: Pool, settings: Settings, year: Year) -> dict[str, Any]:
             except sessions.NotAllowed as exc:
                 found.setdefault("refused", []).append(f"{action}: {exc}")
         # a machine revoked with its queued work (its user has another machine: the starts move)
-        register(pool, org_id=ORG, linear_user_id="u99", name="m99-new")
-        service.revoke(m[99].id)
+        register(pool, org_id=ORG, linear_user_id=f"u{len(m) - 1}", name=f"new-{time.time_ns()}")
+        service.revoke(m[-1].id)
         service.sweep()
     finally:
         service.close()
