@@ -213,8 +213,7 @@ class Dispatch:
             pruned = intake.prune_deliveries(self.pool, self.settings)
         if pruned:
             log.info('{"event":"deliveries_pruned","count":%d}', pruned)
-        with deadline.bound(within):
-            kept = retention.forget(self.pool, self.settings)
+        kept = retention.forget(self.pool, self.settings)  # (each batch: the sweep's deadline)
         if kept.conversations:
             log.info(
                 '{"event":"conversations_forgotten","conversations":%d,"sessions":%d,"posts":%d}',

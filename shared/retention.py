@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from shared import deadline
 from shared.db import Pool, transaction
 from shared.settings import Settings
 from shared.sql import query
@@ -42,7 +43,8 @@ def forget(pool: Pool, settings: Settings, *, batch: int = BATCH, batches: int =
     if days == 0:
         return total
     for _ in range(batches):
-        with transaction(pool) as tx:
+        # (each batch a step of the sweep, with the sweep's deadline of its own)
+        with deadline.bound(settings.sweep_deadline_seconds), transaction(pool) as tx:
             rows = tx.all(query("retention_pick"), {"days": days, "batch": batch})
             walks = [r for r in rows if r["kind"] == "cursor"]
             if not walks:
