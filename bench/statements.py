@@ -152,7 +152,8 @@ def run_year(url: str, sessions: int) -> dict[str, Any]:
         with pool.connection() as conn:
             kept = conn.execute("SELECT count(*) AS n FROM dispatch_sessions").fetchone()
         t0 = time.monotonic()
-        made = year.found(pool) if kept is not None and kept["n"] >= sessions else None
+        # (a database seeded before: the sweeps' retention has forgotten the oldest since)
+        made = year.found(pool) if kept is not None and kept["n"] >= sessions * 0.95 else None
         if made is None:
             made = year.seed(pool, settings, sessions, log=True)
         seeded = time.monotonic() - t0
@@ -163,6 +164,7 @@ def run_year(url: str, sessions: int) -> dict[str, Any]:
         pool.close()
     return {
         "sessions": sessions,
+        "kept_sessions": int(kept["n"]) if kept is not None and made is not None else sessions,
         "jit": "off",
         "quarter_of_timeout_ms": QUARTER_MS,
         "seed_seconds": round(seeded),

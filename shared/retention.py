@@ -22,7 +22,7 @@ from shared.db import Pool, transaction
 from shared.settings import Settings
 from shared.sql import query
 
-BATCH = 200  # rows each walk looks at per batch
+BATCH = 100  # rows each walk looks at per batch
 BATCHES = 20  # batches per sweep at most (the next sweep goes on)
 
 

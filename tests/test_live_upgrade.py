@@ -114,6 +114,9 @@ def _upgrade_under_webhooks(pg_server: Server, tmp_path: Path, sessions: int, ho
         ], applied
         statuses = {s for _, s in latencies}
         slowest = max(t for t, _ in latencies)
+        print(
+            f"{sessions:,} sessions: {len(latencies)} webhooks, {sent_during} during the upgrade, slowest {slowest:.3f} s"
+        )
         assert statuses == {200}, statuses
         assert sent_during >= 5, sent_during
         assert slowest < ONE_SECOND, f"a webhook waited {slowest:.2f} s of {len(latencies)}"
