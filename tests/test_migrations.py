@@ -14,6 +14,7 @@ import pytest
 
 from shared.migrate import SCHEMA, discover, migrate, statements
 from tests.helpers.pg import Server
+from tests.helpers.plans import GROWING
 
 SCHEMA_SHAPE = """
 SELECT 'table ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable
@@ -143,18 +144,6 @@ def test_a_no_transaction_file_is_plain_statements() -> None:
         statements("DO $$ BEGIN END $$;")
     with pytest.raises(ValueError):
         statements("CREATE INDEX a ON t (x)")
-
-
-GROWING = (  # the tables that grow with what is kept (tests/test_plans_at_scale.py)
-    "dispatch_sessions",
-    "linear_notices",
-    "routing_requests",
-    "dispatch_attempts",
-    "dead_letters",
-    "session_actions",
-    "webhook_deliveries",
-    "agent_session_stops",
-)
 
 
 def test_an_index_on_a_table_that_grows_is_built_concurrently() -> None:

@@ -21,20 +21,9 @@ from shared.db import open_pool
 from shared.sql import load, query_with_limit
 from tests.helpers.data import api_settings
 from tests.helpers.linear import Linear
-from tests.helpers.plans import explain, nodes
+from tests.helpers.plans import GROWING, explain, nodes
 
 SESSIONS = 100_000
-# The tables that grow with what is kept; the others hold live work or a row per machine or org.
-GROWING = {
-    "dispatch_sessions",
-    "linear_notices",
-    "routing_requests",
-    "dispatch_attempts",
-    "dead_letters",
-    "session_actions",
-    "webhook_deliveries",
-    "agent_session_stops",
-}
 
 
 def outline(node: dict[str, Any], depth: int = 0) -> str:

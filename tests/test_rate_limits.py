@@ -66,32 +66,25 @@ def advance(api: Api, linear: Linear, seconds: float) -> None:
         )
 
 
-def settle(api: Api) -> None:
-    """Until the posts sent after the commits are marked (sent, or put back waiting)."""
+def _until_none(api: Api, rows: str, what: str) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with api.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT count(*) AS n FROM linear_notices WHERE lease_expires_at > now() AND sent_at IS NULL"
-            ).fetchone()
+            row = conn.execute(f"SELECT count(*) AS n FROM linear_notices WHERE {rows}").fetchone()  # (ours)
         if row is not None and row["n"] == 0:
             return
         time.sleep(0.05)
-    raise AssertionError("posts still in flight")
+    raise AssertionError(what)
+
+
+def settle(api: Api) -> None:
+    """Until the posts sent after the commits are marked (sent, or put back waiting)."""
+    _until_none(api, "lease_expires_at > now() AND sent_at IS NULL", "posts still in flight")
 
 
 def drained(api: Api) -> None:
     """Until every post the service wrote so far went out."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with api.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT count(*) AS n FROM linear_notices WHERE sent_at IS NULL AND available_at < 'infinity'"
-            ).fetchone()
-        if row is not None and row["n"] == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("posts still unsent")
+    _until_none(api, "sent_at IS NULL AND available_at < 'infinity'", "posts still unsent")
 
 
 def sweep(api: Api) -> None:
