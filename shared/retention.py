@@ -57,6 +57,11 @@ def forget(pool: Pool, settings: Settings, *, batch: int = BATCH, batches: int =
                     "orgs": [c["org_id"] for c in conversations],
                     "keys": [c["key"] for c in conversations],
                     "agents": [c["agent"] for c in conversations],
+                },
+            )
+            tx.execute(
+                query("retention_walked"),
+                {
                     "walks": [w["walk"] for w in walks],
                     "ats": [w["at"] for w in walks],
                     "ids": [w["id"] for w in walks],

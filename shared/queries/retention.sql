@@ -87,7 +87,8 @@ WITH walks AS (
     FOR UPDATE SKIP LOCKED
 ), locked AS (
     SELECT c.org_id, c.key, c.agent FROM conversations c
-    LEFT JOIN LATERAL (  -- (a plain assignment's session, by its key)
+    -- (a plain assignment's session, by its key)
+    LEFT JOIN LATERAL (
         SELECT true AS here FROM dispatch_sessions s
         WHERE NOT c.agent AND c.key LIKE 'devpilot:%%' AND s.id = substr(c.key, 10)::uuid
         LIMIT 1
@@ -103,7 +104,8 @@ WITH walks AS (
 SELECT 'conversation' AS kind, org_id, key, agent, NULL AS walk, NULL::timestamptz AS at, NULL::uuid AS id
 FROM locked
 UNION ALL
-SELECT 'cursor', NULL, NULL, NULL, w.walk, last.at, last.id  -- (NULL: from the start again)
+-- (a NULL `at`: the walk starts again)
+SELECT 'cursor', NULL, NULL, NULL, w.walk, last.at, last.id
 FROM walks w
 LEFT JOIN LATERAL (
     SELECT s.at, s.id FROM seen s WHERE s.walk = w.walk
@@ -115,7 +117,7 @@ LEFT JOIN LATERAL (
 -- After `retention_pick`, in its transaction (this statement's snapshot is taken after the locks
 -- were granted): of the conversations picked, those still finished and last changed before the
 -- cutoff are forgotten whole, every part of each in this one statement; the others are left as
--- they are. The walks' cursors move on (a NULL `at`: back to the start). What was forgotten, counted.
+-- they are. What was forgotten, counted.
 WITH conv AS (
     SELECT DISTINCT c.org_id, c.key, c.agent
     FROM unnest(%(orgs)s::text[], %(keys)s::text[], %(agents)s::boolean[]) AS c(org_id, key, agent)
@@ -172,14 +174,14 @@ WITH conv AS (
     SELECT org_id, key FROM kept
 -- (Each part deleted by its key, `= ANY (ARRAY(...))`: as a join, the planner may read a whole table.)
 ), gone_sessions AS (
-    SELECT ARRAY(SELECT m.id FROM members m JOIN gone g ON g.org_id = m.org_id AND g.key = m.key) AS ids
+    SELECT ARRAY(SELECT m.id FROM members m JOIN gone USING (org_id, key)) AS ids
 ), forgot_posts AS (
     DELETE FROM linear_notices
-    WHERE id = ANY (ARRAY(SELECT p.id FROM posts p JOIN gone g ON g.org_id = p.org_id AND g.key = p.key))
+    WHERE id = ANY (ARRAY(SELECT p.id FROM posts p JOIN gone USING (org_id, key)))
     RETURNING 1
 ), forgot_routes AS (
     DELETE FROM routing_requests
-    WHERE id = ANY (ARRAY(SELECT r.id FROM routes r JOIN gone g ON g.org_id = r.org_id AND g.key = r.key))
+    WHERE id = ANY (ARRAY(SELECT r.id FROM routes r JOIN gone USING (org_id, key)))
     RETURNING 1
 ), forgot_attempts AS (
     DELETE FROM dispatch_attempts WHERE session_id = ANY ((SELECT ids FROM gone_sessions)::uuid[]) RETURNING 1
@@ -190,17 +192,18 @@ WITH conv AS (
 ), forgot_sessions AS (
     DELETE FROM dispatch_sessions WHERE id = ANY ((SELECT ids FROM gone_sessions)::uuid[]) AND status <> 'queued'
     RETURNING 1
-), moved AS (
-    UPDATE retention_cursors c
-    SET at = coalesce(x.at, '-infinity'), id = coalesce(x.id, '00000000-0000-0000-0000-000000000000')
-    FROM unnest(%(walks)s::text[], %(ats)s::timestamptz[], %(ids)s::uuid[]) AS x(walk, at, id)
-    WHERE c.walk = x.walk
-    RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS conversations,
        (SELECT count(*) FROM forgot_sessions) AS sessions,
        (SELECT count(*) FROM forgot_posts) AS posts,
        (SELECT count(*) FROM forgot_routes) AS routes,
        (SELECT count(*) FROM forgot_attempts) + (SELECT count(*) FROM forgot_letters)
-           + (SELECT count(*) FROM forgot_actions) AS records,
-       (SELECT count(*) FROM moved) AS walks;
+           + (SELECT count(*) FROM forgot_actions) AS records;
+
+-- name: retention_walked
+-- In the batch's transaction, after `retention_forget`: where each walk goes on from next (a NULL
+-- `at`: back to its start).
+UPDATE retention_cursors c
+SET at = coalesce(x.at, '-infinity'), id = coalesce(x.id, '00000000-0000-0000-0000-000000000000')
+FROM unnest(%(walks)s::text[], %(ats)s::timestamptz[], %(ids)s::uuid[]) AS x(walk, at, id)
+WHERE c.walk = x.walk;
