@@ -5,7 +5,7 @@ A conversation (an agent session's messages, or a plain assignment's one session
 to Linear, routing request, claim record, dead letter and operator's action that belongs to it) is
 forgotten whole, once it is finished (nothing of it queued, no post unsent, no routing request
 open) and its last change is older than the retention; never while it is live, whatever its age.
-Each batch is one short transaction (`retention_pick`, then `retention_forget` in
+Each batch is one short transaction (`retention_pick`, `retention_forget` and `retention_walked` in
 shared/queries/retention.sql) that takes, without waiting, the locks the intake, a machine's post
 and an operator's action take for that conversation, so none of them waits more than a batch, and
 none of them writes into a conversation while it is being forgotten. The batches walk the tables

@@ -1,8 +1,8 @@
 -- What is kept, and for how long (shared/retention.py): a finished conversation is forgotten
 -- DEVPILOT_RETENTION_DAYS after its last change, with everything that belongs to it; a live one
--- never, whatever its age. Each batch is one transaction of two statements, `retention_pick` then
--- `retention_forget`; a batch holds the locks of the conversations it looks at for those two
--- statements only (milliseconds: a webhook of one of them waits that long at most).
+-- never, whatever its age. Each batch is one transaction of three statements, `retention_pick`,
+-- `retention_forget` and `retention_walked`; a batch holds the locks of the conversations it looks
+-- at for those statements only (milliseconds: a webhook of one of them waits that long at most).
 --
 -- A conversation is an agent session's messages (start, follow-ups, stop: one `dispatch_sessions`
 -- row each) with its posts to Linear and its routing requests; or a plain assignment's one session
