@@ -9,6 +9,14 @@ what the service sends: webhooks of every kind through the intake, long claims a
 a release, the sweep over the expired leases (its batches of 1,000), the retention prune, the
 operators' snapshot, and the revoke of a machine holding 10,000 queued starts (all cancelled in one
 transaction: the largest single write the service makes).
+
+`python -m bench.statements --sessions N [--url URL]`: a year in production instead
+(`bench/year.py`): N kept sessions and all around them (10,000,000: what a busy deployment keeps
+over DEVPILOT_RETENTION_DAYS=90), and what the service does with them, the sweep's retention, the
+dashboard, `devpilot status`, a session's page and the searches included; JIT off, as the service
+connects. Each statement against a quarter of the statement timeout (500 ms of 2 s);
+`bench/results/statements-year.json`. `--url`: an existing database already seeded with N
+(building 10,000,000 takes most of an hour on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from shared.db import open_pool
 from shared.orchestrators import hash_token, register, revoke
 from shared.queue import AckItem
 from shared.settings import Settings
-from shared.sql import load
+from shared.sql import load, query_with_limit
 
 # The service's settings with the server's limits and the client's deadlines out of the way.
 UNBOUND = Settings(
@@ -45,6 +53,8 @@ UNBOUND = Settings(
 
 
 RESULT = Path(__file__).parent / "results" / "statements.json"
+YEAR_RESULT = Path(__file__).parent / "results" / "statements-year.json"
+QUARTER_MS = 2000 / 4  # a quarter of DEVPILOT_STATEMENT_TIMEOUT_MS's default
 
 
 class Timings:
@@ -52,6 +62,10 @@ class Timings:
 
     def __init__(self) -> None:
         self.names = {text: name for name, text in load().items()}
+        for name, text in load().items():  # (the claims' LIMIT is written in: each ceiling's text)
+            if "%(max_ceiling)s" in text:
+                for k in range(11):
+                    self.names[query_with_limit(name, 1 << k)] = name
         self.ms: dict[str, list[float]] = defaultdict(list)
         self._original = psycopg.Cursor.execute
 
@@ -122,11 +136,68 @@ def run(url: str, rows: int) -> list[dict[str, Any]]:
         pool.close()
 
 
+def run_year(url: str, sessions: int) -> dict[str, Any]:
+    """A year of kept sessions (seeded unless the database has them), then the workload, timed."""
+    from bench import year
+    from shared.migrate import migrate
+
+    settings = UNBOUND.replace(
+        linear_api_url="http://127.0.0.1:9/graphql",  # (nothing listens: each post fails at once)
+        encryption_keys="YmVuY2gtb25seS1lbmNyeXB0aW9uLWtleS0zMmJ5dGU=",
+        retention_days=90,
+    )
+    migrate(url)
+    pool = open_pool(url, settings, max_size=6)
+    try:
+        with pool.connection() as conn:
+            kept = conn.execute("SELECT count(*) AS n FROM dispatch_sessions").fetchone()
+        t0 = time.monotonic()
+        # (a database seeded before: the sweeps' retention has forgotten the oldest since)
+        made = year.found(pool) if kept is not None and kept["n"] >= sessions * 0.95 else None
+        if made is None:
+            made = year.seed(pool, settings, sessions, log=True)
+        seeded = time.monotonic() - t0
+        with Timings() as t:
+            found = year.workload(pool, settings, made)
+        slowest = t.slowest()
+    finally:
+        pool.close()
+    return {
+        "sessions": sessions,
+        "kept_sessions": int(kept["n"]) if kept is not None and made is not None else sessions,
+        "jit": "off",
+        "quarter_of_timeout_ms": QUARTER_MS,
+        "seed_seconds": round(seeded),
+        "over_a_quarter": [r["statement"] for r in slowest if r["max_ms"] > QUARTER_MS],
+        "found": {k: v for k, v in found.items() if k != "page"},
+        "slowest": slowest,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.statements")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument(
+        "--sessions", type=int, default=0, help="a year of N kept sessions instead (bench/year.py)"
+    )
+    ap.add_argument("--url", default=None, help="with --sessions: this database (kept afterwards)")
     args = ap.parse_args()
+    if args.sessions:
+        server = None if args.url else BenchServer()
+        try:
+            url = args.url or server.fresh("year")  # type: ignore[union-attr]
+            result = run_year(url, args.sessions)
+        finally:
+            if server is not None:
+                server.close()
+        print(
+            f"at {args.sessions:,} kept sessions (ms, client side, JIT off; a quarter of the timeout: 500):"
+        )
+        for r in result["slowest"][: args.top]:
+            print(f"  {r['statement']:<40} max {r['max_ms']:>8}  median {r['median_ms']:>7}  n={r['n']}")
+        YEAR_RESULT.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        return 0 if not result["over_a_quarter"] else 1
     server = BenchServer()
     try:
         slowest = run(server.fresh("statements"), args.rows)

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from shared.status import Snapshot, format_age
+from shared.status import Snapshot, format_age, pace_text
 
 
 def _age(at: datetime | None, now: datetime) -> str:
@@ -86,6 +86,7 @@ def _connections(snap: Snapshot, wide: bool) -> Table:
     table.add_column("kind", no_wrap=True)
     table.add_column("state", overflow="fold")
     table.add_column("token expires", no_wrap=True)
+    table.add_column("rate limit", overflow="fold")
     for c in snap.linear:
         table.add_row(
             *([c["org_id"]] if wide else []),
@@ -93,6 +94,7 @@ def _connections(snap: Snapshot, wide: bool) -> Table:
             c["kind"],
             "connected" if c["disconnected_at"] is None else f"DISCONNECTED: {c['disconnect_reason']}",
             _when(c["expires_at"]),
+            pace_text(c),
         )
     return table
 
@@ -100,7 +102,10 @@ def _connections(snap: Snapshot, wide: bool) -> Table:
 def render(snap: Snapshot, console: Console) -> None:
     t, now = snap.totals, snap.taken_at
     console.print(f"[bold]devpilot dispatch[/bold] — {now.strftime('%Y-%m-%d %H:%M:%S %Z').strip()}")
-    console.print("   ".join(f"{k} {t.get(k, 0)}" for k in ("queued", "delivered", "failed", "cancelled")))
+    console.print(
+        f"queued {t.get('queued', 0)}   last 24 h: "
+        + "   ".join(f"{k} {t.get(k, 0)}" for k in ("delivered", "failed", "cancelled"))
+    )
     machines, wide = _fitting(console, lambda wide: _machines(snap, wide))
     console.print(machines)
     if not wide and snap.orchestrators:

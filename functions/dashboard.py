@@ -23,7 +23,7 @@ from functions.runtime import Runtime
 from functions.web import Call, bearer, raw_body, require_admin
 from shared.db import lend
 from shared.sql import query
-from shared.status import Snapshot, format_age, snapshot
+from shared.status import Snapshot, format_age, pace_text, snapshot
 
 COOKIE = "devpilot_dashboard"
 REFRESH_SECONDS = 10
@@ -123,7 +123,7 @@ def _chart(history: list[dict[str, Any]]) -> str:
 def render(snap: Snapshot) -> str:
     t = snap.totals
     cards = "".join(
-        f'<span id="total-{k}">{escape(k)}: <b>{t.get(k, 0)}</b></span>'
+        f'<span id="total-{k}">{escape(k)}{"" if k == "queued" else " (24 h)"}: <b>{t.get(k, 0)}</b></span>'
         for k in ("queued", "delivered", "failed", "cancelled")
     )
     rows = "".join(
@@ -155,10 +155,11 @@ def render(snap: Snapshot) -> str:
                 if c["disconnected_at"] is None
                 else f'<td class="bad disconnected">disconnected: {escape(c["disconnect_reason"] or "")}</td>'
             )
+            + f'<td class="{"bad paced" if c["paced_until"] else "pace"}">{escape(pace_text(c))}</td>'
             + "</tr>"
             for c in snap.linear
         )
-        or '<tr><td colspan="4" class="muted">no workspace connected</td></tr>'
+        or '<tr><td colspan="5" class="muted">no workspace connected</td></tr>'
     )
     sw = snap.last_sweep
     sweep = (
@@ -179,7 +180,7 @@ def render(snap: Snapshot) -> str:
 <h2>Orchestrators</h2><table id="orchestrators"><tr><th>machine</th><th>org</th><th>Linear user</th>
 <th>queued</th><th>claimed</th><th>oldest due</th><th>attempts</th><th>last seen</th><th>has</th></tr>{rows}</table>
 <h2>Last hour</h2>{_chart(snap.history)}
-<h2>Linear</h2><table id="linear"><tr><th>org</th><th>workspace</th><th>kind</th><th>state</th></tr>{linear}</table>
+<h2>Linear</h2><table id="linear"><tr><th>org</th><th>workspace</th><th>kind</th><th>state</th><th>rate limit</th></tr>{linear}</table>
 <h2>Recent failures</h2><table id="failed"><tr><th>issue</th><th>reason</th><th>when</th></tr>{failed}</table>
 <p id="sweep">{sweep}</p>""",
         refresh=True,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import flask
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
@@ -42,6 +42,16 @@ class QueueDepth(Collector):
             "1 while an org's Linear connection works, 0 once disconnected (its posts wait)",
             labels=["org_id"],
         )
+        refused = CounterMetricFamily(
+            "devpilot_linear_ratelimited_answers",
+            "Calls Linear refused for its rate limit (RATELIMITED), per org: none of them an attempt",
+            labels=["org_id"],
+        )
+        paced = GaugeMetricFamily(
+            "devpilot_linear_paced_seconds",
+            "How long an org's posts still wait for Linear's rate limit (0: they do not)",
+            labels=["org_id"],
+        )
         snap = snapshot(get_runtime().pool, with_sessions=False)  # (what it shows reads no session)
         for o in snap.orchestrators:
             depth.add_metric([o.id, o.name, "queued"], o.queued)
@@ -49,9 +59,14 @@ class QueueDepth(Collector):
             oldest.add_metric([o.id, o.name], o.oldest_due_s or 0.0)
         for c in snap.linear:
             connected.add_metric([c["org_id"]], 1.0 if c["disconnected_at"] is None else 0.0)
+            refused.add_metric([c["org_id"]], float(c["ratelimited"]))
+            left = (c["paced_until"] - snap.taken_at).total_seconds() if c["paced_until"] else 0.0
+            paced.add_metric([c["org_id"]], max(left, 0.0))
         yield depth
         yield oldest
         yield connected
+        yield refused
+        yield paced
 
 
 def _scraped() -> CollectorRegistry:

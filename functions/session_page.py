@@ -43,11 +43,15 @@ def _attempts(message: dict[str, Any], failed: list[dict[str, Any]]) -> str:
     return f"<ul>{''.join(lines)}</ul>" if lines else '<span class="muted">not claimed yet</span>'
 
 
-def _post_state(p: dict[str, Any]) -> str:
+def _post_state(p: dict[str, Any], paced_until: datetime | None) -> str:
     if p["sent_at"] is not None:
         return f'<span class="ok">sent {_t(p["sent_at"])}</span>'
+    if p["superseded_by"] is not None:  # an ephemeral activity the agent's next post replaced
+        return '<span class="muted superseded">not sent: replaced by the next activity before it went</span>'
     if p["given_up"]:
         return f'<span class="bad gave-up">given up after {p["attempts"]} attempt(s): {escape(p["last_error"] or "")}</span>'
+    if paced_until is not None:
+        return f'<span class="bad paced">waiting for Linear\'s rate limit until {_t(paced_until)}</span>'
     if p["last_error"]:
         return (
             f'<span class="bad retrying">failed {p["attempts"]} time(s), retrying {_t(p["next_at"])}: '
@@ -170,13 +174,21 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
     )
     missing = _linear_missing(s)
     linear = f'<tr><th>Linear</th><td class="bad" id="linear">{missing}</td></tr>' if missing else ""
+    # The workspace's posts wait for Linear's rate limit (shared/pace.py): none is lost or given up.
+    pace = (
+        f'<tr><th>Linear</th><td class="bad" id="linear-pace">waiting for Linear\'s rate limit until '
+        f"{_t(s['paced_until'])} ({escape(s['ratelimit_budget'] or 'budget')} spent): this workspace's "
+        "posts go, in order, after it</td></tr>"
+        if s["paced_until"] is not None
+        else ""
+    )
     info = f"""<table id="session">
 <tr><th>issue</th><td id="issue">{escape(s["issue_identifier"] or "")} {escape(named)} <span class="muted">{escape(s["issue_id"] or "")}</span></td></tr>
 <tr><th>workspace</th><td id="workspace">{escape(s["workspace_name"] or s["org_id"])}</td></tr>
 <tr><th>machine</th><td id="machine">{escape(s["machine"])}{revoked}</td></tr>
 {routing}<tr><th>agent session</th><td id="agent-session">{agent}</td></tr>
 <tr><th>status</th><td id="status">{escape(s["status"])}{(": " + escape(s["failure_reason"])) if s["failure_reason"] else ""}</td></tr>
-{linear}{dead}</table>"""
+{linear}{dead}{pace}</table>"""
     rows = "".join(
         f'<tr data-session="{escape(str(m["id"]))}"><td>{i}</td>'
         f'<td><a href="/sessions/{escape(str(m["id"]))}">{escape(m["kind"])}</a></td>'
@@ -190,7 +202,7 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
             f'<tr data-post="{escape(str(p["id"]))}"><td class="type">{escape(_post_type(p))}</td>'
             f'<td class="from">{"agent" if p["by_agent"] else "devpilot"}</td>'
             f'<td class="body">{_post_body(p)}</td><td>{_t(p["created_at"])}</td>'
-            f'<td class="state">{_post_state(p)}</td></tr>'
+            f'<td class="state">{_post_state(p, s["paced_until"])}</td></tr>'
             for p in data.posts
         )
         or f'<tr><td colspan="5" class="muted" id="no-posts">{missing or "nothing posted to Linear"}</td></tr>'

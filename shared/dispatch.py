@@ -191,8 +191,8 @@ class Dispatch:
     def sweep(self) -> queue.SweepResult:
         """Re-queue expired leases and dead-letter at the limit, then send every Linear notice still
         unsent (Linear was down, or an instance died between a commit and its send), and forget
-        webhook deliveries past their retention."""
-        from shared import enroll, intake, notices, routing
+        webhook deliveries and finished conversations past their retention."""
+        from shared import enroll, intake, notices, retention, routing
 
         # The sweep's deadline is its own (DEVPILOT_SWEEP_DEADLINE_SECONDS), for each of its
         # database steps, whether a scheduler's request or `devpilot serve`'s timer runs it. The
@@ -214,6 +214,14 @@ class Dispatch:
             pruned = intake.prune_deliveries(self.pool, self.settings)
         if pruned:
             log.info('{"event":"deliveries_pruned","count":%d}', pruned)
+        kept = retention.forget(self.pool, self.settings)  # (each batch: the sweep's deadline)
+        if kept.conversations:
+            log.info(
+                '{"event":"conversations_forgotten","conversations":%d,"sessions":%d,"posts":%d}',
+                kept.conversations,
+                kept.sessions,
+                kept.posts,
+            )
         forgotten = enroll.forget_stale(self.pool)
         if forgotten.enrollments or forgotten.flows:
             log.info(
@@ -231,8 +239,12 @@ class Dispatch:
         the service opened for it once Linear has answered, the alias until then."""
         from shared import linear_actions
 
-        params = {"org_id": orch.org_id, "orchestrator_id": orch.id, "agent_session_id": agent_session_id}
-        known = False
+        params: dict[str, object] = {
+            "org_id": orch.org_id,
+            "orchestrator_id": orch.id,
+            "agent_session_id": agent_session_id,
+            "alias_of": None,
+        }
         if linear_actions.is_alias(agent_session_id):
             try:
                 session_id = UUID(agent_session_id.removeprefix(linear_actions.ALIAS_PREFIX))
@@ -247,10 +259,10 @@ class Dispatch:
                     "this workspace has not installed the Linear app, so this assignment has no agent session",
                 )
             params["agent_session_id"] = row["agent_session_id"] or agent_session_id
-            known = True
+            params["alias_of"] = session_id
         rights = tx.one(query("activity_rights"), params)
         assert rights is not None
-        if not (known or rights["holds"]):
+        if not rights["holds"]:
             raise Refused("not_found", "no agent session of yours by that id")
         if not rights["connected"]:
             raise Refused("linear_not_connected", "this workspace has not connected Linear")

@@ -146,6 +146,8 @@ def _opened_before(issue_id: str, url: str, post: Post) -> str | None:
     refusal to say (the field is Linear's internal one) is no answer: a new one is opened."""
     try:
         issue = post(ISSUE_SESSIONS, {"id": issue_id}).get("issue") or {}
+    except linear_api.RateLimited:
+        raise  # (a wait, not an answer: the create waits with it)
     except Refused:
         return None
     for node in ((issue.get("agentSessions") or {}).get("nodes")) or []:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from shared import crypto, linear_actions, linear_api, linear_auth
+from shared import crypto, linear_actions, linear_api, linear_auth, pace
 from shared.db import Pool, Tx, lend, require_tx, take_in_rounds
 from shared.settings import Settings
 from shared.sql import query
@@ -180,15 +180,33 @@ def _send(pool: Pool, settings: Settings, rows: list[Any]) -> tuple[SendResult, 
     went_out: list[str] = []
     tokens = linear_auth.Tokens(pool, settings)
     http = linear_api.client(settings)  # (the process's: its connections are reused)
+    paced: set[str] = set()  # orgs Linear refused for its rate limit in this round
     for row in rows:
         row = dict(row)
         error: str | None = None
         linear_id: str | None = None
         waits = False  # no working connection: back to the outbox, attempt not counted
+        if row["org_id"] in paced:  # the org waits now: the rest of its round goes back untried
+            with lend(pool) as conn:
+                conn.execute(
+                    query("notice_wait"), {"id": row["id"], "error": "waiting for Linear's rate limit"}
+                )
+            continue
         try:
             linear_id = _attempt(row, _Poster(http, settings, tokens, row["org_id"]))
         except _Waits as exc:
             error, waits = str(exc), True
+        except linear_api.RateLimited as exc:  # not an attempt: the org waits, then this goes first
+            paced.add(row["org_id"])
+            with lend(pool) as conn:
+                conn.execute(
+                    query("notice_ratelimited"),
+                    {"id": row["id"], "error": str(exc)[:300], **pace.params(row["org_id"], exc)},
+                )
+            log.warning(
+                '{"event":"linear_rate_limited","noticeId":"%s","waitSeconds":%d}', row["id"], exc.seconds
+            )
+            continue
         except linear_actions.Refused as exc:
             error = str(exc)[:500]
         except crypto.InvalidToken:

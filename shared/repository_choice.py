@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from shared import linear_api
+from shared import linear_api, pace
 from shared.db import Pool, lend
 from shared.models import DEFAULT_HOST, DispatchPayload, Repository, repository_key
 from shared.settings import Settings
@@ -121,6 +121,7 @@ def choose(
         try:
             issue_labels = labels if labels is not None else _issue_labels(pool, settings, row)
         except (linear_api.NotConnected, linear_api.Unavailable) as exc:
+            _paced(pool, row, exc)
             return Choice(note=_as_before(exc))
         candidates, label_note = _narrow(machines, {lb.lower() for lb in issue_labels} & wanted_labels)
     ids = [m.id for m in candidates]
@@ -131,6 +132,7 @@ def choose(
     try:
         ranked = _suggestions(pool, settings, row, message, union)
     except (linear_api.NotConnected, linear_api.Unavailable) as exc:
+        _paced(pool, row, exc)
         return Choice(machines=ids, note=_join(label_note, _as_before(exc)))
     best = ranked[0] if ranked and ranked[0].confidence is not None else None
     if best is not None and best.confidence is not None and best.confidence >= settings.repository_confidence:
@@ -254,6 +256,13 @@ def _suggestions(
     ranked = [Candidate(r, confidence.get(repository_key(r.hostname, r.full_name))) for r in union]
     ranked.sort(key=lambda c: -(c.confidence if c.confidence is not None else -1.0))
     return ranked
+
+
+def _paced(pool: Pool, row: dict[str, Any], exc: Exception) -> None:
+    """A read Linear refused for its rate limit: routing goes on without it (rule 4), and the org's
+    pace is recorded, so its posts wait too."""
+    if isinstance(exc, linear_api.RateLimited):
+        pace.record(pool, row["org_id"], exc)
 
 
 def _as_before(exc: Exception) -> str:

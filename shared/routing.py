@@ -31,7 +31,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from shared import linear_api, machines, notices, repository_choice
+from shared import linear_api, machines, notices, pace, repository_choice
 from shared.db import Pool, Tx, lend, require_tx, take_in_rounds, transaction
 from shared.models import DEFAULT_HOST, DispatchPayload, Repository, repository_key
 from shared.queue import MachineRevoked, Released, enqueue_dispatch, release_to_route_again
@@ -198,6 +198,13 @@ def _route_one(pool: Pool, settings: Settings, row: dict[str, Any], result: Resu
                 outcome = None if user else "no_assignee"
             except linear_api.NotConnected:
                 outcome = "not_connected"
+            except linear_api.RateLimited as exc:  # not an attempt: due again after the org's wait
+                with lend(pool) as conn:
+                    conn.execute(
+                        query("routing_ratelimited"),
+                        {"id": row["id"], "error": str(exc)[:300], **pace.params(org, exc)},
+                    )
+                return
             except linear_api.Unavailable as exc:
                 _failed(pool, settings, row, message, str(exc), result)
                 return

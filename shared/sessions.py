@@ -84,8 +84,12 @@ def read(pool: Pool, session_id: UUID) -> Page | None:
 
 def search(pool: Pool, text: str | None, limit: int = SEARCH_LIMIT) -> list[dict[str, Any]]:
     q = (text or "").strip() or None
+    try:
+        as_id = UUID(q) if q else None
+    except ValueError:
+        as_id = None
     with lend(pool) as conn:
-        return [dict(r) for r in conn.execute(query("session_search"), {"q": q, "limit": limit})]
+        return [dict(r) for r in conn.execute(query("session_search"), {"q": q, "id": as_id, "limit": limit})]
 
 
 def machine_named(pool: Pool, name: str) -> UUID:

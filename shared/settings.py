@@ -201,6 +201,9 @@ class Settings:
     delivery_retention_hours: int = var(
         "DEVPILOT_DELIVERY_RETENTION_HOURS", 168, ge=0, le=87_600, check=_outlives_linears_retries
     )
+    # How long a finished conversation is kept after its last change (0: for ever): the sweep then
+    # forgets it, with every post, record and routing request of it (shared/retention.py).
+    retention_days: int = var("DEVPILOT_RETENTION_DAYS", 90, ge=0, le=36_500)
 
     # Only on a sweep service that the platform itself protects (Cloud Run without unauthenticated
     # calls, reached by Cloud Scheduler's OIDC token): the platform has authenticated the caller.

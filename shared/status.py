@@ -109,12 +109,25 @@ class Snapshot:
                         "connected": c["disconnected_at"] is None,
                         "disconnectReason": c["disconnect_reason"],
                         "expiresAt": c["expires_at"],
+                        "rateLimitedUntil": c["paced_until"],
+                        "rateLimitedAnswers": c["ratelimited"],
                     }
                     for c in self.linear
                 ],
             }
         )
         return out
+
+
+def pace_text(c: dict[str, Any]) -> str:
+    """An org's pace with Linear, as `devpilot status` and the dashboard say it."""
+    refused = f"{c['ratelimited']} refused so far" if c["ratelimited"] else "never refused"
+    if c["paced_until"] is None:
+        return f"not waiting ({refused})"
+    return (
+        f"waiting for Linear's rate limit until {c['paced_until'].isoformat(timespec='seconds')}"
+        f" ({c['ratelimit_budget'] or 'budget'} spent; {refused})"
+    )
 
 
 def _shown(repository: dict[str, str]) -> str:

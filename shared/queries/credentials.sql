@@ -47,9 +47,15 @@ WHERE org_id = %(org_id)s AND disconnected_at IS NULL
 RETURNING org_id;
 
 -- name: credentials_list
--- The orgs that have a connection, never a token.
-SELECT org_id, kind, workspace_name, expires_at, disconnected_at, disconnect_reason, created_at, updated_at
-FROM linear_credentials ORDER BY org_id;
+-- The orgs that have a connection, never a token; and each one's pace with Linear: until when its
+-- posts wait for Linear's rate limit (NULL: they do not), and how many of its calls Linear refused
+-- for it so far (`linear_paces`).
+SELECT c.org_id, c.kind, c.workspace_name, c.expires_at, c.disconnected_at, c.disconnect_reason,
+       c.created_at, c.updated_at,
+       CASE WHEN p.blocked_until > now() THEN p.blocked_until END AS paced_until,
+       coalesce(p.refusals, 0) AS ratelimited, p.budget AS ratelimit_budget
+FROM linear_credentials c LEFT JOIN linear_paces p ON p.org_id = c.org_id
+ORDER BY c.org_id;
 
 -- name: credentials_delete
 DELETE FROM linear_credentials WHERE org_id = %(org_id)s RETURNING org_id;

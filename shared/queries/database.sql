@@ -18,9 +18,30 @@ SELECT set_config('statement_timeout', %(statement_ms)s::text, true),
        set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true),
        set_config('jit', 'off', true);
 
--- name: migrations_lock
--- Serialises concurrent `devpilot migrate` runs for the rest of the transaction.
-SELECT pg_advisory_xact_lock(%(key)s);
+-- name: migrations_try_lock
+-- Serialises concurrent `devpilot migrate` runs: the run's lock, on its connection (the key a
+-- release before took for its transaction, so the two exclude each other too). Tried, not waited
+-- for inside the statement (shared/migrate.py says why).
+SELECT pg_try_advisory_lock(%(key)s) AS locked;
+
+-- name: migrations_unlock
+SELECT pg_advisory_unlock(%(key)s);
+
+-- name: migrations_lock_timeout
+-- In a migration's transaction: how long each of its statements may wait for a lock.
+SELECT set_config('lock_timeout', %(ms)s::text, true);
+
+-- name: migrations_no_limits
+-- Before a no-transaction migration, on the runner's own connection: a concurrent index build
+-- waits for the transactions already running, as long as they run.
+SELECT set_config('lock_timeout', '0', false), set_config('statement_timeout', '0', false);
+
+-- name: migrations_invalid_index
+-- An index of this name in the current schema that a concurrent build left INVALID (interrupted):
+-- dropped before it is built again.
+SELECT c.relname AS name
+FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace AND NOT i.indisvalid;
 
 -- name: migrations_ledger
 CREATE TABLE IF NOT EXISTS devpilot_migrations (
@@ -33,7 +54,8 @@ CREATE TABLE IF NOT EXISTS devpilot_migrations (
 SELECT version, checksum FROM devpilot_migrations;
 
 -- name: migrations_record
--- In the transaction that applied the file: a failed file leaves no record and is retried.
+-- In the transaction that applied the file: a failed file leaves no record and is retried. (A
+-- no-transaction file: after its last statement; one interrupted before is run again, whole.)
 INSERT INTO devpilot_migrations (version, checksum) VALUES (%(version)s, %(checksum)s);
 
 -- name: migrations_has_supabase

@@ -72,7 +72,9 @@ RETURNING delivery_key;
 -- retries a delivery about 1 min, 1 h and 6 h after it first failed, so a record kept for a day
 -- or more outlives every retry; kept for ever, every webhook a workspace sends (each edit of each
 -- issue) would stay in the table and its three indexes. One statement, its own transaction;
--- concurrent sweeps split the rows between them (SKIP LOCKED) and never count one twice.
+-- concurrent sweeps split the rows between them (SKIP LOCKED) and never count one twice. Each row
+-- is deleted by its key, or its place (`ctid`, held by the row lock), from an array: as a join of
+-- the picked rows, the plan kept for every value read the whole table (bench/year.py's plan test).
 WITH old AS (
     SELECT delivery_key FROM webhook_deliveries
     WHERE received_at < coalesce(%(now)s::timestamptz, now()) - make_interval(hours => %(hours)s)
@@ -80,17 +82,16 @@ WITH old AS (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM webhook_deliveries d USING old WHERE d.delivery_key = old.delivery_key
+    DELETE FROM webhook_deliveries d WHERE d.delivery_key = ANY (ARRAY(SELECT delivery_key FROM old))
     RETURNING 1
 ), old_stops AS (  -- (the stops of agent sessions, kept as long: `record_stop`)
-    SELECT org_id, agent_session_id FROM agent_session_stops
+    SELECT ctid AS place FROM agent_session_stops
     WHERE stopped_at < coalesce(%(now)s::timestamptz, now()) - make_interval(hours => %(hours)s)
     ORDER BY stopped_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), stops_gone AS (
-    DELETE FROM agent_session_stops st USING old_stops o
-    WHERE st.org_id = o.org_id AND st.agent_session_id = o.agent_session_id
+    DELETE FROM agent_session_stops st WHERE st.ctid = ANY (ARRAY(SELECT place FROM old_stops))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS pruned, (SELECT count(*) FROM stops_gone) AS stops_pruned;

@@ -23,12 +23,16 @@ WITH due AS (
 
 -- name: notice_take_due
 -- Takes any due, unsent notices for sending (the sweep's first round: Linear was down, or an
--- instance died between a commit and its send), by `notice_taking`. The connected orgs are listed
--- first, and only their due posts are read (linear_notices_due_idx: a probe per connected org,
--- about two pages each), however many posts of disconnected orgs wait (migration 0019).
+-- instance died between a commit and its send), by `notice_taking`. The connected orgs that are
+-- not waiting for Linear's rate limit are listed first, and only their due posts are read
+-- (linear_notices_due_idx: a probe per such org, about two pages each), however many posts of
+-- disconnected or paced orgs wait (migrations 0019, 0021).
 WITH due AS (
     SELECT id FROM linear_notices n0
-    WHERE org_id = ANY (ARRAY(SELECT c.org_id FROM linear_credentials c WHERE c.disconnected_at IS NULL))
+    WHERE org_id = ANY (ARRAY(
+            SELECT c.org_id FROM linear_credentials c
+            WHERE c.disconnected_at IS NULL
+              AND NOT EXISTS (SELECT 1 FROM linear_paces p WHERE p.org_id = c.org_id AND p.blocked_until > now())))
 -- include: notice_taking
 )
 -- include: notice_lease
@@ -36,7 +40,9 @@ WITH due AS (
 -- name: notice_taking
 -- A fragment, the rest of the `due` CTE of `notice_take` and `notice_take_due` (each names the
 -- notices it looks at, and keeps only those of orgs with a working connection: the others wait,
--- attempts untouched, for a new install). Due and unsent, and not leased: SKIP LOCKED and a short
+-- attempts untouched, for a new install). Nothing of an org that waits for Linear's rate limit
+-- (`linear_paces`, shared/pace.py): its posts go, in order, once the time Linear gave has passed,
+-- whatever instance takes them. Due and unsent, and not leased: SKIP LOCKED and a short
 -- lease (`notice_lease`), so two senders never post the same notice at once. In order per agent
 -- session and lane (`devpilot_notice_lane`): not while an earlier post of its agent session and
 -- lane is unsent (in flight, or waiting out its backoff), nor while the agent session is still
@@ -45,6 +51,7 @@ WITH due AS (
 -- assumed a tenth of the rows would be taken and leased them by a hash join over the whole table.
       AND sent_at IS NULL AND available_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND NOT EXISTS (SELECT 1 FROM linear_paces p WHERE p.org_id = n0.org_id AND p.blocked_until > now())
       AND (n0.agent_session_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM linear_notices earlier
             WHERE earlier.agent_session_id = n0.agent_session_id AND earlier.sent_at IS NULL
@@ -73,6 +80,17 @@ WHERE id = %(id)s AND sent_at IS NULL;
 UPDATE linear_notices SET lease_expires_at = NULL, attempts = greatest(attempts - 1, 0), last_error = %(error)s
 WHERE id = %(id)s AND sent_at IS NULL;
 
+-- name: notice_ratelimited
+-- Taken, and Linear refused it for its rate limit: not an attempt. Back to waiting (the attempt
+-- taken back, the due time untouched: it goes first once the wait is over), and the org's pace
+-- recorded in the same statement (`pace_refused`): nothing of the org is taken before the time
+-- Linear gave, on any instance.
+WITH paced AS (
+-- include: pace_refused
+)
+UPDATE linear_notices SET lease_expires_at = NULL, attempts = greatest(attempts - 1, 0), last_error = %(error)s
+WHERE id = %(id)s AND sent_at IS NULL AND EXISTS (SELECT FROM paced);
+
 -- name: notice_failed
 -- A failed send: due again after devpilot_backoff(attempts); past the attempt limit it is given up
 -- (sent_at stays NULL, available_at far away) with the error kept for operators.
@@ -83,24 +101,36 @@ SET lease_expires_at = NULL, last_error = %(error)s,
 WHERE id = %(id)s AND sent_at IS NULL;
 
 -- name: activity_rights
--- May this machine speak in this agent session (a message of it was delivered to it), and is the
--- org connected to Linear? Read in the transaction that then accepts the activity.
-SELECT EXISTS (
-           SELECT 1 FROM dispatch_sessions s
-           WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
-             AND s.orchestrator_id = %(orchestrator_id)s AND s.status = 'delivered'
-       ) AS holds,
+-- May this machine speak in this agent session (a message of it was delivered to it, or `alias_of`
+-- names a plain assignment delivered to it), and is the org connected to Linear? Read in the
+-- transaction that then accepts the activity, after the conversation's keep lock, shared
+-- (`devpilot_may_speak`, migration 0021): the retention sweep never forgets a conversation while a
+-- post into it is being accepted, and one forgotten before is seen gone.
+SELECT devpilot_may_speak(%(org_id)s, %(agent_session_id)s, %(orchestrator_id)s, %(alias_of)s) AS holds,
        EXISTS (SELECT FROM devpilot_notified(%(org_id)s)) AS connected;
 
 -- name: activity_insert
 -- The agent's activity into the outbox, idempotent by the caller's id (also Linear's input.id):
--- the same id again inserts nothing. Posted after commit, in acceptance order (seq).
-INSERT INTO linear_notices (id, org_id, kind, agent_session_id, body, content, ephemeral, orchestrator_id,
-                            signal, signal_metadata)
-VALUES (%(id)s, %(org_id)s, 'activity', %(agent_session_id)s, %(body)s, %(content)s, %(ephemeral)s,
-        %(orchestrator_id)s, %(signal)s, %(signal_metadata)s)
-ON CONFLICT (id) DO NOTHING
-RETURNING id;
+-- the same id again inserts nothing. Posted after commit, in acceptance order (seq). An
+-- `ephemeral` activity of the agent session accepted before it and still unsent (not in flight: a
+-- post being sent goes on) is not sent at all: Linear would replace it with this one at once. It
+-- is marked replaced (`superseded_by`), kept for the page, and holds nothing back (available_at =
+-- infinity, as a post given up). Only when this one is new: a repeated id replaces nothing.
+WITH added AS (
+    INSERT INTO linear_notices (id, org_id, kind, agent_session_id, body, content, ephemeral, orchestrator_id,
+                                signal, signal_metadata)
+    VALUES (%(id)s, %(org_id)s, 'activity', %(agent_session_id)s, %(body)s, %(content)s, %(ephemeral)s,
+            %(orchestrator_id)s, %(signal)s, %(signal_metadata)s)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, seq, org_id, agent_session_id
+), replaced AS (
+    UPDATE linear_notices n SET available_at = 'infinity', superseded_by = a.id
+    FROM added a
+    WHERE n.agent_session_id = a.agent_session_id AND n.sent_at IS NULL AND n.seq < a.seq
+      AND n.org_id = a.org_id AND n.kind = 'activity' AND n.ephemeral AND n.available_at < 'infinity'
+      AND (n.lease_expires_at IS NULL OR n.lease_expires_at < now())
+)
+SELECT id FROM added;
 
 -- name: activity_same
 -- For a repeated id: is it this machine's activity in this agent session (same answer again), or

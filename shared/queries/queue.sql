@@ -669,7 +669,10 @@ JOIN dispatch_queue f ON f.org_id = r.org_id AND f.agent_session_id = r.agent_se
 -- transaction does. So the second statement, whose snapshot is taken after these locks, sees every
 -- message queued behind each start, and moves them all with it: were this one statement, a
 -- follow-up committed while it ran would stay on the quiet machine, behind a start gone elsewhere.
-WITH quiet AS (
+-- The quiet machines that have somewhere to go are found first (MATERIALIZED): planned as one join,
+-- every queued start of a quiet machine read its session before the target was looked for (1.1 s
+-- for 9,430 starts of machines whose users have no other, beside 10,000,000 sessions).
+WITH quiet AS MATERIALIZED (
     SELECT o.id, t.id AS target
     FROM orchestrators o
     CROSS JOIN LATERAL (

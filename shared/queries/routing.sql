@@ -28,14 +28,15 @@ SELECT EXISTS (
 ) AS open;
 
 -- name: routing_take
--- Takes due open requests (those named by id or by agent session, or any when none are named):
--- SKIP LOCKED and a short
+-- Takes due open requests (those named by id or by agent session, or any when none are named),
+-- none of an org that waits for Linear's rate limit (`linear_paces`): SKIP LOCKED and a short
 -- lease, so two routers never work on one request at once. In order per agent session: not while
 -- an earlier request of the same agent session is open (its follow-up must find the start routed).
 WITH due AS (
     SELECT id FROM routing_requests r0
     WHERE done_at IS NULL AND available_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND NOT EXISTS (SELECT 1 FROM linear_paces p WHERE p.org_id = r0.org_id AND p.blocked_until > now())
       AND ((%(ids)s::uuid[] IS NULL AND %(agent_sessions)s::text[] IS NULL)
            OR id = ANY(%(ids)s::uuid[]) OR agent_session_id = ANY(%(agent_sessions)s::text[]))
       AND (r0.agent_session_id IS NULL OR NOT EXISTS (
@@ -80,6 +81,17 @@ SET lease_expires_at = NULL, last_error = %(error)s,
     outcome = CASE WHEN attempts >= %(max_attempts)s THEN 'gave_up' END
 WHERE id = %(id)s AND done_at IS NULL
 RETURNING done_at IS NOT NULL AS gave_up;
+
+-- name: routing_ratelimited
+-- Linear refused the read for its rate limit: not an attempt. Due again when the org's wait is
+-- over (the attempt taken back), the org's pace recorded in the same statement (`pace_refused`).
+WITH paced AS (
+-- include: pace_refused
+)
+UPDATE routing_requests r
+SET lease_expires_at = NULL, last_error = %(error)s, attempts = greatest(r.attempts - 1, 0),
+    available_at = (SELECT blocked_until FROM paced)
+WHERE r.id = %(id)s AND r.done_at IS NULL;
 
 -- name: routing_cancel_agent_session
 -- In a stop's intake transaction (after the agent session's turn): the agent session's open

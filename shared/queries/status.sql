@@ -44,22 +44,25 @@ SELECT ran_at, requeued, dead_lettered FROM sweep_runs ORDER BY id DESC LIMIT 1;
 -- whole, 2,000,000 sessions took 0.6-0.9 s). Its conditions are written for that index: every
 -- status but `queued` is named (the table's CHECK lists four), and an ack sets `delivered_at` and
 -- `updated_at` together, and only a delivered session has `delivered_at` (a retry clears it), so
--- one that ended or was acked in the window was changed in it.
-WITH bounds AS (
-    SELECT date_trunc('minute', now()) - interval '59 minutes' AS lo, date_trunc('minute', now()) AS hi
-),
-minutes AS (
-    SELECT generate_series(b.lo, b.hi, interval '1 minute') AS m FROM bounds b
+-- one that ended or was acked in the window was changed in it. The window's bounds are written as
+-- expressions of now(), not read from a CTE: the planner estimates a condition on now() with its
+-- value, and one on a CTE's column blind (a third of the rows): at 10,000,000 sessions that plan
+-- read every session, 5.6 s (bench/results/statements-year.json); this one reads the window.
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes', date_trunc('minute', now()),
+                           interval '1 minute') AS m
 ),
 open_in_window AS (
-    SELECT greatest(date_trunc('minute', s.created_at), b.lo) AS opened,
+    SELECT greatest(date_trunc('minute', s.created_at), date_trunc('minute', now()) - interval '59 minutes')
+               AS opened,
            CASE WHEN s.status <> 'queued' THEN date_trunc('minute', coalesce(s.delivered_at, s.updated_at)) END
                AS closed
-    FROM dispatch_sessions s, bounds b
-    WHERE s.created_at < b.hi + interval '1 minute'
+    FROM dispatch_sessions s
+    WHERE s.created_at < date_trunc('minute', now()) + interval '1 minute'
       AND (s.status = 'queued'
-           OR (s.status IN ('delivered', 'failed', 'cancelled') AND s.updated_at >= b.lo + interval '1 minute'
-               AND coalesce(s.delivered_at, s.updated_at) >= b.lo + interval '1 minute'))
+           OR (s.status IN ('delivered', 'failed', 'cancelled')
+               AND s.updated_at >= date_trunc('minute', now()) - interval '58 minutes'
+               AND coalesce(s.delivered_at, s.updated_at) >= date_trunc('minute', now()) - interval '58 minutes'))
 ),
 per_minute AS (
     SELECT m, sum(d) AS d
@@ -71,9 +74,10 @@ per_minute AS (
 acked AS (
     SELECT date_trunc('minute', s.delivered_at) AS m,
            avg(extract(epoch FROM s.delivered_at - s.created_at))::float AS latency_s
-    FROM dispatch_sessions s, bounds b
-    WHERE s.delivered_at >= b.lo AND s.delivered_at < b.hi + interval '1 minute'
-      AND s.status = 'delivered' AND s.updated_at >= b.lo
+    FROM dispatch_sessions s
+    WHERE s.delivered_at >= date_trunc('minute', now()) - interval '59 minutes'
+      AND s.delivered_at < date_trunc('minute', now()) + interval '1 minute'
+      AND s.status = 'delivered' AND s.updated_at >= date_trunc('minute', now()) - interval '59 minutes'
     GROUP BY 1
 )
 SELECT mm.m AS minute,
@@ -85,7 +89,18 @@ LEFT JOIN acked a ON a.m = mm.m
 ORDER BY mm.m;
 
 -- name: status_totals
-SELECT status, count(*) AS n FROM dispatch_sessions GROUP BY status;
+-- The cards: the sessions queued now (one queue row each: the live queue, never the sessions
+-- kept), and those that became delivered, failed or cancelled in the last 24 hours (their last
+-- change), by dispatch_sessions_status_idx. Sessions are kept for DEVPILOT_RETENTION_DAYS: a
+-- count of them all grew with what is kept (0.27 s at 2,000,000); this one reads a day's
+-- sessions, whatever is kept, and a card says what happened today rather than since a date the
+-- retention moves.
+SELECT 'queued' AS status, count(*) AS n FROM dispatch_queue
+UNION ALL
+SELECT s.status, count(*) AS n
+FROM dispatch_sessions s
+WHERE s.status IN ('delivered', 'failed', 'cancelled') AND s.updated_at >= now() - interval '24 hours'
+GROUP BY s.status;
 
 -- name: status_now
 SELECT now() AS t;

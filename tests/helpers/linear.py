@@ -144,7 +144,17 @@ class Linear:
     Its directory of users (`people`, id -> `person(...)`) answers the `users` lookup the service
     makes when an operator registers a machine (recorded in `lookups`, not `calls`); None (the
     default) knows every id asked for as a user. A token whose workspace is known (`token_orgs`)
-    finds only that workspace's users, as a real workspace token does."""
+    finds only that workspace's users, as a real workspace token does.
+
+    Linear's rate limit (docs/linear-rate-limits.md): `rate_limit(token, seconds)` refuses every
+    call with that token (its `Authorization`, less `Bearer `) until `seconds` from now on the
+    stand-in's clock, as Linear refuses one: HTTP 400, a GraphQL error whose `extensions.code` is
+    `RATELIMITED`, and the budget's headers (`X-RateLimit-Requests-Remaining: 0`,
+    `X-RateLimit-Requests-Reset`: the refill, UTC epoch milliseconds). `reset_every`: the reset a
+    refusal names is at most that far ahead (a leaky bucket refills little by little: a client that
+    comes back at that reset may be refused again). The refused calls are in `limited`; every
+    answer carries the headers, as Linear's do. `advance(seconds)` moves the stand-in's clock (the
+    tests move the database's due times with it)."""
 
     def __init__(self, server: HTTPServer, fail: int = 0) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -160,9 +170,43 @@ class Linear:
         self.refusals: dict[str, int] = {}
         self.labels: dict[str, list[str]] = {}
         self.suggestions: dict[str, dict[str, float]] = {}
+        self.limits: dict[str, tuple[float, float | None]] = {}  # token -> (until, reset_every), ms
+        self.limited: list[dict[str, Any]] = []
+        self.clock_ms = 0.0  # added to the real time: the stand-in's clock, moved by `advance`
         self._lock = threading.Lock()
         schema()  # built before the first request, not inside its time budget
         server.expect_request("/graphql", method="POST").respond_with_handler(self.handle)
+
+    def now_ms(self) -> float:
+        return time.time() * 1000 + self.clock_ms
+
+    def rate_limit(self, token: str, seconds: float, reset_every: float | None = None) -> None:
+        with self._lock:
+            self.limits[token] = (
+                self.now_ms() + seconds * 1000,
+                None if reset_every is None else reset_every * 1000,
+            )
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.clock_ms += seconds * 1000
+
+    def _budget(self, token: str) -> tuple[bool, dict[str, str]]:
+        """Whether the token is over its budget now, and the headers Linear answers with."""
+        until, every = self.limits.get(token, (0.0, None))
+        now = self.now_ms()
+        over = now < until
+        wait = (min(until, now + every) if every is not None else until) - now if over else 0.0
+        real = time.time() * 1000  # (the time passed on the stand-in's clock is a wait from now)
+        headers = {
+            "X-RateLimit-Requests-Limit": "5000",
+            "X-RateLimit-Requests-Remaining": "0" if over else "4999",
+            "X-RateLimit-Requests-Reset": str(int(real + wait)),
+            "X-RateLimit-Complexity-Limit": "2000000",
+            "X-RateLimit-Complexity-Remaining": "1999000",
+            "X-RateLimit-Complexity-Reset": str(int(real)),
+        }
+        return over, headers
 
     def issue(self, issue_id: str) -> dict[str, Any]:
         """What Linear knows of an issue (made on first use: no assignee, no delegate, in Todo)."""
@@ -259,18 +303,36 @@ class Linear:
             ):  # (a read, kept apart: never in `auth`, nor one of the `fail` posts)
                 return self._members(header.removeprefix("Bearer "), body)
             self.auth.append(header)
+            over, budget = self._budget(header.removeprefix("Bearer "))
+            if over:  # as Linear refuses a call over the token's budget
+                self.limited.append(body)
+                refusal = {
+                    "errors": [
+                        {
+                            "message": "Rate limit exceeded",
+                            "extensions": {
+                                "code": "RATELIMITED",
+                                "type": "ratelimited",
+                                "userPresentableMessage": "Rate limit exceeded. Please try again later.",
+                            },
+                        }
+                    ]
+                }
+                return Response(
+                    json.dumps(refusal), status=400, headers=budget, content_type="application/json"
+                )
             if self.fail > 0:
                 self.fail -= 1
                 return Response("upstream trouble", status=500)
             field = root_field(body)
             if field in self.refuse:
                 self.refusals[field] = self.refusals.get(field, 0) + 1
-                refusal = {"errors": [{"message": self.refuse[field]}], "data": None}
-                return Response(json.dumps(refusal), content_type="application/json")
+                refused_body = {"errors": [{"message": self.refuse[field]}], "data": None}
+                return Response(json.dumps(refused_body), content_type="application/json", headers=budget)
             self.calls.append(body)
             n = len(self.calls)
             data = self.answer(field, {**(body.get("variables") or {}), **root_arguments(body)}, n)
-        return Response(json.dumps({"data": data}), content_type="application/json")
+        return Response(json.dumps({"data": data}), content_type="application/json", headers=budget)
 
     def called(self, field: str) -> list[dict[str, Any]]:
         """The variables of each accepted call of a root field, in order."""

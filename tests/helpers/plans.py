@@ -65,3 +65,17 @@ def explain(
 def nodes(n: dict[str, Any]) -> list[dict[str, Any]]:
     """Every node of an EXPLAIN FORMAT JSON plan, `n` first."""
     return [n, *(m for child in n.get("Plans", []) for m in nodes(child))]
+
+
+# The tables that grow with what is kept (sessions and their parts, posts to Linear, routing
+# requests, delivery records); the others hold live work, or a row per machine or workspace.
+GROWING = (
+    "dispatch_sessions",
+    "linear_notices",
+    "routing_requests",
+    "dispatch_attempts",
+    "dead_letters",
+    "session_actions",
+    "webhook_deliveries",
+    "agent_session_stops",
+)

@@ -43,15 +43,16 @@ def start_serve(
     *,
     stderr: int | None = subprocess.DEVNULL,
     sweep_every: float = 0,
+    root: Path = ROOT,
 ) -> subprocess.Popen[str]:
     """Started, not waited on (a test that kills it restarts it at once). No in-process sweep
-    unless `sweep_every` says how often."""
+    unless `sweep_every` says how often. `root`: the code it runs (another release's checkout)."""
     return subprocess.Popen(
         [sys.executable, "-m", "devpilot", "serve", "--port", str(port), "--sweep-every", str(sweep_every)],
-        cwd=ROOT,
+        cwd=root,
         env={
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(root),
             **bouncer.app_env(db_url),
             "DEVPILOT_ADMIN_TOKEN": ADMIN,
             "LINEAR_WEBHOOK_SECRET": SECRET,
