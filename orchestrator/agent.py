@@ -38,18 +38,18 @@ from orchestrator.conversations import (
     message_id,
 )
 from orchestrator.housekeeping import Housekeeping
-from orchestrator.journal import Journal, private_dir
+from orchestrator.journal import Journal
 from orchestrator.log import Log
 from orchestrator.messages import is_uuid, speaks_in
 from orchestrator.messages import name as _name
 from orchestrator.repositories import LocalRepo, told
-from orchestrator.workplace import TOKEN_ENV, Workplace
+from orchestrator.state import default_state_dir, private_dir
+from orchestrator.workplace import Workplace
 from orchestrator.worktrees import WorktreeError
 from shared.models import REPOSITORY_MISSING, repository_key
 from shared.wakeup import WakeupPipe
 
 Transport = Literal["poll", "listen", "realtime"]
-__all__ = ["TOKEN_ENV", "Config", "Orchestrator", "default_state_dir"]
 
 
 LONG_POLL_SECONDS = 20
@@ -84,11 +84,6 @@ class Config:
     repositories: list[LocalRepo] = field(default_factory=list)  # --repo: checked out here, and where
     labels: list[str] = field(default_factory=list)  # --label
     keep_days: int = 14  # --keep-days: what is finished goes from the state dir after it (0: never)
-
-
-def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "devpilot-orchestrator"
 
 
 @dataclass

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import login, repositories, runners, voice, worktrees
-from orchestrator.agent import TOKEN_ENV, Config, Orchestrator, default_state_dir
+from orchestrator.agent import Config, Orchestrator
 from orchestrator.client import Rejected, Unreachable
+from orchestrator.state import TOKEN_ENV, default_state_dir
 from shared.models import LABEL
 
 # The commands besides running the orchestrator, each with its line in `--help`.

@@ -25,7 +25,6 @@ import os
 import secrets
 import socket
 import sys
-import tempfile
 import threading
 import time
 import webbrowser
@@ -40,11 +39,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from orchestrator.agent import TOKEN_ENV, default_state_dir
-from orchestrator.journal import private_dir
 from orchestrator.repositories import told
+from orchestrator.state import TOKEN_ENV, default_state_dir, forget, store, stored
 
-CREDENTIALS = "login.json"
 # Each command, with what it does: its help, and its line in `devpilot-orchestrator --help`.
 HELP = {
     "login": "register this machine for you, by signing in with Linear",
@@ -66,37 +63,6 @@ class Failed(Exception):
 
 
 # --- the stored login ----------------------------------------------------------------------------
-def stored(state_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((state_dir / CREDENTIALS).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("token"), str) else None
-
-
-def store(state_dir: Path, data: dict[str, Any]) -> Path:
-    """Owner-only, whole or not at all (a temporary file of mode 0600, then renamed over)."""
-    folder = private_dir(state_dir)
-    fd, name = tempfile.mkstemp(dir=folder, prefix=f".{CREDENTIALS}.")  # (mkstemp: mode 0600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(name, 0o600)
-        os.replace(name, folder / CREDENTIALS)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        raise
-    return folder / CREDENTIALS
-
-
-def forget(state_dir: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / CREDENTIALS).unlink()
-
-
 def fill(args: argparse.Namespace) -> None:
     """For a run of the orchestrator: a machine that logged in takes its token, and its URL (or
     endpoints), from the state directory when neither the command line nor the environment gives one."""
