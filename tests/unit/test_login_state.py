@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator.login import fill
+from orchestrator.options import fill
 from orchestrator.state import forget, store, stored
 
 
