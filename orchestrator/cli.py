@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from orchestrator import login, options, speak
-from orchestrator.agent import Orchestrator
+from orchestrator.loop import Orchestrator
 
 PROG = "devpilot-orchestrator"
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import repositories, runners, worktrees
-from orchestrator.agent import Config
+from orchestrator.config import Config
 from orchestrator.state import TOKEN_ENV, default_state_dir, stored
 from shared.models import LABEL
 
