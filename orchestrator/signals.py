@@ -3,9 +3,10 @@
 A COMMAND's exit (SIGCHLD) and a realtime event (from its own thread) wake the loop: its next cycle
 may start a conversation's next message, or claim. SIGTERM and SIGINT stop it: nothing new starts,
 and a blocking wait is left at once (`Shutdown`), unless something must not be cut in half (an ack
-in flight, a last word, housekeeping: `uninterrupted`), which SIGTERM waits for. Every wake-up sets
-a lock-free pipe (`shared/wakeup.py`), never a `threading.Event`: a handler runs on the main thread
-between two bytecodes, maybe inside the Event's own code with its lock held, and would wait for ever.
+in flight, a last word, housekeeping: `uninterrupted`), which SIGTERM waits for. Every wake-up
+sets a lock-free pipe (`orchestrator.wakeup`), never a `threading.Event`: a handler runs on the
+main thread between two bytecodes, maybe inside the Event's own code with its lock held, and would
+wait for ever.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from shared.wakeup import WakeupPipe
+from orchestrator.wakeup import WakeupPipe
 
 
 class Shutdown(Exception):
