@@ -19,7 +19,7 @@ from orchestrator.messages import name as _name
 from orchestrator.processes import Processes
 from orchestrator.scheduler import Scheduler
 from orchestrator.signals import Signals
-from shared.models import REPOSITORY_MISSING, repository_key
+from shared.wire.messages import REPOSITORY_MISSING, repository_key
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator import repositories, runners, worktrees
 from orchestrator.config import Config
 from orchestrator.state import TOKEN_ENV, default_state_dir, stored
-from shared.models import LABEL
+from shared.wire.messages import LABEL
 
 
 def arguments(p: argparse.ArgumentParser) -> None:

@@ -22,8 +22,8 @@ from orchestrator.messages import request_text, speaks_in
 from orchestrator.repositories import LocalRepo
 from orchestrator.state import TOKEN_ENV, private_dir
 from orchestrator.worktrees import WorktreeError
-from shared import agent_tokens
-from shared.models import repository_key
+from shared.wire import agent_tokens
+from shared.wire.messages import repository_key
 
 
 @dataclass(frozen=True)

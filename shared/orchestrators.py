@@ -12,9 +12,9 @@ from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
-from shared import agent_tokens
 from shared.db import Pool, lend, transaction
 from shared.sql import query
+from shared.wire import agent_tokens
 
 UNAUTHORIZED = "missing, wrong or revoked orchestrator token"  # what a refused machine is told
 TOKEN_PREFIX = "dpo_"  # the visible prefix of every machine token, not a secret  # nosec B105
