@@ -13,11 +13,12 @@ import psycopg
 
 from bench import cpu
 from shared.db import Pool, lend, open_pool, statement, transaction
-from shared.models import DispatchPayload, IssueRef
+from shared.models import DispatchPayload
 from shared.orchestrators import register
 from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
 from shared.sql import query, query_with_limit
+from shared.wire.messages import IssueRef
 
 SETTINGS = Settings(DEVPILOT_POOL_MAX=40)
 # Filling a million rows is one long statement; the product's 2 s statement timeout is not for it.

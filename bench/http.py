@@ -27,9 +27,10 @@ from bench.core import FILL_SETTINGS
 from bench.loadgen import assignment, edit
 from shared.db import open_pool, statement, transaction
 from shared.linear import sign
-from shared.models import DispatchPayload, IssueRef
+from shared.models import DispatchPayload
 from shared.queue import AckItem, Routed, Start, ack_many, claim, enqueue_dispatch, route_and_enqueue_many
 from shared.sql import query
+from shared.wire.messages import IssueRef
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN, SECRET = "bench-admin", "bench-secret"

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import httpx
 
+from devpilot.demo_events import prompted
 from shared.linear import sign
 
 SAMPLE_AGENT = """
@@ -431,26 +431,6 @@ def run_demo(agent: str | None = None) -> int:
 AGENT_SESSION = "demo-agent-session"
 
 
-def _prompted(body: str, signal: str | None = None, session: str = AGENT_SESSION) -> dict[str, Any]:
-    activity: dict[str, Any] = {
-        "id": secrets.token_hex(8),
-        "agentSessionId": session,
-        "content": {"type": "prompt", "body": body},
-        "userId": "demo-user",
-        "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds"),
-    }
-    if signal:
-        activity["signal"] = signal
-    return {
-        "type": "AgentSessionEvent",
-        "action": "prompted",
-        "organizationId": "demo-org",
-        "webhookTimestamp": int(time.time() * 1000),
-        "agentSession": {"id": session, "creatorId": "demo-user"},
-        "agentActivity": activity,
-    }
-
-
 def _conversation(http: httpx.Client, secret: str, linear: StandInLinear) -> None:
     """The agent session goes on: a follow-up, a long task, and the user pressing stop in Linear."""
 
@@ -475,11 +455,11 @@ def _conversation(http: httpx.Client, secret: str, linear: StandInLinear) -> Non
 
     print("\ndemo: the agent session goes on")
     _wait(lambda: responses() >= 1, 20, "the agent's first response")
-    send("long task", _prompted("Now do the long database migration"))
+    send("long task", prompted("Now do the long database migration", AGENT_SESSION))
     _wait(lambda: said("(prompt): Now do the long database migration"), 20, "the long task")
-    send("follow-up", _prompted("Also mention the new login page"))  # while the agent works
+    send("follow-up", prompted("Also mention the new login page", AGENT_SESSION))  # while the agent works
     _wait(lambda: said("Noted while working: Also mention the new login page"), 20, "the running agent")
-    send("stop", _prompted("", signal="stop"))
+    send("stop", prompted("", AGENT_SESSION, signal="stop"))
     _wait(lambda: responses() >= 2, 30, "the stop's final response")
     print("\nwhat Linear shows in the agent session on DEMO-2:")
     for kind, text in linear.said(AGENT_SESSION):

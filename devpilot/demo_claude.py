@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from devpilot import claude_code
-from devpilot.demo import _prompted
+from devpilot.demo_events import prompted
 from devpilot.scripted_model import KEY, Block, ScriptedModel, Text, ToolUse
 from shared.linear import sign
 
@@ -154,7 +154,7 @@ def run(
         send("agent session (DEMO-3)", _created("@agent the login redirect forgets ?next="))
         wait(lambda: any(a["content"]["type"] == "elicitation" for a in mine()), 60, "Claude Code's question")
         print("demo: Claude Code asks before it writes a file; the person presses Allow in Linear")
-        send("Allow", _prompted("Allow", signal="select", session=AGENT_SESSION))
+        send("Allow", prompted("Allow", AGENT_SESSION, signal="select"))
         wait(lambda: any(a["content"]["type"] in ("response", "error") for a in mine()), 60, "its answer")
     finally:
         orch.terminate()

@@ -12,9 +12,9 @@ often picks the thread that waits for the worker to exit. Python runs the handle
 main thread next runs Python code, and a main thread asleep in a lock (or in select) without a
 timeout never does: two SIGTERMs and a SIGINT sent at once hung it this way within a few tries.
 
-`WakeupPipe` (`shared/wakeup.py`) is the event without a lock, and also the signal wake-up fd, so a
-signal caught on any thread wakes the main thread, which then runs the handler; the wait wakes every
-second regardless. `SignalSafeServer` is Granian's multi-process server with its main-loop event
+`WakeupPipe` (`orchestrator/wakeup.py`) is the event without a lock, and also the signal wake-up
+fd, so a signal caught on any thread wakes the main thread, which then runs the handler; the wait
+wakes every second regardless. `SignalSafeServer` is Granian's multi-process server with its main-loop event
 replaced by one.
 
 And one listening socket, bound by the caller, shared by every worker. On Linux Granian has each
@@ -34,7 +34,7 @@ import threading
 from granian.net import SocketHolder  # type: ignore[attr-defined]  # (granian's own import of it)
 from granian.server.mp import MPServer
 
-from shared.wakeup import WakeupPipe
+from orchestrator.wakeup import WakeupPipe
 
 
 class SignalSafeServer(MPServer):

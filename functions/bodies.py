@@ -28,7 +28,7 @@ from pydantic import (
 
 from functions.fleet_bodies import loose_uuid as loose_uuid
 from shared import machines
-from shared.models import FULL_NAME, HOSTNAME, LABEL
+from shared.wire.messages import FULL_NAME, HOSTNAME, LABEL
 
 
 class Body(BaseModel):

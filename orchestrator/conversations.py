@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from orchestrator.journal import private_dir
+from orchestrator.state import private_dir
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 

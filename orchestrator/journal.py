@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from orchestrator.state import private_dir
+
 State = Literal["journaled", "inboxed", "delivered", "acked", "starting", "started"]
 # What a crash may have interrupted (`Journal.unfinished`); the rest is handed over for good.
 UNFINISHED: tuple[State, ...] = ("journaled", "inboxed", "acked", "starting")
@@ -55,13 +57,6 @@ ALTER TABLE journal RENAME TO journal_before_inbox;
 INSERT INTO journal SELECT * FROM journal_before_inbox;
 DROP TABLE journal_before_inbox;
 """
-
-
-def private_dir(path: Path) -> Path:
-    """A folder only this user can enter: the state holds issue texts and claim tokens."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)  # also when an older version made it with the default mode
-    return path
 
 
 @dataclass(frozen=True)

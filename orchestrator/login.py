@@ -19,17 +19,16 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import hashlib
-import json
 import os
 import secrets
 import socket
 import sys
-import tempfile
 import threading
 import time
 import webbrowser
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
@@ -40,19 +39,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from orchestrator.agent import TOKEN_ENV, default_state_dir
-from orchestrator.journal import private_dir
 from orchestrator.repositories import told
+from orchestrator.state import TOKEN_ENV, default_state_dir, forget, store, stored
 
-CREDENTIALS = "login.json"
-# Each command, with what it does: its help, and its line in `devpilot-orchestrator --help`.
-HELP = {
-    "login": "register this machine for you, by signing in with Linear",
-    "whoami": "this machine: its workspace, person, and what it told the service",
-    "machines": "your machines: last seen, how each waits, what is queued",
-    "logout": "revoke this machine (its queued work moves to your other one)",
-}
-COMMANDS = tuple(HELP)
 LOGIN_DESCRIPTION = (
     "Register this machine for you: open the printed link, sign in with Linear, and the service gives "
     "this machine a token of its own, kept in the state directory (mode 0600), where every later "
@@ -65,51 +54,25 @@ class Failed(Exception):
     """The command cannot go on: the reason is printed and the exit status is 1."""
 
 
-# --- the stored login ----------------------------------------------------------------------------
-def stored(state_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((state_dir / CREDENTIALS).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("token"), str) else None
+def _ended(
+    command: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.ArgumentParser, argparse.Namespace], int]:
+    """The command, run with the state directory's default: a refusal (`Failed`), or Ctrl-C, is
+    said in one line and the exit status is 1."""
 
+    @functools.wraps(command)
+    def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+        args.state_dir = args.state_dir or default_state_dir()
+        try:
+            return command(args)
+        except Failed as exc:
+            print(f"{p.prog}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{p.prog}: interrupted", file=sys.stderr)
+            return 1
 
-def store(state_dir: Path, data: dict[str, Any]) -> Path:
-    """Owner-only, whole or not at all (a temporary file of mode 0600, then renamed over)."""
-    folder = private_dir(state_dir)
-    fd, name = tempfile.mkstemp(dir=folder, prefix=f".{CREDENTIALS}.")  # (mkstemp: mode 0600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(name, 0o600)
-        os.replace(name, folder / CREDENTIALS)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        raise
-    return folder / CREDENTIALS
-
-
-def forget(state_dir: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / CREDENTIALS).unlink()
-
-
-def fill(args: argparse.Namespace) -> None:
-    """For a run of the orchestrator: a machine that logged in takes its token, and its URL (or
-    endpoints), from the state directory when neither the command line nor the environment gives one."""
-    if args.token:
-        return
-    saved = stored(args.state_dir or default_state_dir())
-    if saved is None:
-        return
-    args.token = saved["token"]
-    if not args.url and not args.endpoints:
-        args.url = saved.get("url")
-        if isinstance(saved.get("endpoints"), dict):
-            args.endpoints = json.dumps(saved["endpoints"])
+    return run
 
 
 # --- PKCE ------------------------------------------------------------------------------------------
@@ -350,6 +313,7 @@ def _asked(args: argparse.Namespace) -> dict[str, Any]:
         return _me(http, base)
 
 
+@_ended
 def whoami(args: argparse.Namespace) -> int:
     me = _asked(args)
     print(f"workspace: {me.get('workspaceName') or me['orgId']} ({me['orgId']})")
@@ -373,6 +337,7 @@ def _has(m: dict[str, Any]) -> str:
     return ", ".join([*names, *(f"label {label}" for label in m.get("labels") or [])])
 
 
+@_ended
 def machines(args: argparse.Namespace) -> int:
     me = _asked(args)
     print(f"{'':2}{'machine':<24} {'last seen':<24} {'how':<10} {'queued':<16} has")
@@ -389,6 +354,7 @@ def machines(args: argparse.Namespace) -> int:
     return 0
 
 
+@_ended
 def logout(args: argparse.Namespace) -> int:
     http, base, saved = _machine(args)
     with http:
@@ -405,6 +371,7 @@ def logout(args: argparse.Namespace) -> int:
     return 0
 
 
+@_ended
 def login(args: argparse.Namespace) -> int:
     base = args.url.rstrip("/")
     name = args.name or socket.gethostname()
@@ -414,42 +381,27 @@ def login(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="devpilot-orchestrator", description="Connect this machine to devpilot.")
-    sub = p.add_subparsers(dest="command", required=True)
-    state_help = f"state directory (default {default_state_dir()})"
-
-    c = sub.add_parser("login", help=HELP["login"], description=LOGIN_DESCRIPTION)
-    c.add_argument("--url", required=True, help="the service's base URL")
-    c.add_argument("--name", help="this machine's name (default: its host name)")
-    c.add_argument(
+# --- their arguments ------------------------------------------------------------------------------
+def login_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="the service's base URL")
+    p.add_argument("--name", help="this machine's name (default: its host name)")
+    p.add_argument(
         "--no-browser",
         action="store_true",
         help="print a page address and a code to type there from any device (over SSH), instead of "
         "opening a browser here",
     )
-    c.add_argument("--state-dir", type=Path, default=None, help=state_help)
-    c.set_defaults(func=login)
-    for name, func in (("logout", logout), ("whoami", whoami), ("machines", machines)):
-        c = sub.add_parser(name, help=HELP[name], description=HELP[name][0].upper() + HELP[name][1:] + ".")
-        c.add_argument("--url", help="the service's base URL (default: the one logged in to)")
-        c.add_argument(
-            "--token", default=os.environ.get(TOKEN_ENV), help=f"prefer {TOKEN_ENV}; default: login's"
-        )
-        c.add_argument("--state-dir", type=Path, default=None, help=state_help)
-        c.set_defaults(func=func)
-    return p
+    _state_dir(p)
 
 
-def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(list(argv))
-    args.state_dir = args.state_dir or default_state_dir()
-    try:
-        code: int = args.func(args)
-    except Failed as exc:
-        print(f"devpilot-orchestrator {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"devpilot-orchestrator {args.command}: interrupted", file=sys.stderr)
-        return 1
-    return code
+def machine_arguments(p: argparse.ArgumentParser) -> None:
+    """`logout`, `whoami` and `machines`: the machine's own token, and the service it is for."""
+    p.add_argument("--url", help="the service's base URL (default: the one logged in to)")
+    p.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"prefer {TOKEN_ENV}; default: login's")
+    _state_dir(p)
+
+
+def _state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help=f"state directory (default {default_state_dir()})"
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from shared.models import IssueRef, start_request
+from shared.wire.messages import IssueRef, start_request
 
 
 def name(m: dict[str, Any]) -> str:

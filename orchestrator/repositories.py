@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from shared.models import DEFAULT_HOST, FULL_NAME, HOSTNAME, repository_key
+from shared.wire.messages import DEFAULT_HOST, FULL_NAME, HOSTNAME, repository_key
 
 
 class RepoSpecError(ValueError):

@@ -18,14 +18,12 @@ from typing import Any
 
 from orchestrator import environment, worktrees
 from orchestrator.conversations import Conversation
-from orchestrator.journal import private_dir
 from orchestrator.messages import request_text, speaks_in
 from orchestrator.repositories import LocalRepo
+from orchestrator.state import TOKEN_ENV, private_dir
 from orchestrator.worktrees import WorktreeError
-from shared import agent_tokens
-from shared.models import repository_key
-
-TOKEN_ENV = "DEVPILOT_ORCHESTRATOR_TOKEN"  # the variable's name, not its value  # nosec B105
+from shared.wire import agent_tokens
+from shared.wire.messages import repository_key
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from psycopg.types.json import Jsonb
 
 from shared import deadline, orchestrators, queue
 from shared.db import Pool, Tx, transaction
-from shared.models import REPOSITORY_MISSING, TaskDispatchMessage
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query
 from shared.wakeups import Wakeups
+from shared.wire.messages import REPOSITORY_MISSING, TaskDispatchMessage
 
 if TYPE_CHECKING:  # (the webhook's modules load with the webhook route, not with every route)
     from shared import linear_auth, sessions

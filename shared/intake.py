@@ -43,7 +43,7 @@ from shared.batching import Combiner, firsts
 from shared.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, transaction
 from shared.in_order import InOrder
 from shared.linear import Intent, Webhook, intent
-from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
+from shared.models import DispatchPayload, Enqueued
 from shared.queue import (
     NO_MACHINE,
     SWEEP_BATCH,
@@ -60,6 +60,7 @@ from shared.queue import (
 )
 from shared.settings import Settings
 from shared.sql import query
+from shared.wire.messages import IssueRef, MessageKind
 
 UNROUTABLE = "No machine is registered in devpilot for the person who started this; nothing was dispatched."
 STOPPED_BEFORE_START = "Stopped before any machine started working on it."

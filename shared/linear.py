@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from shared import jsoninput
-from shared.models import IssueRef, Prompt
+from shared.wire.messages import IssueRef, Prompt
 
 
 class BadWebhook(ValueError):

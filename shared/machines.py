@@ -17,8 +17,8 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from shared.db import Pool, Tx, require_tx, transaction
-from shared.models import repository_key
 from shared.sql import query
+from shared.wire.messages import repository_key
 
 MAX_REPOSITORIES = 100
 MAX_LABELS = 50

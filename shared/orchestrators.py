@@ -12,9 +12,9 @@ from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
-from shared import agent_tokens
 from shared.db import Pool, lend, transaction
 from shared.sql import query
+from shared.wire import agent_tokens
 
 UNAUTHORIZED = "missing, wrong or revoked orchestrator token"  # what a refused machine is told
 TOKEN_PREFIX = "dpo_"  # the visible prefix of every machine token, not a secret  # nosec B105
@@ -57,7 +57,7 @@ def register(pool: Pool, *, org_id: str, linear_user_id: str, name: str) -> Regi
 
 
 def authenticate_agent(pool: Pool, token: str) -> tuple[Orchestrator, str] | None:
-    """An agent COMMAND's token (shared.agent_tokens): its machine, and the one agent session it
+    """An agent COMMAND's token (shared.wire.agent_tokens): its machine, and the one agent session it
     may speak in; None when it is malformed, forged, expired, or its machine is revoked."""
     claimed = agent_tokens.parse(token)
     if claimed is None:

@@ -28,10 +28,11 @@ from psycopg.types.json import Jsonb
 from shared import orchestrators
 from shared.batching import firsts
 from shared.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
-from shared.models import DispatchPayload, Enqueued, TaskDispatchMessage, with_request
+from shared.models import DispatchPayload, Enqueued, with_request
 from shared.orchestrators import Orchestrator
 from shared.settings import Settings
 from shared.sql import query, query_with_limit
+from shared.wire.messages import TaskDispatchMessage
 
 AckStatus = Literal["acked", "claim_superseded", "not_found"]
 

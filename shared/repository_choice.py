@@ -26,9 +26,10 @@ from uuid import UUID
 
 from shared import linear_api, pace
 from shared.db import Pool, lend
-from shared.models import DEFAULT_HOST, DispatchPayload, Repository, repository_key
+from shared.models import DispatchPayload
 from shared.settings import Settings
 from shared.sql import query
+from shared.wire.messages import DEFAULT_HOST, Repository, repository_key
 
 LABELS = """query DevpilotIssueLabels($id: String!) {
   issue(id: $id) { id labels(first: 50) { nodes { name } } }

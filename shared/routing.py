@@ -33,11 +33,12 @@ from psycopg.types.json import Jsonb
 
 from shared import linear_api, machines, notices, pace, repository_choice
 from shared.db import Pool, Tx, lend, require_tx, take_in_rounds, transaction
-from shared.models import DEFAULT_HOST, DispatchPayload, Repository, repository_key
+from shared.models import DispatchPayload
 from shared.queue import MachineRevoked, Released, enqueue_dispatch, release_to_route_again
 from shared.repository_choice import Choice
 from shared.settings import Settings
 from shared.sql import query
+from shared.wire.messages import DEFAULT_HOST, Repository, repository_key
 
 log = logging.getLogger("devpilot.routing")
 

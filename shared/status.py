@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from shared.db import Pool, lend
-from shared.models import DEFAULT_HOST
 from shared.sql import query
+from shared.wire.messages import DEFAULT_HOST
 
 
 def format_age(seconds: float | None) -> str:

@@ -20,9 +20,10 @@ import pytest
 
 from shared.db import Pool, Tx, open_pool, transaction
 from shared.migrate import migrate
-from shared.models import DispatchPayload, IssueRef
+from shared.models import DispatchPayload
 from shared.queue import AckItem, _ack_params, _session_params, ack, claim, enqueue_dispatch, sweep
 from shared.settings import Settings
+from shared.wire.messages import IssueRef
 from tests.helpers.data import MakeOrch, Orch, bulk, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
 from tests.helpers.plans import explain, nodes

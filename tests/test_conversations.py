@@ -17,10 +17,10 @@ from uuid import UUID, uuid4
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared import agent_tokens
 from shared.db import Pool
 from shared.queue import AckItem, ack_many, claim
 from shared.sql import query_with_limit
+from shared.wire import agent_tokens
 from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
 from tests.helpers.data import bulk, row_counts
 from tests.helpers.linear import Linear

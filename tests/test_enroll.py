@@ -398,7 +398,7 @@ def test_a_long_poll_of_the_replaced_token_ends_and_takes_nothing(api: Api, line
 def test_logout_revokes_this_machine_and_its_work_moves(
     api: Api, linear: LinearOAuth, tmp_path: Path
 ) -> None:
-    from orchestrator.login import store
+    from orchestrator.state import store
 
     laptop = login(api, linear, "u-alice", "laptop")
     desktop = login(api, linear, "u-alice", "desktop")
@@ -448,7 +448,7 @@ def test_whoami_and_machines_on_an_idle_machine_do_not_change_routing(
 ) -> None:
     """Only a machine asking for work is seen: a person running `whoami` or `machines` on a machine
     whose orchestrator is not running does not make it the one the next issue goes to."""
-    from orchestrator.login import store
+    from orchestrator.state import store
 
     laptop = login(api, linear, "u-alice", "laptop")
     desktop = login(api, linear, "u-alice", "desktop")

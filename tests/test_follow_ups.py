@@ -15,8 +15,9 @@ import pytest
 
 from shared import intake
 from shared.db import Pool, connect, statement
-from shared.models import DispatchPayload, IssueRef
+from shared.models import DispatchPayload
 from shared.queue import FollowUp, Routed, Start, prompt_holders
+from shared.wire.messages import IssueRef
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.data import MakeOrch, bulk, row_counts
 from tests.test_group_commit import _lock_machine, _wait_for, waiting_on_locks

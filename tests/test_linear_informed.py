@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared import agent_tokens
+from shared.wire import agent_tokens
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.linear import Linear
 

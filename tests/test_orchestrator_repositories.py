@@ -50,7 +50,8 @@ def test_each_command_runs_in_its_repository_and_a_machine_without_it_gives_it_b
     assert api.post_as(web_token, "/machine", {"repositories": [BACKEND, WEB]}).status_code == 200
     linear.suggestions["iss-back"] = {"acme/backend": 0.9}
     linear.suggestions["iss-web"] = {"acme/web": 0.9}
-    api.webhook(agent_session_event(session_id="as-back", issue_id="iss-back"))
+    # ("[hold]": its COMMAND runs until released, so its worktree and branch are there to be seen)
+    api.webhook(agent_session_event(session_id="as-back", issue_id="iss-back", body="please [hold]"))
     api.webhook(agent_session_event(session_id="as-web", issue_id="iss-web"))
     wait_for(
         lambda: session_machine(api, "as-back") == web_id, timeout=10, what="the backend start on web-box"
@@ -89,6 +90,7 @@ def test_each_command_runs_in_its_repository_and_a_machine_without_it_gives_it_b
             check=True,
         ).stdout
         assert "devpilot/eng-7-as-back" in branches
+        Path(f"{backend.started_file}.release").touch()
         for other in (docs_repo, web_repo):
             assert (
                 "devpilot/"

@@ -21,9 +21,10 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from functions.pages import ME_COOKIE
-from shared import agent_tokens, people
+from shared import people
 from shared.db import transaction
 from shared.intake import prune_deliveries
+from shared.wire import agent_tokens
 from tests.helpers.api import ADMIN, Api, agent_session_event, issue_event
 from tests.helpers.chromium import headless_chromium
 from tests.helpers.data import queue_of

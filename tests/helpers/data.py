@@ -8,10 +8,11 @@ from typing import Any, LiteralString
 from uuid import UUID
 
 from shared.db import Pool, Tx, transaction
-from shared.models import DispatchPayload, Enqueued, IssueRef, MessageKind
+from shared.models import DispatchPayload, Enqueued
 from shared.queue import enqueue_dispatch
 from shared.settings import Settings
 from shared.sql import query
+from shared.wire.messages import IssueRef, MessageKind
 
 
 @dataclass

@@ -11,8 +11,9 @@ import time
 from uuid import UUID
 
 from shared.db import connect, transaction
-from shared.models import DispatchPayload, IssueRef
+from shared.models import DispatchPayload
 from shared.queue import enqueue_dispatch
+from shared.wire.messages import IssueRef
 
 
 def main() -> None:

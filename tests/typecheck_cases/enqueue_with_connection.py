@@ -4,8 +4,9 @@ from uuid import uuid4
 import psycopg
 from psycopg.rows import dict_row
 
-from shared.models import DispatchPayload, IssueRef
+from shared.models import DispatchPayload
 from shared.queue import enqueue_dispatch, route_and_enqueue
+from shared.wire.messages import IssueRef
 
 
 def wrong(url: str) -> None:

@@ -2,8 +2,9 @@
 from uuid import UUID
 
 from shared.db import Pool, statement, transaction
-from shared.models import DispatchPayload, Enqueued, IssueRef
+from shared.models import DispatchPayload, Enqueued
 from shared.queue import Routed, enqueue_dispatch, route_and_enqueue
+from shared.wire.messages import IssueRef
 
 
 def right(pool: Pool, orchestrator_id: UUID) -> Enqueued:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
+from orchestrator import cli, options
 from orchestrator.runners import main as agent_main
 
 
 def test_agent_is_short_for_devpilot_agent_with_the_persons_flags() -> None:
-    command = cli.agent_command("claude", ["--model=sonnet", "--permission-mode=acceptEdits"], 60)
+    command = options.agent_command("claude", ["--model=sonnet", "--permission-mode=acceptEdits"], 60)
     script = Path(sys.executable).parent / "devpilot-agent"
     runner = [str(script)] if script.exists() else [sys.executable, "-m", "orchestrator.runners"]
     assert command == [
@@ -24,7 +24,7 @@ def test_agent_is_short_for_devpilot_agent_with_the_persons_flags() -> None:
         "--model=sonnet",
         "--permission-mode=acceptEdits",
     ]
-    assert cli.agent_command("claude", [], None) == [*runner, "claude"]  # (its own default timeout)
+    assert options.agent_command("claude", [], None) == [*runner, "claude"]  # (its own default timeout)
 
 
 @pytest.mark.parametrize(

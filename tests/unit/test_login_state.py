@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator.login import fill, forget, store, stored
+from orchestrator.options import fill
+from orchestrator.state import forget, store, stored
 
 
 def args(state: Path, **given: object) -> argparse.Namespace:

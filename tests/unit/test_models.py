@@ -13,7 +13,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from shared.models import DispatchPayload, Enqueued, IssueRef, Prompt, Repository, TaskDispatchMessage, Wire
+from shared.models import DispatchPayload, Enqueued
+from shared.wire.messages import IssueRef, Prompt, Repository, TaskDispatchMessage, Wire
 from tests.helpers.fresh_python import run_json
 
 ISSUE = IssueRef(

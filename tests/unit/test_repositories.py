@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator.repositories import RepoSpecError, from_remote, parse, split_name
 from shared.machines import Repo, normalise, shape
-from shared.models import Repository
 from shared.repository_choice import Candidate, match
+from shared.wire.messages import Repository
 
 
 @pytest.mark.parametrize(

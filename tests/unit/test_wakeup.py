@@ -1,4 +1,5 @@
-"""shared/wakeup.py: the wake-up signal handlers set (the orchestrator's loop, Granian's master)."""
+"""orchestrator/wakeup.py: the wake-up signal handlers set (the orchestrator's loop, Granian's
+master)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.wakeup import WakeupPipe
+from orchestrator.wakeup import WakeupPipe
 from tests.helpers.mid_call import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def test_set_from_another_thread_wakes_a_wait_and_stays_set_until_cleared() -> N
 # its own thread holds.
 _MID_CALL = """
 import os, signal, sys
-from shared.wakeup import WakeupPipe
+from orchestrator.wakeup import WakeupPipe
 from tests.helpers.mid_call import done, signal_inside
 wake = WakeupPipe()
 method = sys.argv[1]

@@ -14,6 +14,9 @@ handler; the wait also looks again every TICK regardless.
 
 A `set` that races a `clear` may be lost, exactly as with an Event: a caller clears and then does
 the work the wake-up asks for (claims), so nothing set before that work begins is missed.
+
+It lives with the orchestrator, whose loop it wakes (`orchestrator.signals`), and imports nothing;
+`devpilot serve`'s master uses it too (the orchestrator imports nothing of `shared/` but the wire).
 """
 
 from __future__ import annotations
