@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--agent",
         choices=["claude"],
-        help="claude: the real Claude Code CLI (pinned; installed with python -m devpilot.claude_code) "
+        help="claude: the real Claude Code CLI (pinned; installed with python -m devpilot.agent_clis) "
         "works on an issue, through a scripted stand-in of its model",
     )
     p.set_defaults(func=_cmd_demo)

@@ -1,5 +1,5 @@
 """`devpilot demo --agent claude`: after the demo's service, install and login, the real `claude`
-CLI (the pinned version, devpilot.claude_code) works on an issue through `devpilot-orchestrator
+CLI (the pinned version, devpilot.agent_clis) works on an issue through `devpilot-orchestrator
 --agent claude`, its model the scripted stand-in of the Messages API (devpilot.scripted_model):
 it looks at a scratch repository with a real Bash command, keeps a to-do list (the session's
 plan), asks to write a file (the person presses Allow in Linear: a `prompted` webhook with the
@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from devpilot import claude_code
+from devpilot.agent_clis import CLAUDE
 from devpilot.demo import _prompted
 from devpilot.scripted_model import KEY, Block, ScriptedModel, Text, ToolUse
 from shared.linear import sign
@@ -54,12 +54,12 @@ QUIET = {
 
 def missing() -> str | None:
     """How to install the pinned CLI, when it is not installed (None: it is)."""
-    if claude_code.installed() is not None:
+    if CLAUDE.installed() is not None:
         return None
     return (
-        f"demo: --agent claude runs the real Claude Code CLI, pinned at {claude_code.PACKAGE}, which is\n"
-        f"      not installed in {claude_code.folder()}. Install it (npm, about 100 MB) with\n"
-        "        python -m devpilot.claude_code        (./dev python -m devpilot.claude_code here)\n"
+        f"demo: --agent claude runs the real Claude Code CLI, pinned at {CLAUDE.package}, which is\n"
+        f"      not installed in {CLAUDE.folder()}. Install it (npm, about 100 MB) with\n"
+        "        python -m devpilot.agent_clis claude     (./dev python -m devpilot.agent_clis claude here)\n"
         "      then run the demo again. Nothing was started."
     )
 
@@ -114,7 +114,7 @@ def run(
     env: dict[str, str],
     wait: Callable[[Callable[[], bool], float, str], None],
 ) -> None:
-    cli = claude_code.installed()
+    cli = CLAUDE.installed()
     assert cli is not None  # (checked before the demo started anything)
     model = ScriptedModel(_script)
     repo = _repository(home / "shop")
@@ -129,7 +129,7 @@ def run(
     passed = [x for name in ["ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", *QUIET] for x in ("--pass-env", name)]
     command = ["devpilot-orchestrator", "--transport", "listen", *passed, "--agent", "claude"]
     print(f"\ndemo: $ cd {repo.name} && {' '.join(command)}")
-    print(f"      ({claude_code.PACKAGE} from {cli.parent}; its model: a scripted stand-in at {model.url})")
+    print(f"      ({CLAUDE.package} from {cli.parent}; its model: a scripted stand-in at {model.url})")
     orch = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", *command[1:], "--state-dir", str(home / "state")],
         cwd=repo,

@@ -93,5 +93,5 @@ def test_demo_with_claude_says_how_to_install_it_when_it_is_not(tmp_path: Path) 
     r = demo(tmp_path, "--agent", "claude", timeout=60, XDG_CACHE_HOME=str(tmp_path / "empty-cache"))
     assert r.returncode == 1
     assert "@anthropic-ai/claude-code@2.1.332" in r.stdout and "not installed" in r.stdout
-    assert "python -m devpilot.claude_code" in r.stdout
+    assert "python -m devpilot.agent_clis claude" in r.stdout
     assert "starting devpilot serve" not in r.stdout  # (nothing started)

@@ -1,4 +1,4 @@
-"""The real `claude` CLI in tests, offline: the pinned version (installed by devpilot.claude_code
+"""The real `claude` CLI in tests, offline: the pinned version (installed by devpilot.agent_clis
 into its cache folder on first use; without npm the tests skip and say why), a HOME of its own,
 the scripted stand-in of the Messages API (devpilot.scripted_model) as its API, and its
 nonessential traffic off (telemetry, error reports, update checks: the documented switches)."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from devpilot import claude_code
+from devpilot.agent_clis import CLAUDE, Unavailable
 from devpilot.scripted_model import KEY, ScriptedModel
 
 QUIET = {
@@ -30,8 +30,8 @@ def cli() -> Path:
     """The pinned CLI, installed if it is not yet; the test skips when it cannot be (and fails
     instead under DEVPILOT_REQUIRE_AGENT_CLIS=1, as in CI, which installs it first)."""
     try:
-        return claude_code.install()
-    except claude_code.Unavailable as exc:
+        return CLAUDE.install()
+    except Unavailable as exc:
         if os.environ.get("DEVPILOT_REQUIRE_AGENT_CLIS") == "1":
             pytest.fail(f"DEVPILOT_REQUIRE_AGENT_CLIS=1, but {exc}")
         pytest.skip(str(exc))

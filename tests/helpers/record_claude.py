@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from devpilot import claude_code
+from devpilot.agent_clis import CLAUDE
 from devpilot.scripted_model import ScriptedModel, Text, ToolUse, in_order
 from tests.helpers.claude import Direct, environment
 
@@ -249,7 +249,7 @@ def record(name: str, cli: Path, root: Path) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    cli = claude_code.install()
+    cli = CLAUDE.install()
     OUT.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="claude-record-"))
     try:
