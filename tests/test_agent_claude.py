@@ -17,29 +17,21 @@ from typing import Any
 import pytest
 
 from devpilot.scripted_model import Block, ScriptedModel, Text, ToolUse, last_user_text, texts
+from tests.helpers.agent_runs import (
+    Orchestrators,
+    agent_pids,
+    answers,
+    kinds,
+    last_word,
+    path_with,
+    said,
+)
 from tests.helpers.api import Api, agent_session_event
-from tests.helpers.claude import PASSED, cli, environment, path_with
+from tests.helpers.claude import PASSED, cli, environment
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import Orch, wait_for
 
 SLEEPS = "--agent-arg=--allowedTools=Bash(sleep:*)"  # (the person's flags reach the CLI)
-
-
-def said(linear: Linear, session: str) -> list[dict[str, Any]]:
-    return [a for a in linear.activities() if a["agentSessionId"] == session]
-
-
-def kinds(linear: Linear, session: str) -> list[str]:
-    return [a["content"]["type"] for a in said(linear, session)]
-
-
-def answers(linear: Linear, session: str) -> int:
-    return kinds(linear, session).count("response")
-
-
-def last_word(linear: Linear, session: str) -> dict[str, Any] | None:
-    final = [a for a in said(linear, session) if a["content"]["type"] in ("response", "error")]
-    return final[-1]["content"] if final else None
 
 
 def turns(request: dict[str, Any]) -> int:
@@ -47,39 +39,19 @@ def turns(request: dict[str, Any]) -> int:
     return sum(1 for m in request.get("messages") or [] if m.get("role") == "assistant")
 
 
-def agent(
-    api_url: str, token: str, tmp: Path, model: ScriptedModel, cwd: Path, *flags: str, path: str | None = None
-) -> Orch:
-    """The orchestrator with `--agent claude`, passing the CLI its API (the stand-in), key and
-    quiet switches, with a HOME of its own."""
-    claude = cli()
-    env = {**environment(model, tmp.parent / "home"), "PATH": path or path_with(claude)}
-    o = Orch(api_url, token, tmp, cwd=cwd, env=env, extra=["--stop-grace", "4"])
-    head = o.args[: o.args.index("--")]
-    passed = [x for name in PASSED for x in ("--pass-env", name)]
-    o.args = [*head, *passed, "--agent", "claude", *flags]
-    return o
-
-
 @pytest.fixture
 def running(api: Api, linear: Linear, tmp_path: Path, repo: Path) -> Iterator[Any]:
-    """Starts an agent orchestrator for the test (stopped after it)."""
-    started: list[Orch] = []
-    cli()  # (installed, or the test skips, before anything is registered)
-    _, token = api.register(user="user-1", name="laptop")
+    """Starts an orchestrator with `--agent claude` for the test (stopped after it), passing the
+    CLI its API (the stand-in), key and quiet switches, with a HOME of its own."""
+    claude = cli()  # (installed, or the test skips, before anything is registered)
+    machines = Orchestrators(api, tmp_path, repo)
 
     def start(model: ScriptedModel, *flags: str, path: str | None = None) -> Orch:
-        tmp = tmp_path / f"o{len(started)}"
-        tmp.mkdir()
-        o = agent(api.url, token, tmp, model, repo, *flags, path=path)
-        o.start()
-        started.append(o)
-        return o
+        env = {**environment(model, tmp_path / "home"), "PATH": path or path_with(claude)}
+        return machines.start(env, PASSED, ["--agent", "claude", *flags])
 
     yield start
-    for o in started:
-        if o.proc is not None and o.proc.poll() is None:
-            o.stop()
+    machines.stop_all()
     assert not linear.invalid, linear.invalid
 
 
@@ -318,21 +290,7 @@ def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_sessi
 
 
 def claude_pids(agent_session: str) -> list[int]:
-    """The `claude` processes of this agent session that run (their environment names it)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        named = f"DEVPILOT_AGENT_SESSION_ID={agent_session}".encode() in environ
-        if state != "Z" and argv[0].endswith(b"claude") and named:
-            pids.append(int(proc.name))
-    return pids
+    return agent_pids(agent_session, "claude")
 
 
 def claude_running(agent_session: str) -> bool:
