@@ -32,9 +32,10 @@ from devpilot.scripted_model import Recorded, ScriptedServer, send_events, send_
 KEY = "sk-devpilot-scripted"  # the key the stand-in accepts (not a secret)  # nosec B105
 KEY_ENV = "DEVPILOT_SCRIPTED_API_KEY"  # where codex's model provider reads it from
 PROVIDER = "scripted"  # the provider's id: a thread resumes only with the provider it began with
-MODEL = (
-    "gpt-5.5"  # a model codex knows (its bundled catalog) with the classic tools: exec_command, apply_patch
-)
+# A model codex knows (its bundled catalog) with the classic tools: exec_command, apply_patch.
+MODEL = "gpt-5.5"
+# What codex adds to the conversation as user messages of its own.
+CONTEXT = ("<environment_context>", "<turn_aborted>", "<user_instructions>", "# AGENTS.md")
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def said_by(item: dict[str, Any], role: str) -> str:
 def personal(item: dict[str, Any]) -> str:
     """A user message's text, unless it is codex's own context (`<environment_context>`, …)."""
     text = said_by(item, "user")
-    return "" if text.lstrip().startswith("<") else text
+    return "" if text.lstrip().startswith(CONTEXT) else text
 
 
 def last_user_text(request: dict[str, Any]) -> str:
@@ -130,11 +131,13 @@ def outputs(request: dict[str, Any]) -> list[str]:
     return out
 
 
-def since_user(request: dict[str, Any]) -> int:
-    """How many of the model's own items came since the person's last words: where this turn is."""
+def step(request: dict[str, Any]) -> int:
+    """How far the turn is: the tool results codex sent back since the person's last words."""
     items = conversation(request)
     last = max((n for n, i in enumerate(items) if personal(i)), default=-1)
-    return sum(1 for i in items[last + 1 :] if i.get("type") != "message" or i.get("role") == "assistant")
+    return sum(
+        1 for i in items[last + 1 :] if i.get("type") in ("function_call_output", "custom_tool_call_output")
+    )
 
 
 class ScriptedResponses(ScriptedServer):

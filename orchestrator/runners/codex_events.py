@@ -276,14 +276,17 @@ class CodexEvents:
     # --- turns and requests --------------------------------------------------------------------
     def _turn_ended(self, turn: dict[str, Any]) -> TurnEnded:
         self.retrying_since = None
-        for item_id in list(self._items):  # (a command still running in the background)
+        status = str(turn.get("status") or "")
+        for item_id in list(self._items):  # (still running: in the background, or cut short)
             self._items.pop(item_id)
-            self.narrator.action_finished(item_id, UNFINISHED)
+            self.narrator.action_finished(item_id, UNFINISHED if status == "completed" else f"({status})")
+        if status != "completed":
+            self._release()  # (said before it failed or stopped: not an answer)
         failed = turn.get("error")
         error: dict[str, Any] = failed if isinstance(failed, dict) else {}
         return TurnEnded(
             turn_id=str(turn.get("id") or ""),
-            status=str(turn.get("status") or ""),
+            status=status,
             error=str(error.get("message") or ""),
             http_status=http_status(error),
         )
