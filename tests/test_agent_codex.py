@@ -39,6 +39,7 @@ from tests.helpers.agent_runs import (
     kinds,
     last_word,
     path_with,
+    processes,
     said,
 )
 from tests.helpers.api import Api, agent_session_event
@@ -259,7 +260,8 @@ def test_an_approval_nobody_answers_is_declined_after_the_approval_timeout_and_l
 
 
 def codex_pids(agent_session: str) -> list[int]:
-    return agent_pids(agent_session, "/codex")
+    """The app-server of this agent session (the native binary; its npm launcher too, if it ran)."""
+    return [pid for pid, argv in processes(agent_session) if b"app-server" in argv[:3]]
 
 
 def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thread(
@@ -342,6 +344,7 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
         assert o.log().rsplit("finished with exit code", 1)[1].split()[0] == "0"
         after = follow_up("Where were we?")
         assert "Now the [long] job" in texts(after.body) and "sleep 30" in texts(after.body)
+        assert "<turn_aborted>" in texts(after.body)  # (the model knows the person stopped that turn)
         assert turn_metadata(after)["thread_id"] == thread
 
         # 5. a thread codex no longer has (its history removed): a new one, pointed at the transcript
@@ -367,8 +370,8 @@ def test_a_cli_missing_a_refused_key_and_a_crash_are_errors_that_name_the_cause(
         # a crash: codex killed mid-run
         api.webhook(agent_session_event(session_id="as-crash", issue_id="i-crash", body="go"))
         wait_for(lambda: agent_pids("as-crash", "sleep"), timeout=60, what="codex at work")
-        [pid] = codex_pids("as-crash")
-        os.kill(pid, signal.SIGKILL)
+        for pid in codex_pids("as-crash"):
+            os.kill(pid, signal.SIGKILL)
         wait_for(lambda: last_word(linear, "as-crash") is not None, timeout=30, what="the crash's error")
         crash = last_word(linear, "as-crash")
         assert crash is not None and crash["type"] == "error"

@@ -114,12 +114,13 @@ def http_status(error: dict[str, Any]) -> int | None:
 
 
 def diff_size(diff: str) -> str:
-    """`+added -removed` of a unified diff (a new file's diff is its content: all added)."""
+    """`+added -removed` of a change's diff: its hunks (codex gives no file headers), or for a new
+    file its content, all added."""
     lines = diff.splitlines()
     if not any(line.startswith("@@") for line in lines):
         return f"+{len(lines)}"
-    added = sum(1 for line in lines if line.startswith("+") and not line.startswith("+++"))
-    removed = sum(1 for line in lines if line.startswith("-") and not line.startswith("---"))
+    added = sum(1 for line in lines if line.startswith("+"))
+    removed = sum(1 for line in lines if line.startswith("-"))
     return f"+{added} -{removed}"
 
 

@@ -75,10 +75,9 @@ def last_word(linear: Linear, session: str) -> dict[str, Any] | None:
     return final[-1]["content"] if final else None
 
 
-def agent_pids(agent_session: str, program: str) -> list[int]:
-    """The running processes of `program` (the end of its argv[0], or of argv[1]: a script's) whose
-    environment names this agent session."""
-    pids = []
+def processes(agent_session: str) -> list[tuple[int, list[bytes]]]:
+    """The running processes whose environment names this agent session, with their argv."""
+    found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -88,7 +87,14 @@ def agent_pids(agent_session: str, program: str) -> list[int]:
             state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue
-        named = f"DEVPILOT_AGENT_SESSION_ID={agent_session}".encode() in environ
-        if state != "Z" and any(a.endswith(program.encode()) for a in argv[:2]) and named:
-            pids.append(int(proc.name))
-    return pids
+        if state != "Z" and f"DEVPILOT_AGENT_SESSION_ID={agent_session}".encode() in environ:
+            found.append((int(proc.name), argv))
+    return found
+
+
+def agent_pids(agent_session: str, program: str) -> list[int]:
+    """The running processes of `program` (the end of its argv[0], or of argv[1]: a script's) of
+    this agent session."""
+    return [
+        pid for pid, argv in processes(agent_session) if any(a.endswith(program.encode()) for a in argv[:2])
+    ]
