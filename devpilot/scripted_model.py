@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 KEY = "sk-ant-devpilot-scripted"  # the key the stand-in accepts (not a secret)  # nosec B105
 
@@ -95,12 +95,19 @@ class Recorded:
         return isinstance(self.body, dict) and bool(self.body.get("tools"))
 
 
-class ScriptedServer:
-    """What the stand-ins of the models' APIs share: an HTTP server on 127.0.0.1 in a thread of its
-    own, each request recorded, then answered by `post` (JSON or server-sent events); GET is 404."""
+S = TypeVar("S")  # a stand-in's script
 
-    def __init__(self) -> None:
+
+class ScriptedServer(Generic[S]):
+    """What the stand-ins of the models' APIs share: an HTTP server on 127.0.0.1 in a thread of its
+    own, each request recorded, then answered by `post` from the script (JSON or server-sent
+    events); GET is 404. `key`: the API key it accepts."""
+
+    def __init__(self, script: S, key: str) -> None:
+        self.script = script
+        self.key = key
         self.requests: list[Recorded] = []
+        self._ids = itertools.count(1)
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -119,14 +126,15 @@ class ScriptedServer:
                     body: Any = json.loads(raw)
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
-                stand_in.post(self, stand_in._record(self, body), len(raw))
+                path = self.path.split("?", 1)[0]
+                stand_in.post(self, path, stand_in._record(self, body), len(raw))
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
-    def post(self, handler: BaseHTTPRequestHandler, seen: Recorded, size: int) -> None:
+    def post(self, handler: BaseHTTPRequestHandler, path: str, seen: Recorded, size: int) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -165,15 +173,12 @@ def send_events(handler: BaseHTTPRequestHandler, events: list[tuple[str, dict[st
     handler.wfile.flush()
 
 
-class ScriptedModel(ScriptedServer):
+class ScriptedModel(ScriptedServer[Script]):
     def __init__(self, script: Script, key: str = KEY) -> None:
-        self.script = script
-        self.key = key
-        self._ids = itertools.count(1)
-        super().__init__()
+        super().__init__(script, key)
 
-    def post(self, handler: BaseHTTPRequestHandler, seen: Recorded, size: int) -> None:
-        path, body = handler.path.split("?", 1)[0], seen.body
+    def post(self, handler: BaseHTTPRequestHandler, path: str, seen: Recorded, size: int) -> None:
+        body = seen.body
         if handler.headers.get("x-api-key") != self.key:
             error = {"type": "authentication_error", "message": "invalid x-api-key"}
             return send_json(handler, 401, {"type": "error", "error": error, "request_id": "req_standin"})

@@ -19,7 +19,6 @@ A script is a function of the request to its `Reply`. Not part of the service: n
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ KEY_ENV = "DEVPILOT_SCRIPTED_API_KEY"  # where codex's model provider reads it f
 PROVIDER = "scripted"  # the provider's id: a thread resumes only with the provider it began with
 # A model codex knows (its bundled catalog) with the classic tools: exec_command, apply_patch.
 MODEL = "gpt-5.5"
+TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 # What codex adds to the conversation as user messages of its own.
 CONTEXT = ("<environment_context>", "<turn_aborted>", "<user_instructions>", "# AGENTS.md")
 
@@ -125,7 +125,7 @@ def outputs(request: dict[str, Any]) -> list[str]:
     """The outputs of the tool calls, in order (what codex told the model its tools did)."""
     out = []
     for item in conversation(request):
-        if item.get("type") in ("function_call_output", "custom_tool_call_output"):
+        if item.get("type") in TOOL_OUTPUTS:
             given = item.get("output")
             out.append(given if isinstance(given, str) else json.dumps(given))
     return out
@@ -135,20 +135,15 @@ def step(request: dict[str, Any]) -> int:
     """How far the turn is: the tool results codex sent back since the person's last words."""
     items = conversation(request)
     last = max((n for n, i in enumerate(items) if personal(i)), default=-1)
-    return sum(
-        1 for i in items[last + 1 :] if i.get("type") in ("function_call_output", "custom_tool_call_output")
-    )
+    return sum(1 for i in items[last + 1 :] if i.get("type") in TOOL_OUTPUTS)
 
 
-class ScriptedResponses(ScriptedServer):
+class ScriptedResponses(ScriptedServer[Script]):
     def __init__(self, script: Script, key: str = KEY) -> None:
-        self.script = script
-        self.key = key
-        self._ids = itertools.count(1)
-        super().__init__()
+        super().__init__(script, key)
 
-    def post(self, handler: BaseHTTPRequestHandler, seen: Recorded, size: int) -> None:
-        path, body = handler.path.split("?", 1)[0], seen.body
+    def post(self, handler: BaseHTTPRequestHandler, path: str, seen: Recorded, size: int) -> None:
+        body = seen.body
         if not path.endswith("/responses") or not isinstance(body, dict):
             return send_json(handler, 404, {"error": {"type": "not_found", "message": path}})
         if handler.headers.get("Authorization") != f"Bearer {self.key}":

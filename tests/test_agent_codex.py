@@ -32,16 +32,7 @@ from devpilot.scripted_responses import (
     step,
     texts,
 )
-from tests.helpers.agent_runs import (
-    Orchestrators,
-    agent_pids,
-    answers,
-    kinds,
-    last_word,
-    path_with,
-    processes,
-    said,
-)
+from tests.helpers import agent_runs as runs
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.codex import PASSED, cli, environment
 from tests.helpers.linear import Linear
@@ -69,12 +60,12 @@ def running(api: Api, linear: Linear, tmp_path: Path, repo: Path) -> Iterator[An
     """Starts an orchestrator with `--agent codex` (or another COMMAND) for the test, passing codex
     its CODEX_HOME (a config.toml making the stand-in its model provider) and key."""
     codex = cli()  # (installed, or the test skips, before anything is registered)
-    machines = Orchestrators(api, tmp_path, repo)
+    machines = runs.Orchestrators(api, tmp_path, repo)
 
     def start(
         model: ScriptedResponses | str, *flags: str, path: str | None = None, command: list[str] | None = None
     ) -> Orch:
-        env = {**environment(model, tmp_path / "home"), "PATH": path or path_with(codex)}
+        env = {**environment(model, tmp_path / "home"), "PATH": path or runs.path_with(codex)}
         return machines.start(env, PASSED, command or ["--agent", "codex", *flags])
 
     yield start
@@ -131,12 +122,12 @@ def test_an_issue_is_worked_on_by_the_real_codex_live_in_linear(
     try:
         o = running(model, "--worktree")
         api.webhook(agent_session_event(session_id="as-live", body="Please fix the cart"))
-        wait_for(lambda: last_word(linear, "as-live") is not None, timeout=90, what="the agent's answer")
-        assert last_word(linear, "as-live") == {
+        wait_for(lambda: runs.last_word(linear, "as-live") is not None, timeout=90, what="the agent's answer")
+        assert runs.last_word(linear, "as-live") == {
             "type": "response",
             "body": "The branch is named for ENG-7; the fix is in fix.py.",
         }
-        shown = [a["content"] for a in said(linear, "as-live")]
+        shown = [a["content"] for a in runs.said(linear, "as-live")]
         thoughts = [c["body"] for c in shown if c["type"] == "thought"]
         assert "Looking at the repository first.\n\nI'll plan, then look." in thoughts  # (merged)
         actions = [(c["action"], c["parameter"], c["result"]) for c in shown if c["type"] == "action"]
@@ -191,43 +182,22 @@ def test_an_approval_is_asked_in_linear_and_the_persons_pick_decides(
     model = ScriptedResponses(script)
     try:
         running(model)
-        for case in ("allow", "deny"):
-            api.webhook(
-                agent_session_event(session_id=f"as-{case}", issue_id=f"i-{case}", body=f"notes [{case}]")
-            )
-        for case in ("allow", "deny"):
-            wait_for(
-                lambda c=case: "elicitation" in kinds(linear, f"as-{c}"), timeout=60, what="the question"
-            )
-            [ask] = [a for a in said(linear, f"as-{case}") if a["content"]["type"] == "elicitation"]
-            assert ask["signal"] == "select"
-            assert [o["value"] for o in ask["signalMetadata"]["options"]] == ["Allow", "Deny"]
-            assert f"`touch {outside}/made-by-{case}.txt && echo written`" in ask["content"]["body"]
-            assert "Write the notes outside the checkout" in ask["content"]["body"]
-            assert not (outside / f"made-by-{case}.txt").exists()  # nothing ran before the answer
-            pick = "Allow" if case == "allow" else "Deny"
-            api.webhook(
-                agent_session_event(
-                    session_id=f"as-{case}",
-                    issue_id=f"i-{case}",
-                    action="prompted",
-                    body=pick,
-                    signal="select",
-                    signal_metadata={"value": pick},
-                )
-            )
-        for case in ("allow", "deny"):
-            wait_for(lambda c=case: last_word(linear, f"as-{c}") is not None, timeout=60, what="the answers")
-        assert (outside / "made-by-allow.txt").exists()
-        assert not (outside / "made-by-deny.txt").exists()
+        runs.allow_and_deny(
+            api,
+            linear,
+            lambda case: outside / f"made-by-{case}.txt",
+            lambda case: [
+                f"`touch {outside}/made-by-{case}.txt && echo written`",
+                "Write the notes outside the checkout",
+            ],
+        )
         outcome = {
             case: next(outputs(r)[-1] for r in model.agent_requests if f"[{case}]" in texts(r) and step(r))
             for case in ("allow", "deny")
         }
         assert "written" in outcome["allow"]
         assert "rejected by user" in outcome["deny"]
-        deny_action = next(a for a in said(linear, "as-deny") if a["content"]["type"] == "action")
-        assert deny_action["content"]["result"] == "Error: Denied by the person in Linear."
+        assert runs.first_action(linear, "as-deny")["result"] == "Error: Denied by the person in Linear."
     finally:
         model.close()
 
@@ -248,11 +218,7 @@ def test_an_approval_nobody_answers_is_declined_after_the_approval_timeout_and_l
     model = ScriptedResponses(script)
     try:
         running(model, "--approval-timeout", "2")
-        api.webhook(agent_session_event(session_id="as-wait", body="write it"))
-        wait_for(lambda: last_word(linear, "as-wait") is not None, timeout=60, what="the answer")
-        assert kinds(linear, "as-wait").count("elicitation") == 1
-        [action] = [a["content"] for a in said(linear, "as-wait") if a["content"]["type"] == "action"]
-        assert action["result"] == "Error: No answer in Linear within 2 seconds: not allowed."
+        assert runs.unanswered(api, linear) == "Error: No answer in Linear within 2 seconds: not allowed."
         assert "rejected by user" in outputs(model.agent_requests[1])[-1]
         assert not (outside / "made-by-wait.txt").exists()
     finally:
@@ -261,7 +227,7 @@ def test_an_approval_nobody_answers_is_declined_after_the_approval_timeout_and_l
 
 def codex_pids(agent_session: str) -> list[int]:
     """The app-server of this agent session (the native binary; its npm launcher too, if it ran)."""
-    return [pid for pid, argv in processes(agent_session) if b"app-server" in argv[:3]]
+    return [pid for pid, argv in runs.processes(agent_session) if b"app-server" in argv[:3]]
 
 
 def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thread(
@@ -307,8 +273,11 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
         steered = follow_up("Also the EMPTY CART")
         assert turn_metadata(steered)["turn_id"] == turn_metadata(first)["turn_id"]  # the same turn
         assert "Remember ZEBRA" in texts(steered.body)
-        wait_for(lambda: last_word(linear, "as-resume") is not None, timeout=60, what="the first answer")
-        assert last_word(linear, "as-resume") == {"type": "response", "body": "Covered the empty cart too."}
+        wait_for(lambda: runs.last_word(linear, "as-resume") is not None, timeout=60, what="the first answer")
+        assert runs.last_word(linear, "as-resume") == {
+            "type": "response",
+            "body": "Covered the empty cart too.",
+        }
         assert o.log().count("started ENG-7") == 1  # one COMMAND took both
         thread = json.loads((conversation / "agent-codex.json").read_text())["threadId"]
         assert turn_metadata(first)["thread_id"] == thread
@@ -319,27 +288,27 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
         assert o.log().count("started ENG-7") == 2
         assert turn_metadata(resumed)["thread_id"] == thread
         assert "Remember ZEBRA" in texts(resumed.body) and "Also the EMPTY CART" in texts(resumed.body)
-        wait_for(lambda: answers(linear, "as-resume") == 2, timeout=60, what="the second answer")
+        wait_for(lambda: runs.answers(linear, "as-resume") == 2, timeout=60, what="the second answer")
 
         # 3. the orchestrator SIGKILLed while codex works; restarted; the next COMMAND resumes
         follow_up("Then more [work]")
         o.signal(signal.SIGKILL)
         assert o.proc is not None and o.proc.wait(timeout=10) == -signal.SIGKILL
         o.start()
-        wait_for(lambda: answers(linear, "as-resume") == 3, timeout=60, what="codex finishing alone")
+        wait_for(lambda: runs.answers(linear, "as-resume") == 3, timeout=60, what="codex finishing alone")
         banana = follow_up("And BANANA?")
         assert "Remember ZEBRA" in texts(banana.body) and "Then more [work]" in texts(banana.body)
         assert turn_metadata(banana)["thread_id"] == thread
         assert o.log().count("started ENG-7") == 4  # a COMMAND of its own, after the restart
 
         # 4. Linear's stop while a long command runs: ended within the grace, resumable later
-        wait_for(lambda: answers(linear, "as-resume") == 4, timeout=60, what="the answer")
+        wait_for(lambda: runs.answers(linear, "as-resume") == 4, timeout=60, what="the answer")
         follow_up("Now the [long] job")
-        wait_for(lambda: agent_pids("as-resume", "sleep"), timeout=30, what="the long command running")
+        wait_for(lambda: runs.agent_pids("as-resume", "sleep"), timeout=30, what="the long command running")
         api.webhook(agent_session_event(session_id="as-resume", action="prompted", signal="stop"))
         wait_for(lambda: "stopped agent session as-resume" in o.log(), timeout=30, what="the stop")
         assert not codex_pids("as-resume")
-        assert not agent_pids("as-resume", "sleep")  # (interrupted: its command ended with it)
+        assert not runs.agent_pids("as-resume", "sleep")  # (interrupted: its command ended with it)
         # It ended by itself within the grace (interrupted, stdin closed), not SIGKILLed after it.
         assert o.log().rsplit("finished with exit code", 1)[1].split()[0] == "0"
         after = follow_up("Where were we?")
@@ -348,64 +317,58 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
         assert turn_metadata(after)["thread_id"] == thread
 
         # 5. a thread codex no longer has (its history removed): a new one, pointed at the transcript
-        wait_for(lambda: answers(linear, "as-resume") == 6, timeout=60, what="the answer after the stop")
+        wait_for(lambda: runs.answers(linear, "as-resume") == 6, timeout=60, what="the answer after the stop")
         shutil.rmtree(tmp_path / "home" / "codex" / "sessions")
         fresh = follow_up("Start over?")
-        wait_for(lambda: answers(linear, "as-resume") == 7, timeout=60, what="the new thread's answer")
+        wait_for(lambda: runs.answers(linear, "as-resume") == 7, timeout=60, what="the new thread's answer")
         assert "Remember ZEBRA" not in texts(fresh.body)
         assert "This continues a conversation from Linear" in last_user_text(fresh.body)
         assert str(conversation / "transcript.jsonl") in last_user_text(fresh.body)
         assert turn_metadata(fresh)["thread_id"] != thread
-        assert kinds(linear, "as-resume").count("error") == 0
+        assert runs.kinds(linear, "as-resume").count("error") == 0
     finally:
         model.close()
 
 
-def test_a_cli_missing_a_refused_key_and_a_crash_are_errors_that_name_the_cause(
+def test_a_refused_key_and_a_crash_are_errors_that_name_the_cause_and_no_codex_outlives_its_runner(
     api: Api, linear: Linear, running: Any
 ) -> None:
     model = ScriptedResponses(lambda r: Reply([Message("Working."), run("sleep 20")]))
     try:
-        o = running(model)
+        running(model)
         # a crash: codex killed mid-run
-        api.webhook(agent_session_event(session_id="as-crash", issue_id="i-crash", body="go"))
-        wait_for(lambda: agent_pids("as-crash", "sleep"), timeout=60, what="codex at work")
+        runs.begin(api, "as-crash")
+        wait_for(lambda: runs.agent_pids("as-crash", "sleep"), timeout=60, what="codex at work")
         for pid in codex_pids("as-crash"):
             os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: last_word(linear, "as-crash") is not None, timeout=30, what="the crash's error")
-        crash = last_word(linear, "as-crash")
-        assert crash is not None and crash["type"] == "error"
-        assert crash["body"].startswith("Codex was killed by signal 9 before it finished.")
+        assert runs.the_error(linear, "as-crash").startswith(
+            "Codex was killed by signal 9 before it finished."
+        )
         # the runner killed: codex goes with it (no orphan still working)
-        api.webhook(agent_session_event(session_id="as-orphan", issue_id="i-orphan", body="go"))
-        wait_for(lambda: agent_pids("as-orphan", "sleep"), timeout=60, what="codex at work")
-        [runner] = agent_pids("as-orphan", "devpilot-agent")
+        runs.begin(api, "as-orphan")
+        wait_for(lambda: runs.agent_pids("as-orphan", "sleep"), timeout=60, what="codex at work")
+        [runner] = runs.agent_pids("as-orphan", "devpilot-agent")
         os.kill(runner, signal.SIGKILL)
         wait_for(lambda: not codex_pids("as-orphan"), timeout=10, what="codex ended with its runner")
         # the model's API refusing the key (401): said once, naming it
         model.key = "sk-another-key"
-        api.webhook(agent_session_event(session_id="as-401", issue_id="i-401", body="go"))
-        wait_for(lambda: last_word(linear, "as-401") is not None, timeout=60, what="the 401's error")
-        refused = last_word(linear, "as-401")
-        assert refused is not None and refused["type"] == "error"
-        assert "refused Codex's credentials (HTTP 401)" in refused["body"]
-        assert "Incorrect API key provided" in refused["body"] and "--pass-env" in refused["body"]
-        assert kinds(linear, "as-401").count("error") == 1
+        runs.begin(api, "as-401")
+        refused = runs.the_error(linear, "as-401")
+        assert "refused Codex's credentials (HTTP 401)" in refused
+        assert "Incorrect API key provided" in refused and "--pass-env" in refused
         wait_for(lambda: not codex_pids("as-401"), timeout=30, what="codex ended")
-        o.stop()
-        # codex not installed: not on the PATH the orchestrator gives its agent
-        running(model, path="/usr/bin:/bin")
-        api.webhook(agent_session_event(session_id="as-missing", issue_id="i-missing", body="go"))
-        wait_for(
-            lambda: last_word(linear, "as-missing") is not None, timeout=60, what="the missing CLI's error"
-        )
-        missing = last_word(linear, "as-missing")
-        assert missing is not None and missing["type"] == "error"
-        assert "Codex is not installed on this machine: `codex` is not on the PATH" in missing["body"]
-        assert "npm install -g @openai/codex@0.171.0" in missing["body"]
-        assert kinds(linear, "as-missing").count("error") == 1  # said once (not the orchestrator's too)
     finally:
         model.close()
+
+
+def test_codex_not_on_the_path_is_an_error_that_says_how_to_install_it(
+    api: Api, linear: Linear, running: Any
+) -> None:
+    running("http://127.0.0.1:9", path="/usr/bin:/bin")  # (not the PATH codex is installed on)
+    runs.begin(api, "as-missing")
+    missing = runs.the_error(linear, "as-missing")
+    assert "Codex is not installed on this machine: `codex` is not on the PATH" in missing
+    assert "npm install -g @openai/codex@0.171.0" in missing
 
 
 def test_a_model_api_that_never_answers_ends_the_run_after_the_model_api_timeout(
@@ -417,10 +380,8 @@ def test_a_model_api_that_never_answers_ends_the_run_after_the_model_api_timeout
         nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
     runner = [str(Path(sys.executable).parent / "devpilot-agent"), "--model-api-timeout", "3", "codex"]
     running(nowhere, command=["--", *runner])
-    api.webhook(agent_session_event(session_id="as-down", body="go"))
-    wait_for(lambda: last_word(linear, "as-down") is not None, timeout=60, what="the error")
-    down = last_word(linear, "as-down")
-    assert down is not None and down["type"] == "error"
-    assert down["body"].startswith("The model's API has not answered Codex for 3 seconds")
-    assert kinds(linear, "as-down").count("error") == 1
+    runs.begin(api, "as-down")
+    assert runs.the_error(linear, "as-down").startswith(
+        "The model's API has not answered Codex for 3 seconds"
+    )
     wait_for(lambda: not codex_pids("as-down"), timeout=30, what="codex ended")

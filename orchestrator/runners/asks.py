@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from orchestrator.runners.narrator import Narrator
 
@@ -35,6 +35,16 @@ def verdict(said: str) -> bool | None:
 class Question:
     body: str
     options: list[str]
+
+
+def choice(question: str, options: list[Any]) -> Question:
+    """A question with options (`label`, `description`) as Linear asks it: the labels as the
+    select, the descriptions in the text."""
+    given = [o for o in options if isinstance(o, dict)]
+    notes = "\n".join(
+        f"- **{o.get('label')}**: {o.get('description')}" for o in given if o.get("description")
+    )
+    return Question(question + (f"\n\n{notes}" if notes else ""), [str(o.get("label")) for o in given])
 
 
 @dataclass

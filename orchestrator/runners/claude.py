@@ -26,14 +26,12 @@ from PATH, the model's API refusing the credentials, or a CLI that ends without 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 import uuid
 from typing import Any
 
-from orchestrator.runners import child
-from orchestrator.runners.asks import ALLOW, DENY, Asks, Question, verdict
+from orchestrator.runners.asks import ALLOW, DENY, Ask, Asks, Question, choice
 from orchestrator.runners.claude_stream import (
     Cancelled,
     ClaudeStream,
@@ -46,50 +44,43 @@ from orchestrator.runners.claude_stream import (
     Unsupported,
     parameter,
 )
-from orchestrator.runners.inbox import Inbox
-from orchestrator.runners.lines import JsonLines
-from orchestrator.runners.narrator import Narrator, one_line
-from orchestrator.runners.runner import Options, Runner, host, said
+from orchestrator.runners.narrator import one_line
+from orchestrator.runners.runner import Options, Runner, host
 
 PINNED = "2.1.332"  # the version this runner is tested with (tests/fixtures/claude/)
 STREAM = ["-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"]
 QUIET_AFTER_RESULT = 5.0  # seconds: a turn the CLI never reports done (an older CLI) counts as done
-STOP_WAIT = 1.5  # seconds for the interrupted CLI to end its turn, then as long for it to exit
 REFUSED = (401, 403)  # the model's API refusing the key: retrying will not help
+
+
+class StartAnew(Exception):
+    """The session to resume is gone (pruned by the CLI): a new one starts."""
 
 
 def run(agent_args: list[str], options: Options) -> int:
     return host(Claude, agent_args, options)
 
 
-class Claude(Runner):
+class Claude(Runner[Permission]):
     name, title, command = "claude", "Claude Code", "claude"
     install = f"npm install -g @anthropic-ai/claude-code@{PINNED}"
 
-    def __init__(
-        self,
-        message: dict[str, Any],
-        agent_args: list[str],
-        options: Options,
-        environ: dict[str, str],
-        narrator: Narrator,
-    ) -> None:
-        super().__init__(message, agent_args, options, environ, narrator)
+    def prepare(self) -> None:
         saved = self.store.load()
         self.resume_id = saved.get("sessionId") if isinstance(saved.get("sessionId"), str) else None
         tasks = saved.get("tasks")
         self.stream = ClaudeStream(
-            narrator, self.workdir, tasks=dict(tasks) if isinstance(tasks, dict) else {}
+            self.narrator, self.workdir, tasks=dict(tasks) if isinstance(tasks, dict) else {}
         )
         self._saved = json.dumps(saved, sort_keys=True)
         self._reset()
 
     def _reset(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lines: JsonLines | None = None
+        self.proc = None
+        self.lines = None
         self.open_turns: set[str] = set()
         self.result: Result | None = None  # the last turn's, while no newer turn was written
-        self.asks: Asks[Permission] = Asks(self.narrator, self.options.approval_timeout)
+        self.asks = Asks(self.narrator, self.options.approval_timeout)
         self.failed = False
         self.started = False  # the CLI said init
         self.last_event = time.monotonic()
@@ -119,50 +110,30 @@ class Claude(Runner):
 
     def _session(self, cli: str, first: str, resume: str | None) -> int | None:
         """One CLI process, until it ends. None: it could not resume `resume` (start a new one)."""
-        try:
-            self.proc = child.start(self._argv(cli, resume), self._env(), self.workdir)
-        except OSError as exc:
-            self.fail(f"Claude Code (`{cli}`) could not be started: {exc}")
+        if not self._start(self._argv(cli, resume), self._env()):
             return 1
-        self.lines = JsonLines(self.proc)
         self._turn(first)
-        while True:
-            alive = self._pump(0.2)
-            if resume is not None and not self.started and self.result is not None:
-                self._close(grace=2.0)
-                print(
-                    f"devpilot-agent claude: session {resume} cannot be resumed; starting a new one",
-                    file=sys.stderr,
-                )
-                self._forget_session()
-                return None
-            if self.failed:
-                self._close(grace=2.0)
-                return 1
-            if not alive:
-                break  # its stdout closed: it ended
-            if self.stopping:
-                return self._stop()
-            self._follow_ups()
-            self._asks_due()
-            self.narrator.tick()
-            if self._finished():
-                self._close(grace=10.0)
-                break
-        return self._ended()
+        try:
+            return self.work()
+        except StartAnew:
+            return None
 
-    def _ended(self) -> int:
-        assert self.proc is not None and self.lines is not None
-        code = self.proc.wait()
-        if self.stopping:
-            self.narrator.flush()
-            return 0
-        result = self.result
-        if result is not None and not result.is_error:
-            self.narrator.finish(result.text)
-            return 0
-        self.fail(self._explain(result) if result is not None else self.died(code, self.lines.tail()))
-        return 1
+    def _check(self) -> None:
+        """A session the CLI could not resume (it said no init, only an error): it is forgotten."""
+        if self.resume_id is not None and not self.started and self.result is not None:
+            self._close(grace=2.0)
+            print(
+                f"devpilot-agent claude: session {self.resume_id} cannot be resumed; starting a new one",
+                file=sys.stderr,
+            )
+            self._forget_session()
+            raise StartAnew
+
+    def _answer(self) -> str | None:
+        return self.result.text if self.result is not None and not self.result.is_error else None
+
+    def _failure(self) -> str | None:
+        return self._explain(self.result) if self.result is not None else None
 
     def _explain(self, result: Result) -> str:
         reason = result.reason
@@ -197,10 +168,7 @@ class Claude(Runner):
             if effect.is_error and not self.stopping and (self.started or self.resume_id is None):
                 self.fail(self._explain(effect))
         elif isinstance(effect, Permission):
-            if self.stopping:
-                self._deny(effect, "Linear asked the agent to stop.")
-            else:
-                self.asks.add(effect, self._questions(effect))
+            self._asked(effect)
         elif isinstance(effect, Cancelled):
             self.asks.withdraw(lambda p: p.request_id == effect.request_id)
         elif isinstance(effect, Unsupported):
@@ -263,18 +231,12 @@ class Claude(Runner):
             }
         )
 
-    def _follow_ups(self) -> None:
-        """Each follow-up in the inbox: the answer to what the agent asked, else its next user turn."""
-        while (found := self.inbox.oldest()) is not None:
-            path, message = found
-            body = said(message)
-            if self.asks:
-                self._answer(body)
-            else:
-                if self.result is not None and not self.result.is_error:
-                    self.narrator.turn_done(self.result.text)  # (not the session's last word)
-                self._turn(body or "Continue.")
-            Inbox.taken(path)
+    def _tell(self, text: str) -> bool:
+        """The next user turn (the last one's text was not the session's last word)."""
+        if self.result is not None and not self.result.is_error:
+            self.narrator.turn_done(self.result.text)
+        self._turn(text)
+        return True
 
     def _finished(self) -> bool:
         """Every turn written is done, nothing is asked, nothing waits: time to end."""
@@ -282,17 +244,8 @@ class Claude(Runner):
             return False
         return not self.open_turns or time.monotonic() - self.last_event > QUIET_AFTER_RESULT
 
-    def _close(self, grace: float) -> None:
-        assert self.proc is not None and self.lines is not None
-        self.lines.close_stdin()
-        while self._pump(0.1) and self.proc.poll() is None:
-            if time.monotonic() - self.last_event > grace:
-                break
-        child.end(self.proc, grace=1.0)
-
-    def _stop(self) -> int:
-        """Linear's stop: the protocol's interrupt, a moment for the CLI to end its turn, then
-        stdin closed and the CLI ended (its session saved: a later follow-up resumes it)."""
+    def _interrupt(self) -> None:
+        """The protocol's interrupt: the CLI ends its turn with a result."""
         self._send(
             {
                 "type": "control_request",
@@ -301,32 +254,16 @@ class Claude(Runner):
             }
         )
         self.result = None
-        deadline = time.monotonic() + STOP_WAIT
-        while time.monotonic() < deadline and self.result is None and self._pump(0.1):
-            pass
-        assert self.proc is not None and self.lines is not None
-        self.lines.close_stdin()
-        deadline = time.monotonic() + STOP_WAIT
-        while time.monotonic() < deadline and self._pump(0.1):
-            pass
-        child.end(self.proc, grace=0.0)
-        self.narrator.flush()
-        return 0
+
+    def _interrupted(self) -> bool:
+        return self.result is not None
 
     # --- asking the person -----------------------------------------------------------------------
     def _questions(self, p: Permission) -> list[Question]:
         """What Linear asks the person: each question of AskUserQuestion (its options as the
         select), or whether the tool may run."""
         if p.questions:
-            asked = []
-            for q in p.questions:
-                options = [o for o in q.get("options") or [] if isinstance(o, dict)]
-                notes = "\n".join(
-                    f"- **{o.get('label')}**: {o.get('description')}" for o in options if o.get("description")
-                )
-                body = str(q.get("question") or "") + (f"\n\n{notes}" if notes else "")
-                asked.append(Question(body, [str(o.get("label")) for o in options]))
-            return asked
+            return [choice(str(q.get("question") or ""), q.get("options") or []) for q in p.questions]
         if p.tool == "ExitPlanMode":
             return [
                 Question(
@@ -338,10 +275,7 @@ class Claude(Runner):
         shown = f": `{what}`" if what else ""
         return [Question(f"Claude Code asks to use **{p.tool}**{shown}{why}. Allow it?", [ALLOW, DENY])]
 
-    def _answer(self, words: str) -> None:
-        ask = self.asks.answer(words)
-        if ask is None:  # (the next question of the same call is asked)
-            return
+    def _answered(self, ask: Ask[Permission], words: str) -> None:
         p = ask.request
         if p.questions:
             answers = {str(q.get("question") or ""): a for q, a in zip(p.questions, ask.answers, strict=True)}
@@ -350,35 +284,26 @@ class Claude(Runner):
             self._allow(p, {**p.input, "answers": answers})
         else:
             what = f"{p.tool} `{one_line(parameter(p.tool, p.input, self.workdir))}`"
-            # (said in Linear at once: the person sees the agent took the answer; the page keeps it)
-            allowed = verdict(ask.answers[0])
+            allowed, why = self._verdict(what, ask.answers[0], words)
             if allowed:
-                self.narrator.note(f"Allowed in Linear: {what}", ephemeral=True)
                 self._allow(p, p.input)
-            elif allowed is False:
-                self.narrator.note(f"Denied in Linear: {what}", ephemeral=True)
-                self._deny(p, "Denied by the person in Linear.")
             else:
-                self.narrator.note(f"Not allowed in Linear: {what}", ephemeral=True)
-                self._deny(p, f"Not allowed; the person said in Linear: {words}")
-        self.asks.post()
+                self._refuse(p, why)
 
-    def _asks_due(self) -> None:
-        while (ask := self.asks.overdue()) is not None:
-            waited = self.asks.waited
-            if ask.request.questions:
-                self.narrator.note(f"No answer within {waited}: going on without it.")
-                self._deny(
-                    ask.request, f"The person did not answer within {waited}; go on with your best judgement."
-                )
-            else:  # (the denied call shows as the action's result)
-                self._deny(ask.request, f"No answer in Linear within {waited}: not allowed.")
-            self.asks.post()
+    def _unanswered(self, ask: Ask[Permission]) -> None:
+        waited = self.asks.waited
+        if ask.request.questions:
+            self.narrator.note(f"No answer within {waited}: going on without it.")
+            self._refuse(
+                ask.request, f"The person did not answer within {waited}; go on with your best judgement."
+            )
+        else:  # (the denied call shows as the action's result)
+            self._refuse(ask.request, f"No answer in Linear within {waited}: not allowed.")
 
     def _allow(self, p: Permission, given: dict[str, Any]) -> None:
         self._respond(p, {"behavior": "allow", "updatedInput": given})
 
-    def _deny(self, p: Permission, why: str) -> None:
+    def _refuse(self, p: Permission, why: str) -> None:
         self._respond(p, {"behavior": "deny", "message": why})
 
     def _respond(self, p: Permission, decision: dict[str, Any]) -> None:

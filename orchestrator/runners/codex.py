@@ -29,14 +29,12 @@ from __future__ import annotations
 import itertools
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runners import child
-from orchestrator.runners.asks import ALLOW, DENY, Asks, Question, in_words, verdict
+from orchestrator.runners.asks import ALLOW, DENY, Ask, Question, choice, in_words
 from orchestrator.runners.codex_events import (
     Approval,
     CodexEvents,
@@ -47,10 +45,8 @@ from orchestrator.runners.codex_events import (
     TurnStarted,
     Unsupported,
 )
-from orchestrator.runners.inbox import Inbox
-from orchestrator.runners.lines import JsonLines
-from orchestrator.runners.narrator import Narrator, one_line
-from orchestrator.runners.runner import Options, Runner, host, said
+from orchestrator.runners.narrator import one_line
+from orchestrator.runners.runner import Options, Runner, host
 
 PINNED = "0.171.0"  # the version this runner is tested with (tests/fixtures/codex/)
 # Codex's defaults for a run from Linear: sandboxed, asking before anything beyond the sandbox,
@@ -72,7 +68,6 @@ NATIVE = {
     ("Darwin", "arm64"): ("codex-darwin-arm64", "aarch64-apple-darwin"),
 }
 CALL_WAIT = 60.0  # seconds for the app-server to answer a request of the runner's
-STOP_WAIT = 1.5  # seconds for the interrupted turn to end, then as long for the app-server to exit
 REFUSED = (401, 403)  # the model's API refusing the key: retrying will not help
 RETRY_NOTE_EVERY = 60.0  # seconds between the notes that the model's API is failing
 
@@ -97,25 +92,14 @@ def native(cli: str) -> tuple[str, dict[str, str]]:
     return cli, {}
 
 
-class Codex(Runner):
+class Codex(Runner[Approval]):
     name, title, command = "codex", "Codex", "codex"
     install = f"npm install -g @openai/codex@{PINNED}"
 
-    def __init__(
-        self,
-        message: dict[str, Any],
-        agent_args: list[str],
-        options: Options,
-        environ: dict[str, str],
-        narrator: Narrator,
-    ) -> None:
-        super().__init__(message, agent_args, options, environ, narrator)
+    def prepare(self) -> None:
         saved = self.store.load().get("threadId")
         self.thread_id: str | None = saved if isinstance(saved, str) else None
-        self.events = CodexEvents(narrator, self.workdir)
-        self.asks: Asks[Approval] = Asks(narrator, options.approval_timeout)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lines: JsonLines | None = None
+        self.events = CodexEvents(self.narrator, self.workdir)
         self.turn_id: str | None = None  # the turn running now
         self.ended: TurnEnded | None = None  # how the last turn ended, while no newer one started
         self._ids = itertools.count(1)
@@ -130,34 +114,11 @@ class Codex(Runner):
             return 1
         self.hear_stop()
         binary, launcher_env = native(cli)
-        try:
-            self.proc = child.start(
-                [binary, "app-server", *DEFAULTS, *self.agent_args],
-                {**self.agent_env(), **launcher_env},
-                self.workdir,
-            )
-        except OSError as exc:
-            self.fail(f"Codex (`{binary}`) could not be started: {exc}")
+        if not self._start(
+            [binary, "app-server", *DEFAULTS, *self.agent_args], {**self.agent_env(), **launcher_env}
+        ):
             return 1
-        self.lines = JsonLines(self.proc)
-        if self._begin():
-            while True:
-                alive = self._pump(0.2)
-                if self.failed:
-                    self._close(grace=2.0)
-                    return 1
-                if not alive:
-                    break  # its stdout closed: it ended
-                if self.stopping:
-                    return self._stop()
-                self._follow_ups()
-                self._asks_due()
-                self._patience()
-                self.narrator.tick()
-                if self._finished():
-                    self._close(grace=10.0)
-                    break
-        return self._ended()
+        return self.work() if self._begin() else self._ended()
 
     def _begin(self) -> bool:
         """The app-server initialized, the thread started or resumed, the first turn started."""
@@ -188,18 +149,12 @@ class Codex(Runner):
             self.store.save({"threadId": self.thread_id})
         return self._tell(self.first_turn(resuming=resuming))
 
-    def _ended(self) -> int:
-        assert self.proc is not None and self.lines is not None
-        code = self.proc.wait()
-        if self.stopping:
-            self.narrator.flush()
-            return 0
-        if self.ended is not None and self.ended.status == "completed":
-            self.narrator.flush()
-            self.narrator.finish(self.events.answer())
-            return 0
-        self.fail(self.died(code, self.lines.tail()))
-        return 1
+    def _answer(self) -> str | None:
+        """The last turn's last message, once what came before it is said."""
+        if self.ended is None or self.ended.status != "completed":
+            return None
+        self.narrator.flush()
+        return self.events.answer()
 
     def _explain(self, ended: TurnEnded) -> str:
         status, error = ended.http_status, ended.error or "the turn failed"
@@ -213,7 +168,7 @@ class Codex(Runner):
             return f"Codex could not finish: {error} Pass it to the agent with `--pass-env NAME` on the orchestrator."
         return f"Codex could not finish: {error}" + (f" (HTTP {status})" if status else "")
 
-    def _patience(self) -> None:
+    def _check(self) -> None:
         """Codex retries a model API it cannot reach forever: the run ends after --model-api-timeout."""
         since = self.events.retrying_since
         if since is None or self.stopping or time.monotonic() - since < self.options.model_api_timeout:
@@ -230,6 +185,7 @@ class Codex(Runner):
         """Read what the app-server wrote (waiting up to `timeout`); False once its stdout is closed."""
         assert self.lines is not None
         for message in self.lines.read(timeout):
+            self.last_event = time.monotonic()
             answered = message.get("id")
             if "method" not in message and isinstance(answered, int) and answered in self._awaited:
                 self._awaited.discard(answered)
@@ -270,10 +226,7 @@ class Codex(Runner):
             if effect.status == "failed" and not self.stopping:
                 self.fail(self._explain(effect))
         elif isinstance(effect, Approval):
-            if self.stopping:
-                self._refuse(effect, "Linear asked the agent to stop.")
-            else:
-                self.asks.add(effect, self._questions(effect))
+            self._asked(effect)
         elif isinstance(effect, Resolved):
             self.asks.withdraw(lambda a: a.request_id == effect.request_id)
         elif isinstance(effect, Unsupported):
@@ -321,61 +274,23 @@ class Codex(Runner):
         if self.turn_id is not None:
             self._request("turn/interrupt", {"threadId": self.thread_id, "turnId": self.turn_id})
 
-    def _follow_ups(self) -> None:
-        """Each follow-up in the inbox: the answer to what the agent asked, else words for it."""
-        while (found := self.inbox.oldest()) is not None:
-            path, message = found
-            words = said(message)
-            if self.asks:
-                self._answer(words)
-            elif not self._tell(words or "Continue."):
-                return  # (left in the inbox: the conversation's next COMMAND takes it)
-            Inbox.taken(path)
-
     def _finished(self) -> bool:
         """No turn runs, nothing is asked, nothing waits: time to end."""
         return self.turn_id is None and self.ended is not None and not self.asks and not self.inbox.waiting()
 
-    def _close(self, grace: float) -> None:
-        assert self.proc is not None and self.lines is not None
-        self.lines.close_stdin()
-        deadline = time.monotonic() + grace
-        while self._pump(0.1) and self.proc.poll() is None and time.monotonic() < deadline:
-            pass
-        child.end(self.proc, grace=1.0)
-
-    def _stop(self) -> int:
-        """Linear's stop: the turn interrupted, a moment for it to end, then stdin closed and the
-        app-server ended (its thread saved: a later follow-up resumes it)."""
-        self._interrupt()
-        deadline = time.monotonic() + STOP_WAIT
-        while time.monotonic() < deadline and self.turn_id is not None and self._pump(0.1):
-            pass
-        self._close(grace=STOP_WAIT)
-        self.narrator.flush()
-        return 0
+    def _interrupted(self) -> bool:
+        return self.turn_id is None
 
     # --- asking the person -----------------------------------------------------------------------
     def _questions(self, a: Approval) -> list[Question]:
         why = f" ({a.reason})" if a.reason else ""
         if a.questions:
-            asked = []
-            for q in a.questions:
-                options = [o for o in q.get("options") or [] if isinstance(o, dict)]
-                notes = "\n".join(
-                    f"- **{o.get('label')}**: {o.get('description')}" for o in options if o.get("description")
-                )
-                body = str(q.get("question") or "") + (f"\n\n{notes}" if notes else "")
-                asked.append(Question(body, [str(o.get("label")) for o in options]))
-            return asked
+            return [choice(str(q.get("question") or ""), q.get("options") or []) for q in a.questions]
         if a.method.startswith("item/fileChange"):
             return [Question(f"Codex asks to change **{a.what}**{why}. Allow it?", [ALLOW, DENY])]
         return [Question(f"Codex asks to run `{one_line(a.what)}`{why}. Allow it?", [ALLOW, DENY])]
 
-    def _answer(self, words: str) -> None:
-        ask = self.asks.answer(words)
-        if ask is None:  # (the next question of the same request is asked)
-            return
+    def _answered(self, ask: Ask[Approval], words: str) -> None:
         a = ask.request
         if a.questions:
             answers = {
@@ -385,28 +300,19 @@ class Codex(Runner):
             self.narrator.note(f"Answered in Linear: {'; '.join(ask.answers)}", ephemeral=True)
             self._reply(a.request_id, {"answers": answers})
         else:
-            what = f"`{one_line(a.what)}`"
-            allowed = verdict(ask.answers[0])
+            allowed, why = self._verdict(f"`{one_line(a.what)}`", ask.answers[0], words)
             if allowed:
-                self.narrator.note(f"Allowed in Linear: {what}", ephemeral=True)
                 self._reply(a.request_id, {"decision": "accept"})
-            elif allowed is False:
-                self.narrator.note(f"Denied in Linear: {what}", ephemeral=True)
-                self._refuse(a, "Denied by the person in Linear.")
-            else:  # (declined; the person's words reach the agent as theirs)
-                self.narrator.note(f"Not allowed in Linear: {what}", ephemeral=True)
-                self._refuse(a, f"Not allowed; the person said in Linear: {words}")
+            else:
+                self._refuse(a, why)
+            if allowed is None:  # (the person's words reach the agent as theirs)
                 self._tell(words)
-        self.asks.post()
 
-    def _asks_due(self) -> None:
-        while (ask := self.asks.overdue()) is not None:
-            waited, a = self.asks.waited, ask.request
-            if a.questions:
-                self.narrator.note(f"No answer within {waited}: going on without it.")
-            # (a declined call shows why as its action's result)
-            self._refuse(a, f"No answer in Linear within {waited}: not allowed.")
-            self.asks.post()
+    def _unanswered(self, ask: Ask[Approval]) -> None:
+        if ask.request.questions:
+            self.narrator.note(f"No answer within {self.asks.waited}: going on without it.")
+        # (a declined call shows why as its action's result)
+        self._refuse(ask.request, f"No answer in Linear within {self.asks.waited}: not allowed.")
 
     def _refuse(self, a: Approval, why: str) -> None:
         """Declined (a question: answered with nothing); `why` is shown as the action's result."""

@@ -27,6 +27,7 @@ from orchestrator.runners.codex import DEFAULTS, native
 from orchestrator.runners.lines import JsonLines
 from tests.helpers.codex import environment
 from tests.helpers.git import checkout
+from tests.helpers.record_claude import record_all
 
 OUT = Path(__file__).parent.parent / "fixtures" / "codex"
 WORK = "/work/cart"  # (where the recordings say they ran)
@@ -265,17 +266,7 @@ def _placed(item: Any, outside: Path) -> Any:
 
 
 def main() -> int:
-    codex = CODEX.install()
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="codex-record-"))
-    try:
-        for name in sys.argv[1:] or SITUATIONS:
-            heard = record(name, codex, root)
-            (OUT / f"{name}.jsonl").write_text("".join(json.dumps(m) + "\n" for m in heard))
-            print(f"{name}: {len(heard)} messages")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return record_all(CODEX, OUT, record, sys.argv[1:] or list(SITUATIONS))
 
 
 if __name__ == "__main__":
