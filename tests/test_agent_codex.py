@@ -361,14 +361,20 @@ def test_a_refused_key_and_a_crash_are_errors_that_name_the_cause_and_no_codex_o
         model.close()
 
 
-def test_codex_not_on_the_path_is_an_error_that_says_how_to_install_it(
+def test_codex_missing_or_refusing_its_flags_is_an_error_that_says_why(
     api: Api, linear: Linear, running: Any
 ) -> None:
-    running("http://127.0.0.1:9", path="/usr/bin:/bin")  # (not the PATH codex is installed on)
+    o = running("http://127.0.0.1:9", path="/usr/bin:/bin")  # (not the PATH codex is installed on)
     runs.begin(api, "as-missing")
     missing = runs.the_error(linear, "as-missing")
     assert "Codex is not installed on this machine: `codex` is not on the PATH" in missing
     assert "npm install -g @openai/codex@0.171.0" in missing
+    o.stop()
+    running("http://127.0.0.1:9", '--agent-arg=--config=model_provider="nowhere"')  # (the person's flag)
+    runs.begin(api, "as-flags")
+    refused = runs.the_error(linear, "as-flags")
+    assert refused.startswith("Codex exited with code 1 before it finished.")
+    assert "Model provider `nowhere` not found" in refused  # (its stderr's last lines)
 
 
 def test_a_model_api_that_never_answers_ends_the_run_after_the_model_api_timeout(

@@ -59,8 +59,9 @@ DEFAULTS = [
     "-c",
     "tools.update_plan.enabled=true",
 ]
-# The npm package's launcher (node) spawns the native binary of the platform's package, which
-# survives the launcher's SIGKILL: the runner starts the binary itself.
+# The npm package's `codex` is a node launcher that spawns (on Node < 22.15) the native binary of the
+# platform's package, which the launcher's SIGKILL leaves running: the runner starts the binary
+# itself, so it gets the runner's signals and dies with it (child.py).
 NATIVE = {
     ("Linux", "x86_64"): ("codex-linux-x64", "x86_64-unknown-linux-musl"),
     ("Linux", "aarch64"): ("codex-linux-arm64", "aarch64-unknown-linux-musl"),
@@ -106,6 +107,7 @@ class Codex(Runner[Approval]):
         self._awaited: set[int] = set()
         self._answers: dict[int, dict[str, Any]] = {}
         self._retry_noted = 0.0
+        self.refusal = ""  # why codex refused a turn, as it said
 
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -118,7 +120,10 @@ class Codex(Runner[Approval]):
             [binary, "app-server", *DEFAULTS, *self.agent_args], {**self.agent_env(), **launcher_env}
         ):
             return 1
-        return self.work() if self._begin() else self._ended()
+        if self._begin():
+            return self.work()
+        self._close(grace=2.0)  # (it may still run: it refused what it was asked)
+        return self._ended()
 
     def _begin(self) -> bool:
         """The app-server initialized, the thread started or resumed, the first turn started."""
@@ -147,7 +152,11 @@ class Codex(Runner[Approval]):
                 return False
             self.thread_id = str(thread["id"])
             self.store.save({"threadId": self.thread_id})
-        return self._tell(self.first_turn(resuming=resuming))
+        if self._tell(self.first_turn(resuming=resuming)):
+            return True
+        if self.refusal:
+            self.fail(f"Codex did not take the request: {self.refusal}")
+        return False
 
     def _answer(self) -> str | None:
         """The last turn's last message, once what came before it is said."""
@@ -174,10 +183,11 @@ class Codex(Runner[Approval]):
         if since is None or self.stopping or time.monotonic() - since < self.options.model_api_timeout:
             return
         self._interrupt()
+        waited = in_words(self.options.model_api_timeout)
         self.fail(
-            f"The model's API has not answered Codex for {in_words(self.options.model_api_timeout)} (codex retries it without end); the run "
-            "is stopped. Check the machine's network and the model provider's address, then reply here to "
-            "go on."
+            f"The model's API has not answered Codex for {waited} (codex retries it without end); the "
+            "run is stopped. Check the machine's network and the model provider's address, then reply "
+            "here to go on."
         )
 
     # --- JSON-RPC ----------------------------------------------------------------------------------
@@ -265,9 +275,11 @@ class Codex(Runner[Approval]):
         answer = self._call("turn/start", {"threadId": self.thread_id, "input": words})
         turn = ((answer or {}).get("result") or {}).get("turn") or {}
         if not turn.get("id"):
+            self.refusal = str(((answer or {}).get("error") or {}).get("message") or "")
             print(f"devpilot-agent codex: codex took no turn: {answer}", file=sys.stderr)
             return False
-        self.turn_id, self.ended = str(turn["id"]), None
+        if self.ended is None or self.ended.turn_id != turn["id"]:  # (not over already: it may be quick)
+            self.turn_id, self.ended = str(turn["id"]), None
         return True
 
     def _interrupt(self) -> None:
