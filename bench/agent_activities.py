@@ -2,7 +2,7 @@
 against what posting every step of its stream would take (Linear allows a workspace about 5,000
 requests an hour, shared by every session).
 
-The session is the real pinned CLI (devpilot.claude_code) on a scratch repository, its model the
+The session is the real pinned CLI (devpilot.agent_clis) on a scratch repository, its model the
 scripted stand-in (devpilot.scripted_model) playing a typical fix: a four-step to-do list kept up
 to date, files read, searched and edited, the tests run (4 s: shown running meanwhile),
 the edits accepted (`--permission-mode acceptEdits`), and a command that runs the code
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devpilot import claude_code
+from devpilot.agent_clis import CLAUDE
 from devpilot.scripted_model import KEY, Block, ScriptedModel, Text, ToolUse
 
 ROOT = Path(__file__).parent.parent
@@ -72,7 +72,7 @@ def naive(replies: list[list[Block]]) -> int:
 
 
 def main() -> int:
-    cli = claude_code.install()
+    cli = CLAUDE.install()
     root = Path(tempfile.mkdtemp(prefix="agent-activities-"))
     work, inbox = root / "work", root / "conversation" / "inbox"
     work.mkdir()

@@ -164,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the whole loop in under 30 s on an embedded database, then clean up")
     p.add_argument(
         "--agent",
-        choices=["claude"],
-        help="claude: the real Claude Code CLI (pinned; installed with python -m devpilot.claude_code) "
+        choices=["claude", "codex"],
+        help="the real Claude Code or Codex CLI (pinned; installed with python -m devpilot.agent_clis) "
         "works on an issue, through a scripted stand-in of its model",
     )
     p.set_defaults(func=_cmd_demo)

@@ -253,12 +253,12 @@ def _login(url: str, home: Path, env: dict[str, str]) -> None:
 
 
 def run_demo(agent: str | None = None) -> int:
-    """The demo; with `agent` "claude", the real Claude Code CLI works on an issue after the
-    login, instead of the sample agent (devpilot.demo_claude)."""
-    if agent == "claude":
-        from devpilot import demo_claude
+    """The demo; with `agent` ("claude", "codex"), that agent's real CLI works on an issue after
+    the login, instead of the sample agent (devpilot.demo_agent)."""
+    if agent:
+        from devpilot import demo_agent
 
-        how = demo_claude.missing()
+        how = demo_agent.missing(agent)
         if how is not None:
             print(how)
             return 1
@@ -301,8 +301,8 @@ def run_demo(agent: str | None = None) -> int:
 
         _install(url)
         _login(url, home, env)
-        if agent == "claude":
-            demo_claude.run(http, secret, linear.activities, linear.plans, home, env, _wait)
+        if agent:
+            demo_agent.run(agent, http, secret, linear.activities, linear.plans, home, env, _wait)
             return 0
         started_file = home / "started.jsonl"
         started_file.touch()

@@ -1,5 +1,5 @@
 """The webhooks the demos send as Linear would, beyond the one that starts each: a person's message
-in an agent session (`devpilot.demo`, `devpilot.demo_claude`)."""
+in an agent session (`devpilot.demo`, `devpilot.demo_agent`)."""
 
 from __future__ import annotations
 

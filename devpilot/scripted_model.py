@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 KEY = "sk-ant-devpilot-scripted"  # the key the stand-in accepts (not a secret)  # nosec B105
 
@@ -95,13 +95,20 @@ class Recorded:
         return isinstance(self.body, dict) and bool(self.body.get("tools"))
 
 
-class ScriptedModel:
-    def __init__(self, script: Script, key: str = KEY) -> None:
+S = TypeVar("S")  # a stand-in's script
+
+
+class ScriptedServer(Generic[S]):
+    """What the stand-ins of the models' APIs share: an HTTP server on 127.0.0.1 in a thread of its
+    own, each request recorded, then answered by `post` from the script (JSON or server-sent
+    events); GET is 404. `key`: the API key it accepts."""
+
+    def __init__(self, script: S, key: str) -> None:
         self.script = script
         self.key = key
         self.requests: list[Recorded] = []
         self._ids = itertools.count(1)
-        model = self
+        stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -109,17 +116,9 @@ class ScriptedModel:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def _json(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
             def do_GET(self) -> None:
-                model._record(self, None)
-                self._json(404, {"type": "error", "error": {"type": "not_found_error", "message": self.path}})
+                stand_in._record(self, None)
+                send_json(self, 404, {"error": {"type": "not_found_error", "message": self.path}})
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -127,38 +126,16 @@ class ScriptedModel:
                     body: Any = json.loads(raw)
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
-                seen = model._record(self, body)
                 path = self.path.split("?", 1)[0]
-                if self.headers.get("x-api-key") != model.key:
-                    error = {"type": "authentication_error", "message": "invalid x-api-key"}
-                    return self._json(401, {"type": "error", "error": error, "request_id": "req_standin"})
-                if path == "/v1/messages/count_tokens":
-                    return self._json(200, {"input_tokens": len(raw) // 4})
-                if path != "/v1/messages" or not isinstance(body, dict):
-                    return self._json(
-                        404, {"type": "error", "error": {"type": "not_found_error", "message": path}}
-                    )
-                blocks: list[Block] = model.script(body) if seen.agent else [Text("Scripted reply.")]
-                if body.get("stream"):
-                    self._stream(body, blocks)
-                else:
-                    self._json(200, model._message(body, blocks))
-
-            def _stream(self, request: dict[str, Any], blocks: list[Block]) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-                for event, data in model._events(request, blocks):
-                    self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
-                self.wfile.flush()
+                stand_in.post(self, path, stand_in._record(self, body), len(raw))
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def post(self, handler: BaseHTTPRequestHandler, path: str, seen: Recorded, size: int) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self._server.shutdown()
@@ -172,6 +149,50 @@ class ScriptedModel:
         seen = Recorded(handler.command, handler.path, dict(handler.headers.items()), body)
         self.requests.append(seen)
         return seen
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def send_events(handler: BaseHTTPRequestHandler, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Server-sent events on a stream the server closes after them."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Cache-Control", "no-cache")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.close_connection = True
+    for event, data in events:
+        handler.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+    handler.wfile.flush()
+
+
+class ScriptedModel(ScriptedServer[Script]):
+    def __init__(self, script: Script, key: str = KEY) -> None:
+        super().__init__(script, key)
+
+    def post(self, handler: BaseHTTPRequestHandler, path: str, seen: Recorded, size: int) -> None:
+        body = seen.body
+        if handler.headers.get("x-api-key") != self.key:
+            error = {"type": "authentication_error", "message": "invalid x-api-key"}
+            return send_json(handler, 401, {"type": "error", "error": error, "request_id": "req_standin"})
+        if path == "/v1/messages/count_tokens":
+            return send_json(handler, 200, {"input_tokens": size // 4})
+        if path != "/v1/messages" or not isinstance(body, dict):
+            return send_json(
+                handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": path}}
+            )
+        blocks: list[Block] = self.script(body) if seen.agent else [Text("Scripted reply.")]
+        if body.get("stream"):
+            send_events(handler, self._events(body, blocks))
+        else:
+            send_json(handler, 200, self._message(body, blocks))
 
     def _usage(self) -> dict[str, int]:
         return {"input_tokens": 10, "output_tokens": 10}

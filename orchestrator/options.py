@@ -104,7 +104,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--agent",
-        choices=sorted([*runners.AGENTS, *runners.COMING]),
+        choices=sorted(runners.AGENTS),
         help="run this coding agent's CLI as COMMAND, its work live in Linear: short for "
         "-- devpilot-agent NAME [ARG]...",
     )
@@ -158,14 +158,12 @@ def config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
         parser.error("give --agent NAME or -- COMMAND, not both")
     if (args.agent_arg or args.approval_timeout is not None) and not args.agent:
         parser.error("--agent-arg and --approval-timeout go with --agent")
-    if args.agent in runners.COMING:
-        parser.error(f"--agent {args.agent}: not in this version yet (give its COMMAND after -- instead)")
     if args.approval_timeout is not None and args.approval_timeout <= 0:
         parser.error("--approval-timeout must be more than 0 seconds")
     if args.agent:
         command = agent_command(args.agent, args.agent_arg, args.approval_timeout)
     if not command:
-        parser.error("give the command to run after -- (or --agent claude)")
+        parser.error("give the command to run after -- (or --agent claude|codex)")
     if not args.token:
         parser.error(
             "--token (or DEVPILOT_ORCHESTRATOR_TOKEN) is required, or `devpilot-orchestrator login` first"

@@ -17,29 +17,26 @@ from typing import Any
 import pytest
 
 from devpilot.scripted_model import Block, ScriptedModel, Text, ToolUse, last_user_text, texts
+from tests.helpers.agent_runs import (
+    Orchestrators,
+    agent_pids,
+    allow_and_deny,
+    answers,
+    begin,
+    first_action,
+    kinds,
+    last_word,
+    path_with,
+    said,
+    the_error,
+    unanswered,
+)
 from tests.helpers.api import Api, agent_session_event
-from tests.helpers.claude import PASSED, cli, environment, path_with
+from tests.helpers.claude import PASSED, cli, environment
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import Orch, wait_for
 
 SLEEPS = "--agent-arg=--allowedTools=Bash(sleep:*)"  # (the person's flags reach the CLI)
-
-
-def said(linear: Linear, session: str) -> list[dict[str, Any]]:
-    return [a for a in linear.activities() if a["agentSessionId"] == session]
-
-
-def kinds(linear: Linear, session: str) -> list[str]:
-    return [a["content"]["type"] for a in said(linear, session)]
-
-
-def answers(linear: Linear, session: str) -> int:
-    return kinds(linear, session).count("response")
-
-
-def last_word(linear: Linear, session: str) -> dict[str, Any] | None:
-    final = [a for a in said(linear, session) if a["content"]["type"] in ("response", "error")]
-    return final[-1]["content"] if final else None
 
 
 def turns(request: dict[str, Any]) -> int:
@@ -47,39 +44,19 @@ def turns(request: dict[str, Any]) -> int:
     return sum(1 for m in request.get("messages") or [] if m.get("role") == "assistant")
 
 
-def agent(
-    api_url: str, token: str, tmp: Path, model: ScriptedModel, cwd: Path, *flags: str, path: str | None = None
-) -> Orch:
-    """The orchestrator with `--agent claude`, passing the CLI its API (the stand-in), key and
-    quiet switches, with a HOME of its own."""
-    claude = cli()
-    env = {**environment(model, tmp.parent / "home"), "PATH": path or path_with(claude)}
-    o = Orch(api_url, token, tmp, cwd=cwd, env=env, extra=["--stop-grace", "4"])
-    head = o.args[: o.args.index("--")]
-    passed = [x for name in PASSED for x in ("--pass-env", name)]
-    o.args = [*head, *passed, "--agent", "claude", *flags]
-    return o
-
-
 @pytest.fixture
 def running(api: Api, linear: Linear, tmp_path: Path, repo: Path) -> Iterator[Any]:
-    """Starts an agent orchestrator for the test (stopped after it)."""
-    started: list[Orch] = []
-    cli()  # (installed, or the test skips, before anything is registered)
-    _, token = api.register(user="user-1", name="laptop")
+    """Starts an orchestrator with `--agent claude` for the test (stopped after it), passing the
+    CLI its API (the stand-in), key and quiet switches, with a HOME of its own."""
+    claude = cli()  # (installed, or the test skips, before anything is registered)
+    machines = Orchestrators(api, tmp_path, repo)
 
     def start(model: ScriptedModel, *flags: str, path: str | None = None) -> Orch:
-        tmp = tmp_path / f"o{len(started)}"
-        tmp.mkdir()
-        o = agent(api.url, token, tmp, model, repo, *flags, path=path)
-        o.start()
-        started.append(o)
-        return o
+        env = {**environment(model, tmp_path / "home"), "PATH": path or path_with(claude)}
+        return machines.start(env, PASSED, ["--agent", "claude", *flags])
 
     yield start
-    for o in started:
-        if o.proc is not None and o.proc.poll() is None:
-            o.stop()
+    machines.stop_all()
     assert not linear.invalid, linear.invalid
 
 
@@ -153,35 +130,12 @@ def test_a_permission_prompt_is_asked_in_linear_and_the_persons_pick_decides(
     model = ScriptedModel(script)
     try:
         running(model)
-        for case in ("allow", "deny"):
-            api.webhook(
-                agent_session_event(session_id=f"as-{case}", issue_id=f"i-{case}", body=f"notes [{case}]")
-            )
-        for case in ("allow", "deny"):
-            wait_for(
-                lambda c=case: "elicitation" in kinds(linear, f"as-{c}"), timeout=60, what="the question"
-            )
-            [ask] = [a for a in said(linear, f"as-{case}") if a["content"]["type"] == "elicitation"]
-            assert ask["signal"] == "select"
-            assert [o["value"] for o in ask["signalMetadata"]["options"]] == ["Allow", "Deny"]
-            assert f"touch made-by-{case}.txt && echo written" in ask["content"]["body"]
-            assert "Bash" in ask["content"]["body"]
-            assert not (repo / f"made-by-{case}.txt").exists()  # nothing ran before the answer
-            pick = "Allow" if case == "allow" else "Deny"
-            api.webhook(
-                agent_session_event(
-                    session_id=f"as-{case}",
-                    issue_id=f"i-{case}",
-                    action="prompted",
-                    body=pick,
-                    signal="select",
-                    signal_metadata={"value": pick},
-                )
-            )
-        for case in ("allow", "deny"):
-            wait_for(lambda c=case: last_word(linear, f"as-{c}") is not None, timeout=60, what="the answers")
-        assert (repo / "made-by-allow.txt").exists()
-        assert not (repo / "made-by-deny.txt").exists()
+        allow_and_deny(
+            api,
+            linear,
+            lambda case: repo / f"made-by-{case}.txt",
+            lambda case: [f"touch made-by-{case}.txt && echo written", "Bash"],
+        )
         outcome = {
             case: last_user_text(
                 next(r for r in model.agent_requests if f"[{case}]" in texts(r) and turns(r))
@@ -190,8 +144,7 @@ def test_a_permission_prompt_is_asked_in_linear_and_the_persons_pick_decides(
         }
         assert outcome["allow"] == "written"
         assert outcome["deny"] == "Denied by the person in Linear."
-        deny_action = next(a for a in said(linear, "as-deny") if a["content"]["type"] == "action")
-        assert deny_action["content"]["result"] == "Error: Denied by the person in Linear."
+        assert first_action(linear, "as-deny")["result"] == "Error: Denied by the person in Linear."
     finally:
         model.close()
 
@@ -207,11 +160,7 @@ def test_a_permission_nobody_answers_is_denied_after_the_approval_timeout_and_li
     model = ScriptedModel(script)
     try:
         running(model, "--approval-timeout", "2")
-        api.webhook(agent_session_event(session_id="as-wait", body="write it"))
-        wait_for(lambda: last_word(linear, "as-wait") is not None, timeout=60, what="the answer")
-        assert kinds(linear, "as-wait").count("elicitation") == 1
-        [action] = [a["content"] for a in said(linear, "as-wait") if a["content"]["type"] == "action"]
-        assert action["result"] == "Error: No answer in Linear within 2 seconds: not allowed."
+        assert unanswered(api, linear) == "Error: No answer in Linear within 2 seconds: not allowed."
         assert last_user_text(model.agent_requests[1]) == "No answer in Linear within 2 seconds: not allowed."
         assert not (repo / "unanswered.txt").exists()
     finally:
@@ -318,21 +267,7 @@ def test_a_follow_up_reaches_the_running_cli_and_later_commands_resume_its_sessi
 
 
 def claude_pids(agent_session: str) -> list[int]:
-    """The `claude` processes of this agent session that run (their environment names it)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        named = f"DEVPILOT_AGENT_SESSION_ID={agent_session}".encode() in environ
-        if state != "Z" and argv[0].endswith(b"claude") and named:
-            pids.append(int(proc.name))
-    return pids
+    return agent_pids(agent_session, "claude")
 
 
 def claude_running(agent_session: str) -> bool:
@@ -346,37 +281,28 @@ def test_a_cli_missing_a_refused_key_and_a_crash_are_errors_that_name_the_cause(
     try:
         o = running(model, SLEEPS)
         # a crash: the CLI killed mid-run
-        api.webhook(agent_session_event(session_id="as-crash", issue_id="i-crash", body="go"))
+        begin(api, "as-crash")
         wait_for(lambda: claude_running("as-crash"), timeout=60, what="the CLI")
         wait_for(lambda: len(model.agent_requests) >= 1, timeout=60, what="its request")
         [pid] = claude_pids("as-crash")
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: last_word(linear, "as-crash") is not None, timeout=30, what="the crash's error")
-        crash = last_word(linear, "as-crash")
-        assert crash is not None and crash["type"] == "error"
-        assert crash["body"].startswith("Claude Code was killed by signal 9 before it finished.")
+        assert the_error(linear, "as-crash").startswith(
+            "Claude Code was killed by signal 9 before it finished."
+        )
         # the model's API refusing the key (401): said at once, not after the CLI's ten retries
         model.key = "sk-ant-another-key"
-        api.webhook(agent_session_event(session_id="as-401", issue_id="i-401", body="go"))
-        wait_for(lambda: last_word(linear, "as-401") is not None, timeout=60, what="the 401's error")
-        refused = last_word(linear, "as-401")
-        assert refused is not None and refused["type"] == "error"
-        assert "refused Claude Code's credentials (HTTP 401" in refused["body"]
-        assert "--pass-env ANTHROPIC_API_KEY" in refused["body"]
-        assert kinds(linear, "as-401").count("error") == 1  # said once, however often the CLI retried
+        begin(api, "as-401")
+        refused = the_error(linear, "as-401")  # (said once, however often the CLI retried)
+        assert "refused Claude Code's credentials (HTTP 401" in refused
+        assert "--pass-env ANTHROPIC_API_KEY" in refused
         wait_for(lambda: not claude_running("as-401"), timeout=30, what="the CLI ended")
         o.stop()
         # the CLI not installed: not on the PATH the orchestrator gives its agent
         running(model, path="/usr/bin:/bin")
-        api.webhook(agent_session_event(session_id="as-missing", issue_id="i-missing", body="go"))
-        wait_for(
-            lambda: last_word(linear, "as-missing") is not None, timeout=60, what="the missing CLI's error"
-        )
-        missing = last_word(linear, "as-missing")
-        assert missing is not None and missing["type"] == "error"
-        assert "Claude Code is not installed on this machine: `claude` is not on the PATH" in missing["body"]
-        assert "npm install -g @anthropic-ai/claude-code@2.1.332" in missing["body"]
-        assert kinds(linear, "as-missing").count("error") == 1  # said once (not the orchestrator's too)
+        begin(api, "as-missing")
+        missing = the_error(linear, "as-missing")
+        assert "Claude Code is not installed on this machine: `claude` is not on the PATH" in missing
+        assert "npm install -g @anthropic-ai/claude-code@2.1.332" in missing
     finally:
         model.close()
 

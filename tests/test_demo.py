@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from devpilot.agent_clis import PINNED
+from tests.helpers.agent_runs import pinned_cli
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -62,36 +67,50 @@ def test_demo_shows_the_timeline(tmp_path: Path) -> None:
     assert not Path(home).exists()
 
 
-def test_demo_with_claude_shows_the_real_cli_at_work_as_linear_does(tmp_path: Path) -> None:
-    """`devpilot demo --agent claude`: the pinned claude CLI (installed for the tests) answers an
-    issue through the scripted model: its Bash call and result, the plan, the person's approval."""
-    from tests.helpers.claude import cli
-
-    cli()
-    r = demo(tmp_path, "--agent", "claude", timeout=120)
+@pytest.mark.parametrize(
+    ("agent", "title", "tool", "asks"),
+    [
+        ("claude", "Claude Code", "Bash", "Claude Code asks to use **Bash**"),
+        ("codex", "Codex", "Run", "Codex asks to run `printf 'Fixed: the login redirect keeps ?next=."),
+    ],
+)
+def test_demo_with_an_agent_shows_the_real_cli_at_work_as_linear_does(
+    tmp_path: Path, agent: str, title: str, tool: str, asks: str
+) -> None:
+    """`devpilot demo --agent NAME`: the pinned CLI (installed for the tests) answers an issue
+    through the scripted model: its command and result, the plan, the person's approval."""
+    pinned_cli(PINNED[agent])
+    r = demo(tmp_path, "--agent", agent, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "Registered demo-laptop for Dana Demo in Demo Workspace" in out
-    assert "devpilot-orchestrator --transport listen" in out and "--agent claude" in out
+    assert "devpilot-orchestrator --transport listen" in out and f"--agent {agent}" in out
     shown = out.split("what Linear shows in the agent session on DEMO-3:\n")[1].split("\n\n")[0].splitlines()
-    assert "  [action] Bash `git log --oneline -1 && ls`" in shown
-    assert shown[shown.index("  [action] Bash `git log --oneline -1 && ls`") + 2 :][:2] == [
+    look = f"  [action] {tool} `git log --oneline -1 && ls`"
+    assert look in shown
+    assert shown[shown.index(look) + 2 :][:2] == [
         "      README.md",
         "      login.py",
     ]  # the real command's output, in the scratch repository
     [ask] = [line for line in shown if line.startswith("  [elicitation]")]
-    assert "Claude Code asks to use **Bash**" in ask and ask.endswith("[Allow | Deny]")
+    assert asks in ask and ask.endswith("[Allow | Deny]")
     assert shown.index(ask) < shown.index(
         next(x for x in shown if x.startswith("  [thought] Allowed in Linear"))
     )
     assert shown[-2] == "  [response] Done: the login redirect keeps `?next=`, and CHANGELOG.md says so."
     assert shown[-1].startswith("  the session's plan: Read the login handler (completed)")
-    assert "CHANGELOG.md, written by Claude Code's Bash tool: Fixed: the login redirect keeps ?next=." in out
+    assert f"CHANGELOG.md, written by a command {title} ran: Fixed: the login redirect keeps ?next=." in out
 
 
-def test_demo_with_claude_says_how_to_install_it_when_it_is_not(tmp_path: Path) -> None:
-    r = demo(tmp_path, "--agent", "claude", timeout=60, XDG_CACHE_HOME=str(tmp_path / "empty-cache"))
+@pytest.mark.parametrize(
+    ("agent", "package"),
+    [("claude", "@anthropic-ai/claude-code@2.1.332"), ("codex", "@openai/codex@0.171.0")],
+)
+def test_demo_with_an_agent_says_how_to_install_it_when_it_is_not(
+    tmp_path: Path, agent: str, package: str
+) -> None:
+    r = demo(tmp_path, "--agent", agent, timeout=60, XDG_CACHE_HOME=str(tmp_path / "empty-cache"))
     assert r.returncode == 1
-    assert "@anthropic-ai/claude-code@2.1.332" in r.stdout and "not installed" in r.stdout
-    assert "python -m devpilot.claude_code" in r.stdout
+    assert package in r.stdout and "not installed" in r.stdout
+    assert f"python -m devpilot.agent_clis {agent}" in r.stdout
     assert "starting devpilot serve" not in r.stdout  # (nothing started)

@@ -1,4 +1,4 @@
-"""The real `claude` CLI in tests, offline: the pinned version (installed by devpilot.claude_code
+"""The real `claude` CLI in tests, offline: the pinned version (installed by devpilot.agent_clis
 into its cache folder on first use; without npm the tests skip and say why), a HOME of its own,
 the scripted stand-in of the Messages API (devpilot.scripted_model) as its API, and its
 nonessential traffic off (telemetry, error reports, update checks: the documented switches)."""
@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from devpilot import claude_code
+from devpilot.agent_clis import CLAUDE
 from devpilot.scripted_model import KEY, ScriptedModel
+from tests.helpers.agent_runs import pinned_cli
 
 QUIET = {
     "DISABLE_TELEMETRY": "1",
@@ -27,14 +26,8 @@ PASSED = ["ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", *QUIET]
 
 
 def cli() -> Path:
-    """The pinned CLI, installed if it is not yet; the test skips when it cannot be (and fails
-    instead under DEVPILOT_REQUIRE_AGENT_CLIS=1, as in CI, which installs it first)."""
-    try:
-        return claude_code.install()
-    except claude_code.Unavailable as exc:
-        if os.environ.get("DEVPILOT_REQUIRE_AGENT_CLIS") == "1":
-            pytest.fail(f"DEVPILOT_REQUIRE_AGENT_CLIS=1, but {exc}")
-        pytest.skip(str(exc))
+    """The pinned CLI (installed, or the test skips: tests.helpers.agent_runs)."""
+    return pinned_cli(CLAUDE)
 
 
 def environment(model: ScriptedModel, home: Path, key: str = KEY) -> dict[str, str]:
@@ -42,10 +35,6 @@ def environment(model: ScriptedModel, home: Path, key: str = KEY) -> dict[str, s
     sessions, settings and credentials live there, never in the person's)."""
     home.mkdir(parents=True, exist_ok=True)
     return {"HOME": str(home), "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": key, **QUIET}
-
-
-def path_with(cli_path: Path) -> str:
-    return os.pathsep.join([str(cli_path.parent), os.environ.get("PATH", os.defpath)])
 
 
 class Direct:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from devpilot import claude_code
+from devpilot.agent_clis import CLAUDE, Pinned
 from devpilot.scripted_model import ScriptedModel, Text, ToolUse, in_order
 from tests.helpers.claude import Direct, environment
 
@@ -248,18 +248,26 @@ def record(name: str, cli: Path, root: Path) -> list[dict[str, Any]]:
     return [json.loads(json.dumps(e).replace(str(work), "/work/cart")) for e in d.events]
 
 
-def main() -> int:
-    cli = claude_code.install()
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="claude-record-"))
+def record_all(
+    cli: Pinned, out: Path, record_one: Callable[[str, Path, Path], list[dict[str, Any]]], names: list[str]
+) -> int:
+    """Each situation `names` (all by default) recorded into `out`/NAME.jsonl, one JSON line a
+    message, with the pinned CLI (installed if it is not yet)."""
+    binary = cli.install()
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"{cli.name}-record-"))
     try:
-        for name in sys.argv[1:] or SITUATIONS:
-            events = record(name, cli, root)
-            (OUT / f"{name}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-            print(f"{name}: {len(events)} events")
+        for name in names:
+            heard = record_one(name, binary, root)
+            (out / f"{name}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in heard))
+            print(f"{name}: {len(heard)} lines")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def main() -> int:
+    return record_all(CLAUDE, OUT, record, sys.argv[1:] or list(SITUATIONS))
 
 
 if __name__ == "__main__":

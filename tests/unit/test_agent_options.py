@@ -30,12 +30,11 @@ def test_agent_is_short_for_devpilot_agent_with_the_persons_flags() -> None:
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--agent", "codex"], "--agent codex: not in this version yet"),
         (["--agent", "claude", "--", "my-agent"], "give --agent NAME or -- COMMAND, not both"),
         (["--agent-arg=--model=x", "--", "my-agent"], "--agent-arg and --approval-timeout go with --agent"),
         (["--agent", "claude", "--approval-timeout", "0"], "--approval-timeout must be more than 0 seconds"),
         (["--agent", "gemini"], "invalid choice: 'gemini'"),
-        ([], "give the command to run after -- (or --agent claude)"),
+        ([], "give the command to run after -- (or --agent claude|codex)"),
     ],
 )
 def test_what_the_orchestrator_refuses_before_it_starts(
@@ -47,6 +46,8 @@ def test_what_the_orchestrator_refuses_before_it_starts(
     assert said in capsys.readouterr().err
 
 
-def test_devpilot_agent_names_an_agent_not_in_this_version(capsys: pytest.CaptureFixture[str]) -> None:
-    assert agent_main.main(["codex"]) == 2
-    assert "codex is not in this version yet" in capsys.readouterr().err
+def test_devpilot_agent_refuses_a_timeout_of_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        agent_main.main(["--model-api-timeout", "0", "codex"])
+    assert ended.value.code == 2
+    assert "must be more than 0 seconds" in capsys.readouterr().err
