@@ -144,16 +144,38 @@ def _modules(target: str, env: dict[str, str], token: str) -> int:
     return int(out.stdout.strip())
 
 
+# What every target needs before it can answer: the baseline of the cold-start target (each
+# target's figure within 1.25x of it), spawned the same way, on the same interpreter, in the same run.
+BARE_IMPORT = "import functions_framework, psycopg, psycopg_pool"
+
+
+def bare_import_ms() -> float:
+    """Spawn -> exit of an interpreter that imports only what every target needs, in ms."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", BARE_IMPORT], cwd=ROOT, check=True)
+    return (time.perf_counter() - t0) * 1000
+
+
 def cold_starts(db_url: str, token: str, repeats: int) -> dict[str, Any]:
+    """Each target's cold start, and the bare import spawned just before each of its spawns (the
+    host drifts: a baseline taken minutes apart would move the ratio)."""
     out: dict[str, Any] = {}
     for package in ("functions", "shared"):
         compileall.compile_dir(ROOT / package, quiet=1)
+    bare: list[float] = []
     for target in ("claim", "ack", "webhook", "healthz"):
-        runs = [cold_start_ms(db_url, target, token) for _ in range(repeats)]
+        runs = []
+        for _ in range(repeats):
+            bare.append(bare_import_ms())
+            runs.append(cold_start_ms(db_url, target, token))
         times = sorted(ms for ms, _ in runs)
         out[target] = {
             "median_ms": round(times[len(times) // 2]),
             "max_ms": round(times[-1]),
             "modules": runs[0][1],
         }
+    bare.sort()
+    out["bare_import"] = {"median_ms": round(bare[len(bare) // 2]), "max_ms": round(bare[-1]), "n": len(bare)}
+    for target in ("claim", "ack", "webhook", "healthz"):
+        out[target]["vs_bare_import"] = round(out[target]["median_ms"] / out["bare_import"]["median_ms"], 2)
     return out

@@ -45,6 +45,8 @@ def figures(out: dict[str, Any]) -> dict[str, Any]:
         "server_cpu_ms": {k: out["server_cpu_ms"][k] for k in ("empty_claim", "webhook", "healthz")},
     }
     f["cold_start_ms"]["max"] = max(out["cold_start"][t]["max_ms"] for t in TARGETS)
+    if "bare_import" in out["cold_start"]:
+        f["cold_start_ms"]["bare_import"] = out["cold_start"]["bare_import"]["median_ms"]
     if "enqueue_one_statement" in out:
         f["enqueue_16_per_s"]["one_statement"] = out["enqueue_one_statement"]["16"]
         f["webhooks_single"]["vs_enqueue_one_statement"] = http["ratios"][

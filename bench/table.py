@@ -113,10 +113,20 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str]]:
                 "cold start, spawn → first answer: " + " / ".join(targets),
                 " / ".join(str(out["cold_start"][t]["median_ms"]) for t in targets)
                 + f" ms (max {max(out['cold_start'][t]['max_ms'] for t in targets)} ms)",
-                "",
+                _vs_bare_import(out["cold_start"], targets),
             )
         )
     return result
+
+
+def _vs_bare_import(cold: dict[str, Any], targets: list[str]) -> str:
+    """Each target against the bare import of what it needs, spawned in the same run (runs before
+    the baseline was measured have none)."""
+    bare = cold.get("bare_import")
+    if bare is None:
+        return ""
+    ratios = " / ".join(str(cold[t]["vs_bare_import"]) for t in targets)
+    return f"{ratios}× the bare import ({bare['median_ms']} ms)"
 
 
 def markdown(out: dict[str, Any], name: str = "latest.json") -> str:
