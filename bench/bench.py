@@ -6,6 +6,9 @@ Writes a table to stdout, bench/results/latest.json and bench/results/latest.png
     python -m bench.bench --only paired [--quick]
 The paired rounds alone (every kind of webhook beside the library's enqueue; about five minutes,
 one with --quick), written to bench/results/paired.json, not latest.json.
+
+    python -m bench.bench --only cold [--quick]
+The cold starts alone beside the bare import (about a minute), written to bench/results/cold.json.
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ def main() -> int:
     ap.add_argument(
         "--quick", action="store_true", help="smaller and shorter (about two minutes; no instruction counts)"
     )
-    ap.add_argument("--only", choices=["paired"], help="only this part (written to results/<part>.json)")
+    ap.add_argument(
+        "--only", choices=["paired", "cold"], help="only this part (written to results/<part>.json)"
+    )
     args = ap.parse_args()
     q = args.quick
     secs = 1.0 if q else 5.0
@@ -80,6 +85,8 @@ def main() -> int:
     out["machine"]["postgres"] = s.version
     if args.only == "paired":
         return only_paired(s, out, secs, n_drain)
+    if args.only == "cold":
+        return only_cold(s, out)
     try:
         print(
             f"devpilot-dispatch bench ({'quick' if q else 'full'}), Postgres {s.version}, {os.cpu_count()} cores"
@@ -239,6 +246,18 @@ def only_paired(s: BenchServer, out: dict[str, Any], secs: float, n_drain: int) 
     (RESULTS / "paired.json").write_text(json.dumps(out, indent=2, default=str))
     print(paired_table(out["paired"]))
     print(f"({out['seconds']} s)")
+    return 0
+
+
+def only_cold(s: BenchServer, out: dict[str, Any]) -> int:
+    """`--only cold`: the cold starts alone, beside the bare import, as the full run takes them."""
+    try:
+        out["cold_start"] = cold_start(s, 1 if out["quick"] else 5)
+    finally:
+        s.close()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "cold.json").write_text(json.dumps(out, indent=2, default=str))
+    print(json.dumps(out["cold_start"], indent=1))
     return 0
 
 
