@@ -143,7 +143,7 @@ def missing(name: str) -> str | None:
     return (
         f"demo: --agent {name} runs the real {agent.title} CLI, pinned at {agent.cli.package}, which is\n"
         f"      not installed in {agent.cli.folder()}. Install it with npm (some 100 MB) with\n"
-        f"        python -m devpilot.agent_clis {name}     (./dev python -m devpilot.agent_clis {name} here)\n"
+        f"        python -m devpilot.agent_clis {name}     (in a checkout: .venv/bin/python -m devpilot.agent_clis {name})\n"
         "      then run the demo again. Nothing was started."
     )
 
