@@ -349,8 +349,10 @@ class Dispatch:
         self._after_commit(acted.notice_ids)
         return acted
 
-    def revoke(self, orchestrator_id: UUID) -> orchestrators.Revoked | None:
-        revoked = orchestrators.revoke(self.pool, orchestrator_id)
+    def revoke(self, orchestrator_id: UUID) -> queue.Revoked | None:
+        """A machine revoked, its work moved or cancelled (`shared.queue.revoke`); then what Linear
+        hears is posted."""
+        revoked = queue.revoke(self.pool, orchestrator_id)
         if revoked is not None:
             self._after_commit(revoked.notice_ids)
         return revoked

@@ -161,7 +161,3 @@ UPDATE routing_requests SET choice = %(choice)s, available_at = now()
 WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
   AND asked_at IS NOT NULL
 RETURNING id;
-
--- name: session_routing_note
--- In the routing transaction: how the new session's machine was chosen, for its page.
-UPDATE dispatch_sessions SET routing_note = %(note)s WHERE id = %(id)s;
