@@ -122,3 +122,23 @@ def mark_listening(pool: Pool, orchestrator_id: UUID, seconds: float, margin: fl
     leaves no wake-up behind)."""
     with lend(pool) as conn:
         conn.execute(query("mark_listening"), {"id": orchestrator_id, "seconds": seconds, "margin": margin})
+
+
+class Enrolled(NamedTuple):
+    id: UUID
+    token: str  # shown once; only its hash is stored
+    replaced: bool  # the person's active machine of that name got the token (else: a new machine)
+
+
+def enroll(tx: Tx, org_id: str, linear_user_id: str, name: str) -> Enrolled:
+    """In the caller's transaction (an enrollment redeemed, `shared.enroll`): a new token for the
+    person's active machine of that name (its old token stops at once; its id and queued work
+    stay), or a new machine under that name. Enrollments of one name by one person take turns
+    (`enroll_turn`), so two at once never register the name twice."""
+    tx = require_tx(tx, "orchestrators.enroll")
+    token = new_token()
+    who = {"org_id": org_id, "linear_user_id": linear_user_id, "name": name}
+    tx.execute(query("enroll_turn"), who)
+    row = tx.one(query("orchestrator_enroll"), {**who, "token_hash": hash_token(token)})
+    assert row is not None
+    return Enrolled(row["id"], token, bool(row["replaced"]))

@@ -46,33 +46,6 @@ SELECT o.id, o.org_id, o.linear_user_id, o.name, o.created_at, o.last_seen_at, o
 FROM orchestrators o LEFT JOIN machine_inventories i ON i.orchestrator_id = o.id
 ORDER BY o.created_at, o.id;
 
--- name: machine_describe
--- What a machine has, as its orchestrator said last (`POST /machine`): it replaces what it said
--- before, and the digest routing compares (`route`, intake.sql) is written on the machine's row in
--- the same statement. Only an active machine. (The update of the machine's row takes no lock an
--- enqueue's FOR KEY SHARE waits for.)
-WITH o AS (
-    UPDATE orchestrators SET routing_shape = %(routing_shape)s
-    WHERE id = %(id)s AND revoked_at IS NULL
-    RETURNING id, name
-), inv AS (
-    INSERT INTO machine_inventories (orchestrator_id, repositories, repository_keys, labels)
-    SELECT o.id, %(repositories)s, %(repository_keys)s::text[], %(labels)s::text[] FROM o
-    ON CONFLICT (orchestrator_id) DO UPDATE
-    SET repositories = EXCLUDED.repositories, repository_keys = EXCLUDED.repository_keys,
-        labels = EXCLUDED.labels, updated_at = now()
-    RETURNING repositories, labels
-)
-SELECT o.id, o.name, inv.repositories, inv.labels FROM o, inv;
-
--- name: machine_inventory
--- What a machine said it has, its row locked until the caller's transaction ends (which then
--- changes it with `machine_describe`, so two changes never undo each other).
-SELECT i.repositories, i.repository_keys, i.labels
-FROM machine_inventories i JOIN orchestrators o ON o.id = i.orchestrator_id AND o.revoked_at IS NULL
-WHERE i.orchestrator_id = %(id)s
-FOR UPDATE OF i;
-
 -- name: orchestrator_revoke
 -- Idempotent: revoking twice keeps the first revocation time. The NOTIFY (sent on commit) wakes a
 -- long-poll of this machine that is already waiting, so it ends instead of returning work.
@@ -137,3 +110,27 @@ SELECT o.id FROM orchestrators o
 WHERE o.revoked_at IS NOT NULL AND EXISTS (SELECT 1 FROM dispatch_queue q WHERE q.orchestrator_id = o.id)
 ORDER BY o.id
 LIMIT %(batch)s;
+
+-- name: enroll_turn
+-- In an enrollment's redeem (`shared.enroll`, through `orchestrators.enroll`): enrollments of one
+-- machine name by one person take turns (a transaction-scoped lock), so two at once replace one machine's token twice instead of registering the name twice. Its own statement,
+-- before `orchestrator_enroll`, whose snapshot then sees what the other committed.
+SELECT pg_advisory_xact_lock(hashtextextended('enroll/' || %(org_id)s || '/' || %(linear_user_id)s || '/' || %(name)s, 0));
+
+-- name: orchestrator_enroll
+-- The person's active machine of that name gets the new token (the old one stops at once; its id,
+-- and so its queued work, stay), or a new machine is registered under that name.
+WITH existing AS (
+    SELECT id FROM orchestrators
+    WHERE org_id = %(org_id)s AND linear_user_id = %(linear_user_id)s AND name = %(name)s AND revoked_at IS NULL
+    ORDER BY created_at DESC, id
+    LIMIT 1
+    FOR UPDATE
+), replaced AS (
+    UPDATE orchestrators o SET token_hash = %(token_hash)s FROM existing e WHERE o.id = e.id RETURNING o.id
+), added AS (
+    INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)
+    SELECT %(org_id)s, %(linear_user_id)s, %(name)s, %(token_hash)s WHERE NOT EXISTS (SELECT 1 FROM existing)
+    RETURNING id
+)
+SELECT id, true AS replaced FROM replaced UNION ALL SELECT id, false FROM added;

@@ -338,6 +338,7 @@ items AS (
 -- include: delivered_notices
 
 -- name: delivered_notices
+-- Owner: the queue (Linear's notices of the delivery, in the ack's statement).
 -- A fragment, after `delivered` (the sessions an ack delivered): what Linear hears when a `start`
 -- is delivered, for orgs Linear is told about, as outbox rows of the ack's own statement (posted
 -- after its commit, retried by the sweep; a refusal never undoes the delivery):
@@ -394,6 +395,7 @@ LEFT JOIN dispatch_queue q ON q.id = %(queue_id)s AND q.orchestrator_id = %(orch
 LEFT JOIN dispatch_sessions s ON s.queue_id = %(queue_id)s AND s.orchestrator_id = %(orchestrator_id)s;
 
 -- name: end_claims
+-- Owner: the queue (with the attempts, dead letters, sessions and Linear's notices, in one statement).
 -- A fragment, included by `release` and `sweep` after their `ending` CTE (id, session_id, attempts,
 -- claimed_at, last_error, failure_reason: the locked CLAIMED rows whose claim ends without an ack). In their one
 -- statement: attempts < max -> AVAILABLE at now + devpilot_backoff(attempts); attempts >= max ->
