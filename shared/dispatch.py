@@ -5,9 +5,10 @@ within Linear's 10 s. If the process dies first they are still in the table, and
 them. Handlers only parse, call one method here, and answer.
 
 It is also the one module of the service the handlers (`functions/`) import, with the wire types
-(`shared.wire`): the names they use besides `Dispatch` are re-exported at the end, grouped by what
-they serve. `functions/runtime.py`, which wires the pool, the settings and the embedded database,
-takes those from here too. tests/unit/test_handler_imports.py holds every handler to it.
+(`shared.wire`): the names they use besides `Dispatch` are re-exported (`__all__`): those this
+module loads anyway from its imports, the rest, grouped by what they serve, when a handler first
+asks (`_LATER`). `functions/runtime.py`, which wires the pool, the settings and the embedded
+database, takes those from here too. tests/unit/test_handler_imports.py holds every handler to it.
 """
 
 from __future__ import annotations
