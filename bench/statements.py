@@ -36,8 +36,8 @@ from bench.db import BenchServer
 from bench.loadgen import assignment, edit
 from shared import intake, linear, queue, status
 from shared.db import open_pool
-from shared.orchestrators import hash_token, register, revoke
-from shared.queue import AckItem
+from shared.orchestrators import hash_token, register
+from shared.queue import AckItem, revoke
 from shared.settings import Settings
 from shared.sql import load, query_with_limit
 

@@ -53,7 +53,7 @@ def operator(call: Call) -> Viewer | None:
 def person(call: Call) -> Viewer | None:
     """A person signed in with Linear (`/me`'s session cookie): their workspace's sessions."""
     from functions.pages import ME_COOKIE
-    from shared import people
+    from shared.dispatch import people
 
     session = call.request.cookies.get(ME_COOKIE, "")
     who = people.signed_in(call.rt.pool, session) if session else None

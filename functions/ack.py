@@ -13,8 +13,7 @@ import flask
 from functions.fleet_bodies import AckBody, loose_uuid
 from functions.telemetry import count
 from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator
-from shared.dispatch import Refused
-from shared.queue import NOT_FOUND, NOT_LATEST, AckItem
+from shared.dispatch import NOT_FOUND, NOT_LATEST, AckItem, Refused
 
 STATUS = {"acked": 200, "claim_superseded": 409, "not_found": 404}
 # What a release that missed is told (an ack is told more: shared.queue judges each item).

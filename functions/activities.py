@@ -39,7 +39,7 @@ def activities(call: Call) -> flask.Response:
 def list_activities(call: Call) -> flask.Response:
     """GET /activities?agentSessionId=…: the agent session's activities in order, the service's
     and the agent's (what the machine writes into COMMAND's transcript)."""
-    from shared.notices import ACTIVITY_TYPE as NOTICE_TYPE  # (the service's own notices' types)
+    from shared.dispatch import ACTIVITY_TYPE as NOTICE_TYPE  # (the service's own notices' types)
 
     agent_session_id = call.request.args.get("agentSessionId", "")
     if not agent_session_id or len(agent_session_id) > 200:

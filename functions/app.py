@@ -39,9 +39,7 @@ from functions.web import (
     require_orchestrator,
     start_notes,
 )
-from shared import crypto, deadline
-from shared.orchestrators import UNAUTHORIZED, Orchestrator
-from shared.settings import SettingsError
+from shared.dispatch import UNAUTHORIZED, Orchestrator, SettingsError, crypto, deadline
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from functions.fleet_bodies import loose_uuid as loose_uuid
-from shared import machines
+from shared.dispatch import machines
 from shared.wire.messages import FULL_NAME, HOSTNAME, LABEL
 
 

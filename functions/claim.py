@@ -17,8 +17,7 @@ import flask
 from functions.fleet_bodies import ClaimBody
 from functions.telemetry import count
 from functions.web import ApiError, Call, bearer, note, reply, require_orchestrator, routine
-from shared.dispatch import Refused
-from shared.orchestrators import hash_token
+from shared.dispatch import Refused, hash_token
 
 
 def claim(call: Call) -> flask.Response:

@@ -10,9 +10,7 @@ wrong tokens from one client get 429 for a while. No dashboard answer may be fra
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import secrets
 from html import escape
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -21,30 +19,15 @@ import flask
 
 from functions.runtime import Runtime
 from functions.web import Call, bearer, raw_body, require_admin
-from shared.db import lend
-from shared.sql import query
-from shared.status import Snapshot, format_age, pace_text, snapshot
+from shared.dispatch import Snapshot, dashboard_signin, format_age, pace_text, snapshot
 
 COOKIE = "devpilot_dashboard"
 REFRESH_SECONDS = 10
 
 
-SESSION_SECONDS = 12 * 3600
-LOGIN_LIMIT, LOGIN_WINDOW_SECONDS = 5, 15 * 60  # wrong tokens from one client, then 429 for the window
-
-
-def _hash(session: str) -> bytes:
-    return hashlib.sha256(session.encode()).digest()
-
-
-def _one(rt: Runtime, name: str, params: dict[str, Any]) -> Any:
-    with lend(rt.pool) as conn:
-        return conn.execute(query(name), params).fetchone()
-
-
 def session_valid(rt: Runtime, cookie: str) -> bool:
     """A dashboard session that was started by a login and has not ended or expired."""
-    return _one(rt, "dashboard_session_valid", {"token_hash": _hash(cookie)}) is not None
+    return dashboard_signin.session_valid(rt.pool, cookie)
 
 
 def _authorised(request: flask.Request, rt: Runtime) -> bool:
@@ -211,30 +194,20 @@ def login_form(call: Call) -> flask.Response:
 
 
 def login(call: Call) -> flask.Response:
-    client = {
-        "client": call.request.remote_addr or "unknown",
-        "limit": LOGIN_LIMIT,
-        "window": LOGIN_WINDOW_SECONDS,
-    }
-    if _one(call.rt, "dashboard_login_blocked", client) is not None:
+    client = call.request.remote_addr or "unknown"
+    if dashboard_signin.login_blocked(call.rt.pool, client):
         return html(
             login_page("too many wrong tokens; try again later"),
             429,
-            {"Retry-After": str(LOGIN_WINDOW_SECONDS)},
+            {"Retry-After": str(dashboard_signin.LOGIN_WINDOW_SECONDS)},
         )
     form = parse_qs(raw_body(call.request).decode("utf-8", "replace"))
     token = (form.get("token") or [""])[0]
     expected = call.rt.settings.admin_token
     if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
-        with lend(call.rt.pool) as conn:
-            conn.execute(query("dashboard_login_failed"), client)
+        dashboard_signin.login_failed(call.rt.pool, client)
         return html(login_page("wrong token"), 401)
-    session = secrets.token_urlsafe(32)
-    with lend(call.rt.pool) as conn:
-        conn.execute(
-            query("dashboard_session_create"), {"token_hash": _hash(session), "seconds": SESSION_SECONDS}
-        )
-        conn.execute(query("dashboard_login_ok"), client)
+    session = dashboard_signin.start_session(call.rt.pool, client)
     resp = html("", 303, {"Location": "/dashboard"})
     resp.set_cookie(
         COOKIE,
@@ -243,7 +216,7 @@ def login(call: Call) -> flask.Response:
         httponly=True,
         samesite="Strict",
         path="/",  # the dashboard and the session pages
-        max_age=SESSION_SECONDS,
+        max_age=dashboard_signin.SESSION_SECONDS,
     )
     return resp
 
@@ -251,8 +224,7 @@ def login(call: Call) -> flask.Response:
 def logout(call: Call) -> flask.Response:
     cookie = call.request.cookies.get(COOKIE, "")
     if cookie:
-        with lend(call.rt.pool) as conn:
-            conn.execute(query("dashboard_session_end"), {"token_hash": _hash(cookie)})
+        dashboard_signin.end_session(call.rt.pool, cookie)
     resp = html("", 303, {"Location": "/dashboard/login"})
     resp.delete_cookie(COOKIE, path="/")
     return resp

@@ -33,8 +33,7 @@ from functions.pages import (
     to_linear,
 )
 from functions.web import ApiError, Call, note, raw_body, reply
-from shared import enroll, people
-from shared.signin import SignInFailed
+from shared.dispatch import SignInFailed, enroll, people
 
 
 def _enabled(call: Call) -> str:

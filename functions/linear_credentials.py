@@ -12,7 +12,7 @@ import flask
 
 from functions.bodies import CredentialsBody
 from functions.web import ApiError, Call, note, reply
-from shared import linear_auth, notices
+from shared.dispatch import linear_auth
 
 
 def store(call: Call) -> flask.Response:
@@ -48,7 +48,7 @@ def list_credentials(call: Call) -> flask.Response:
                     "disconnectReason": r["disconnect_reason"],
                     "updatedAt": r["updated_at"].isoformat(),
                 }
-                for r in notices.list_credentials(call.rt.pool)
+                for r in linear_auth.list_credentials(call.rt.pool)
             ]
         }
     )
@@ -56,6 +56,6 @@ def list_credentials(call: Call) -> flask.Response:
 
 def forget(call: Call) -> flask.Response:
     org_id: str = call.args["org_id"]
-    if not notices.delete_credentials(call.rt.pool, org_id):
+    if not linear_auth.delete_credentials(call.rt.pool, org_id):
         raise ApiError(404, "not_found", "no credentials for that org")
     return reply({"orgId": org_id, "deleted": True})

@@ -10,7 +10,7 @@ import flask
 
 from functions.bodies import MachineBody
 from functions.web import ApiError, Call, note, reply
-from shared import machines
+from shared.dispatch import machines
 
 
 def machine(call: Call) -> flask.Response:

@@ -21,8 +21,7 @@ import flask
 
 from functions.pages import ME_COOKIE, drop, guarded, page, redirect, to_linear
 from functions.web import ApiError, Call, bearer, note, raw_body, reply, require_orchestrator
-from shared import enroll, people
-from shared.orchestrators import Orchestrator
+from shared.dispatch import Orchestrator, enroll, people
 
 
 def _machine(call: Call) -> Orchestrator | None:

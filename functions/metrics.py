@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from functions.runtime import get_runtime
 from functions.telemetry import meters
 from functions.web import ApiError, Call
-from shared.status import snapshot
+from shared.dispatch import snapshot
 
 
 class QueueDepth(Collector):

@@ -14,7 +14,7 @@ from html import escape
 import flask
 
 from functions.web import ApiError, Call, note
-from shared import linear_auth
+from shared.dispatch import linear_auth
 
 
 def _enabled(call: Call) -> None:

@@ -11,11 +11,11 @@ import flask
 
 from functions.bodies import RegisterBody
 from functions.web import ApiError, Call, note, reply
-from shared import orchestrators as registry
+from shared.dispatch import orchestrators as registry
 
 
 def register(call: Call) -> flask.Response:
-    from shared.signin import is_member  # (the one Linear read; loads httpx with this route only)
+    from shared.dispatch import is_member  # (the one Linear read; loads httpx with this route only)
 
     body = call.body(RegisterBody)
     # A typo guard, not a boundary (the admin is trusted): a user Linear says is not in the

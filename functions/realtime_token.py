@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import flask
 
 from functions.web import ApiError, Call, reply
-from shared import realtime
+from shared.dispatch import realtime
 
 
 def realtime_token(call: Call) -> flask.Response:

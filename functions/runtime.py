@@ -11,12 +11,17 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from shared.db import Pool, open_pool
-from shared.dispatch import Dispatch
-from shared.embedded import Database, resolve
-from shared.health import Health
-from shared.settings import Settings, get_settings
-from shared.wakeups import Wakeups
+from shared.dispatch import (
+    Database,
+    Dispatch,
+    Health,
+    Pool,
+    Settings,
+    Wakeups,
+    get_settings,
+    open_pool,
+    resolve,
+)
 
 
 @dataclass

@@ -14,8 +14,7 @@ from uuid import UUID
 
 from functions.access import Viewer
 from functions.dashboard import page
-from shared.notices import ACTIVITY_TYPE
-from shared.sessions import Page
+from shared.dispatch import ACTIVITY_TYPE, Page
 
 
 def _t(value: datetime | None) -> str:

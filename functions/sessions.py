@@ -21,7 +21,7 @@ from functions import access, session_page
 from functions.bodies import MoveBody, loose_uuid
 from functions.dashboard import html
 from functions.web import ApiError, Call, bearer, note, raw_body, reply
-from shared import sessions
+from shared.dispatch import sessions
 
 
 def _not_found(call: Call) -> flask.Response:

@@ -14,9 +14,7 @@ import flask
 
 from functions.fleet_bodies import BodyError, PlainBody
 from functions.runtime import Runtime
-from shared import jsoninput
-from shared.dispatch import Dispatch
-from shared.orchestrators import UNAUTHORIZED, Orchestrator, authenticate, authenticate_agent
+from shared.dispatch import UNAUTHORIZED, Dispatch, Orchestrator, authenticate, authenticate_agent, jsoninput
 from shared.wire import agent_tokens
 
 MAX_BODY = 1024 * 1024  # 1 MiB

@@ -12,8 +12,7 @@ import time
 import flask
 
 from functions.web import ApiError, Call, note, raw_body, reply
-from shared import linear
-from shared.dispatch import Refused
+from shared.dispatch import Refused, linear
 
 
 def webhook(call: Call) -> flask.Response:

@@ -3,10 +3,17 @@ calls. Each operation owns its transaction and what happens after the commit: th
 its transaction wrote are posted right after, off the caller's path, so an agent session hears back
 within Linear's 10 s. If the process dies first they are still in the table, and the sweep sends
 them. Handlers only parse, call one method here, and answer.
+
+It is also the one module of the service the handlers (`functions/`) import, with the wire types
+(`shared.wire`): the names they use besides `Dispatch` are re-exported (`__all__`): those this
+module loads anyway from its imports, the rest, grouped by what they serve, when a handler first
+asks (`_LATER`). `functions/runtime.py`, which wires the pool, the settings and the embedded
+database, takes those from here too. tests/unit/test_handler_imports.py holds every handler to it.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -17,9 +24,10 @@ from uuid import UUID, uuid4
 from psycopg.types.json import Jsonb
 
 from shared import deadline, orchestrators, queue
-from shared.db import Pool, Tx, transaction
-from shared.orchestrators import Orchestrator
-from shared.settings import Settings
+from shared.db import Pool, Tx, open_pool, transaction
+from shared.orchestrators import UNAUTHORIZED, Orchestrator, authenticate, authenticate_agent, hash_token
+from shared.queue import NOT_FOUND, NOT_LATEST, AckItem
+from shared.settings import Settings, SettingsError, get_settings
 from shared.sql import query
 from shared.wakeups import Wakeups
 from shared.wire.messages import REPOSITORY_MISSING, TaskDispatchMessage
@@ -293,12 +301,12 @@ class Dispatch:
             "signal": signal,
             "signal_metadata": Jsonb(signal_metadata) if signal_metadata is not None else None,
         }
+        from shared import notices
+
         with transaction(self.pool) as tx:
             params["agent_session_id"] = self._speaks_in(tx, orch, agent_session_id)
-            if tx.one(query("activity_insert"), params) is None:
-                same = tx.one(query("activity_same"), params)
-                if same is None or not same["same"]:
-                    raise Refused("not_found", "no agent session of yours by that id")
+            if not notices.accept_activity(tx, params):
+                raise Refused("not_found", "no agent session of yours by that id")
         self._after_commit([aid])
         return aid
 
@@ -311,12 +319,13 @@ class Dispatch:
             "body": "; ".join(f"{s['content']} ({s['status']})" for s in plan)[:2000],
             "content": Jsonb({"plan": plan}),
         }
+        from shared import notices
+
         with transaction(self.pool) as tx:
             params["agent_session_id"] = self._speaks_in(tx, orch, agent_session_id)
-            row = tx.one(query("plan_insert"), params)
-        assert row is not None
-        self._after_commit([row["id"]])
-        return UUID(str(row["id"]))
+            plan_id = notices.accept_plan(tx, params)
+        self._after_commit([plan_id])
+        return plan_id
 
     def activities_of(self, orch: Orchestrator, agent_session_id: str) -> list[dict[str, Any]]:
         """An agent session's activities, in order (the machine's transcript of the conversation):
@@ -349,8 +358,10 @@ class Dispatch:
         self._after_commit(acted.notice_ids)
         return acted
 
-    def revoke(self, orchestrator_id: UUID) -> orchestrators.Revoked | None:
-        revoked = orchestrators.revoke(self.pool, orchestrator_id)
+    def revoke(self, orchestrator_id: UUID) -> queue.Revoked | None:
+        """A machine revoked, its work moved or cancelled (`shared.queue.revoke`); then what Linear
+        hears is posted."""
+        revoked = queue.revoke(self.pool, orchestrator_id)
         if revoked is not None:
             self._after_commit(revoked.notice_ids)
         return revoked
@@ -366,3 +377,115 @@ class Dispatch:
 
     def close(self) -> None:
         self._sender.shutdown(wait=False)
+
+
+# --- What the handlers use besides `Dispatch` --------------------------------------------------
+# Those loaded with this module anyway are imported at the top; the rest is loaded when a handler
+# first asks for it (`__getattr__`), so that a route loads only what it uses
+# (tests/unit/test_cold_imports.py): each name, and the module that has it.
+_LATER = {
+    # the runtime's wiring
+    "Database": "shared.embedded",
+    "resolve": "shared.embedded",
+    "Health": "shared.health",
+    # the request's parsing and secrets
+    "jsoninput": "shared",
+    "crypto": "shared",
+    # Linear: the webhook's checks, the OAuth install, the tokens, the notices' kinds
+    "linear": "shared",
+    "linear_auth": "shared",
+    "notices": "shared",
+    "ACTIVITY_TYPE": "shared.notices",
+    "realtime": "shared",
+    # machines' own description, people and enrollment (signing in with Linear)
+    "machines": "shared",
+    "enroll": "shared",
+    "people": "shared",
+    "SignInFailed": "shared.signin",
+    "is_member": "shared.signin",
+    # operators: session pages and actions, the dashboard's sign-in and figures
+    "sessions": "shared",
+    "Page": "shared.sessions",
+    "dashboard_signin": "shared",
+    "Snapshot": "shared.status",
+    "snapshot": "shared.status",
+    "format_age": "shared.status",
+    "pace_text": "shared.status",
+}
+
+if TYPE_CHECKING:
+    from shared import (
+        crypto,
+        dashboard_signin,
+        enroll,
+        jsoninput,
+        linear,
+        linear_auth,
+        machines,
+        notices,
+        people,
+        realtime,
+        sessions,
+    )
+    from shared.embedded import Database, resolve
+    from shared.health import Health
+    from shared.notices import ACTIVITY_TYPE
+    from shared.sessions import Page
+    from shared.signin import SignInFailed, is_member
+    from shared.status import Snapshot, format_age, pace_text, snapshot
+else:
+
+    def __getattr__(name: str) -> object:
+        where = _LATER.get(name)
+        if where is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        if where == "shared":
+            return importlib.import_module(f"shared.{name}")
+        return getattr(importlib.import_module(where), name)
+
+
+# What a handler may import from here (the service's own names, and the re-exported ones).
+__all__ = [
+    "ACTIVITY_TYPE",
+    "HANDOVER_SECONDS",
+    "NOT_FOUND",
+    "NOT_LATEST",
+    "RECHECK_SECONDS",
+    "UNAUTHORIZED",
+    "AckItem",
+    "Database",
+    "Dispatch",
+    "Health",
+    "Orchestrator",
+    "Page",
+    "Pool",
+    "Refused",
+    "Settings",
+    "SettingsError",
+    "SignInFailed",
+    "Snapshot",
+    "Wakeups",
+    "authenticate",
+    "authenticate_agent",
+    "crypto",
+    "dashboard_signin",
+    "deadline",
+    "enroll",
+    "format_age",
+    "get_settings",
+    "hash_token",
+    "is_member",
+    "jsoninput",
+    "linear",
+    "linear_auth",
+    "machines",
+    "notices",
+    "open_pool",
+    "orchestrators",
+    "pace_text",
+    "people",
+    "realtime",
+    "resolve",
+    "sessions",
+    "snapshot",
+]

@@ -248,7 +248,7 @@ def callback(pool: Pool, settings: Settings, code: str, state: str, browser_secr
         raise
     person = {"org_id": viewer.org_id, "linear_user_id": viewer.id}
     with transaction(pool) as tx:
-        tx.execute(query("person_seen"), {**person, "name": viewer.name, "workspace_name": viewer.workspace})
+        people.seen(tx, viewer.org_id, viewer.id, viewer.name, viewer.workspace)
         if flow["purpose"] == "me":
             return SignedIn(viewer, session=people.start_session(tx, viewer.org_id, viewer.id))
         grant, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
@@ -385,19 +385,15 @@ def redeem(pool: Pool, enrollment_id: UUID, verifier: str, code: str | None) -> 
 
 
 def _register(tx: Tx, row: DictRow) -> Redeemed:
-    token = orchestrators.new_token()
-    who = {"org_id": row["org_id"], "linear_user_id": row["linear_user_id"], "name": row["name"]}
-    tx.execute(query("enroll_turn"), who)
-    machine = tx.one(query("orchestrator_enroll"), {**who, "token_hash": orchestrators.hash_token(token)})
-    assert machine is not None
-    tx.execute(query("enrollment_redeemed"), {"id": row["id"], "orchestrator_id": machine["id"]})
+    machine = orchestrators.enroll(tx, str(row["org_id"]), str(row["linear_user_id"]), str(row["name"]))
+    tx.execute(query("enrollment_redeemed"), {"id": row["id"], "orchestrator_id": machine.id})
     return Redeemed(
-        machine["id"],
-        token,
+        machine.id,
+        machine.token,
         str(row["org_id"]),
         str(row["linear_user_id"]),
         str(row["name"]),
-        machine["replaced"],
+        machine.replaced,
     )
 
 

@@ -270,3 +270,15 @@ class Tokens:
 
 class RefreshFailed(RuntimeError):
     """Linear could not be asked (or answered 5xx): the token stays as it was; try later."""
+
+
+def list_credentials(pool: Pool) -> list[dict[str, Any]]:
+    """Each org's connection to Linear and its state (never a token)."""
+    with lend(pool) as conn:
+        return [dict(r) for r in conn.execute(query("credentials_list"))]
+
+
+def delete_credentials(pool: Pool, org_id: str) -> bool:
+    """The org's tokens forgotten; False: it had none."""
+    with lend(pool) as conn:
+        return conn.execute(query("credentials_delete"), {"org_id": org_id}).fetchone() is not None

@@ -36,14 +36,23 @@ COMMENT = """mutation CommentCreate($input: CommentCreateInput!) {
 }"""
 
 
-def list_credentials(pool: Pool) -> list[dict[str, Any]]:
-    with lend(pool) as conn:
-        return [dict(r) for r in conn.execute(query("credentials_list"))]
+def accept_activity(tx: Tx, params: dict[str, Any]) -> bool:
+    """In the caller's transaction (`shared.dispatch`, who may post checked first): the agent's
+    activity into the outbox (`activity_insert`), or the same post again (its id seen before:
+    nothing is written). False: the id is someone else's (`activity_same`)."""
+    tx = require_tx(tx, "notices.accept_activity")
+    if tx.one(query("activity_insert"), params) is not None:
+        return True
+    same = tx.one(query("activity_same"), params)
+    return same is not None and bool(same["same"])
 
 
-def delete_credentials(pool: Pool, org_id: str) -> bool:
-    with lend(pool) as conn:
-        return conn.execute(query("credentials_delete"), {"org_id": org_id}).fetchone() is not None
+def accept_plan(tx: Tx, params: dict[str, Any]) -> UUID:
+    """In the caller's transaction (who may post checked first): the agent's plan into the outbox
+    (`plan_insert`)."""
+    row = require_tx(tx, "notices.accept_plan").one(query("plan_insert"), params)
+    assert row is not None
+    return UUID(str(row["id"]))
 
 
 def write(

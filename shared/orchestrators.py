@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
-from shared.db import Pool, lend, transaction
+from shared.db import Pool, Tx, lend, require_tx, transaction
 from shared.sql import query
 from shared.wire import agent_tokens
 
@@ -99,24 +99,13 @@ def list_all(pool: Pool) -> list[Listed]:
         return [Listed(**r) for r in conn.execute(query("orchestrator_list")).fetchall()]
 
 
-class Revoked(NamedTuple):
-    moved: int  # undelivered starts now with the same user's most recently seen active machine
-    cancelled: int  # the rest (prompts, stops, starts no other machine could take)
-    notice_ids: list[UUID]  # Linear notices the transaction wrote, to send after commit
-
-
-def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
-    """One transaction: the token stops working, and the machine's undelivered work is never
-    stranded: starts move to the user's most recently seen active machine, the rest is cancelled
-    (Linear told, for agent sessions). None: no such machine. Revoking again changes nothing."""
-    params = {"id": orchestrator_id}
-    with transaction(pool) as tx:
-        if tx.one(query("orchestrator_revoke"), params) is None:
-            return None
-        moved = tx.one(query("revoke_move_starts"), params)
-        rest = tx.one(query("revoke_cancel_rest"), {**params, "reason": "its machine was revoked"})
-    assert moved is not None and rest is not None
-    return Revoked(int(moved["moved"]), int(rest["cancelled"]), list(rest["notice_ids"] or []))
+def mark_revoked(tx: Tx, orchestrator_id: UUID) -> bool:
+    """In the caller's transaction (`shared.queue.revoke`, which then moves or cancels the machine's
+    work): the machine revoked, its token no longer working, once every enqueue to it has committed
+    (`orchestrator_revoke`). False: no such machine. Revoking again keeps the first time."""
+    return (
+        require_tx(tx, "mark_revoked").one(query("orchestrator_revoke"), {"id": orchestrator_id}) is not None
+    )
 
 
 def is_active(pool: Pool, orchestrator_id: UUID, token_hash: bytes | None = None) -> bool:
@@ -133,3 +122,23 @@ def mark_listening(pool: Pool, orchestrator_id: UUID, seconds: float, margin: fl
     leaves no wake-up behind)."""
     with lend(pool) as conn:
         conn.execute(query("mark_listening"), {"id": orchestrator_id, "seconds": seconds, "margin": margin})
+
+
+class Enrolled(NamedTuple):
+    id: UUID
+    token: str  # shown once; only its hash is stored
+    replaced: bool  # the person's active machine of that name got the token (else: a new machine)
+
+
+def enroll(tx: Tx, org_id: str, linear_user_id: str, name: str) -> Enrolled:
+    """In the caller's transaction (an enrollment redeemed, `shared.enroll`): a new token for the
+    person's active machine of that name (its old token stops at once; its id and queued work
+    stay), or a new machine under that name. Enrollments of one name by one person take turns
+    (`enroll_turn`), so two at once never register the name twice."""
+    tx = require_tx(tx, "orchestrators.enroll")
+    token = new_token()
+    who = {"org_id": org_id, "linear_user_id": linear_user_id, "name": name}
+    tx.execute(query("enroll_turn"), who)
+    row = tx.one(query("orchestrator_enroll"), {**who, "token_hash": hash_token(token)})
+    assert row is not None
+    return Enrolled(row["id"], token, bool(row["replaced"]))

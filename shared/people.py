@@ -154,3 +154,12 @@ def owns(pool: Pool, person: Person, orchestrator_id: UUID) -> bool:
         return (
             conn.execute(query("person_owns"), {**person.key, "id": orchestrator_id}).fetchone() is not None
         )
+
+
+def seen(tx: Tx, org_id: str, linear_user_id: str, name: str, workspace_name: str | None) -> None:
+    """In the caller's transaction (a sign-in with Linear, `shared.enroll`): the person's name and
+    workspace's name as Linear gave them last, for the pages that show them (`person_seen`)."""
+    require_tx(tx, "people.seen").execute(
+        query("person_seen"),
+        {"org_id": org_id, "linear_user_id": linear_user_id, "name": name, "workspace_name": workspace_name},
+    )

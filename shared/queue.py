@@ -682,7 +682,7 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
     # each in its own transaction, which moves it to the user's active machine or cancels it.
     with lend(pool) as conn:
         leftover = [r["id"] for r in conn.execute(query("revoked_with_work"), {"batch": SWEEP_BATCH})]
-    rescued = sum(1 for oid in leftover if orchestrators.revoke(pool, oid) is not None)
+    rescued = sum(1 for oid in leftover if revoke(pool, oid) is not None)
     with statement(pool) as tx:
         tx.execute(
             query("record_sweep"), {"requeued": requeued, "dead_lettered": dead, "kept": SWEEP_RUNS_KEPT}
@@ -696,3 +696,76 @@ def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUI
     tx = require_tx(tx, "cancel_issue")
     rows = tx.all(query("cancel_open_issue"), {"org_id": org_id, "issue_id": issue_id, "reason": reason})
     return [r["id"] for r in rows]
+
+
+# --- Operators' actions and the revoke: the queue's writes they make (queue.sql, last section). ---
+
+
+class Requeued(NamedTuple):
+    queue_id: UUID
+    machine: str  # the name of the machine it is queued for
+    notice_ids: list[UUID]  # Linear notices the statement wrote, to send after commit
+
+
+def requeue_failed(tx: Tx, session_id: UUID, orchestrator_id: UUID) -> Requeued | None:
+    """In the caller's transaction (an operator's retry, its locks held): a failed session's dead
+    letter queued again for `orchestrator_id` (`session_requeue`). None, having written nothing:
+    no dead letter, or that machine was revoked meanwhile."""
+    tx = require_tx(tx, "requeue_failed")
+    row = tx.one(query("session_requeue"), {"id": session_id, "orchestrator_id": orchestrator_id})
+    if row is None:
+        return None
+    return Requeued(row["queue_id"], row["machine"], list(row["notice_ids"] or []))
+
+
+class Cancelled(NamedTuple):
+    cancelled: bool  # the session itself (False: it was delivered meanwhile)
+    behind: int  # messages of its conversation queued behind it, cancelled with it
+    notice_ids: list[UUID]
+
+
+def cancel_queued(tx: Tx, session_id: UUID, reason: str) -> Cancelled:
+    """In the caller's transaction (an operator's cancel, its locks held): the session's queue row
+    deleted, with what its conversation queued behind it, their sessions `cancelled` (`reason`)
+    and Linear told (`session_cancel`)."""
+    tx = require_tx(tx, "cancel_queued")
+    row = tx.one(query("session_cancel"), {"id": session_id, "reason": reason})
+    assert row is not None
+    return Cancelled(bool(row["cancelled"]), int(row["with_behind"]) - 1, list(row["notice_ids"] or []))
+
+
+def move_start(tx: Tx, session_id: UUID, source: UUID, target: UUID) -> str | None:
+    """In the caller's transaction (an operator's move, its locks held): an unclaimed start on
+    `source`, with the messages queued behind it, moved to `target` (`session_move`). The target's
+    name; None, having written nothing: it is claimed, or the target is not another active
+    machine of the same user."""
+    tx = require_tx(tx, "move_start")
+    row = tx.one(query("session_move"), {"id": session_id, "source": source, "target": target})
+    assert row is not None
+    return str(row["target_name"]) if row["moved"] else None
+
+
+def note_routing(tx: Tx, session_id: UUID, note: str) -> None:
+    """In the routing transaction: how the session's machine was chosen, for its page."""
+    require_tx(tx, "note_routing").execute(query("session_routing_note"), {"id": session_id, "note": note})
+
+
+class Revoked(NamedTuple):
+    moved: int  # undelivered starts now with the same user's most recently seen active machine
+    cancelled: int  # the rest (prompts, stops, starts no other machine could take)
+    notice_ids: list[UUID]  # Linear notices the transaction wrote, to send after commit
+
+
+def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
+    """One transaction: the token stops working (`orchestrators.mark_revoked`, which waits for
+    every enqueue to the machine), and the machine's undelivered work is never stranded: starts
+    move to the user's most recently seen active machine, the rest is cancelled (Linear told, for
+    agent sessions). None: no such machine. Revoking again changes nothing."""
+    params = {"id": orchestrator_id}
+    with transaction(pool) as tx:
+        if not orchestrators.mark_revoked(tx, orchestrator_id):
+            return None
+        moved = tx.one(query("revoke_move_starts"), params)
+        rest = tx.one(query("revoke_cancel_rest"), {**params, "reason": "its machine was revoked"})
+    assert moved is not None and rest is not None
+    return Revoked(int(moved["moved"]), int(rest["cancelled"]), list(rest["notice_ids"] or []))

@@ -31,7 +31,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from shared import linear_api, machines, notices, pace, repository_choice
+from shared import linear_api, machines, notices, pace, queue, repository_choice
 from shared.db import Pool, Tx, lend, require_tx, take_in_rounds, transaction
 from shared.models import DispatchPayload
 from shared.queue import MachineRevoked, Released, enqueue_dispatch, release_to_route_again
@@ -287,7 +287,7 @@ def _decide(
         result.notice_ids.append(enq.notice_id)
     if kind == "start" and chosen:
         if note:
-            tx.execute(query("session_routing_note"), {"id": enq.session_id, "note": note})
+            queue.note_routing(tx, enq.session_id, note)
         if agent is not None:  # Linear's first activity says where, and why there
             said = f"Queued for {name}" + (
                 f" — {note}" if note else f" ({_short(repository)})" if repository is not None else ""

@@ -6,9 +6,10 @@
   operators' actions on it.
 - `retry` (a failed session: its dead letter's message in a new queue row, attempts from 0, on its
   machine, or routed again when that one is revoked), `cancel` (a queued session) and `move` (an
-  unclaimed start, to another active machine of the same user): each one transaction that keeps
-  the invariant (a session is `queued` exactly while one queue row holds it), records who did it,
-  and writes what Linear hears; `NotAllowed` when the session's state does not allow it.
+  unclaimed start, to another active machine of the same user): each one transaction that locks
+  the session, makes its queue write through `shared.queue` (the queue's owner: it keeps the
+  invariant, a session is `queued` exactly while one queue row holds it, and writes what Linear
+  hears) and records who did it; `NotAllowed` when the session's state does not allow it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from shared import queue
 from shared.db import Pool, Tx, lend, transaction
 from shared.queue import wait_for_turn
 from shared.sql import query
@@ -145,12 +147,12 @@ def retry(pool: Pool, session_id: UUID, actor: str) -> Acted:
             if routed is None:
                 raise NotAllowed("its machine was revoked and its user has no other active machine")
             machine = routed["id"]
-        row = tx.one(query("session_requeue"), {"id": session_id, "orchestrator_id": machine})
-        if row is None:
+        requeued = queue.requeue_failed(tx, session_id, machine)
+        if requeued is None:
             raise NotAllowed("no dead letter to queue again, or its machine was revoked meanwhile")
-        detail = f"queued again on {row['machine']}"
+        detail = f"queued again on {requeued.machine}"
         _record(tx, session_id, "retry", actor, detail)
-    return Acted("queued", detail, list(row["notice_ids"] or []))
+    return Acted("queued", detail, requeued.notice_ids)
 
 
 def _check_conversation(tx: Tx, session_id: UUID, s: dict[str, Any]) -> None:
@@ -179,14 +181,13 @@ def cancel(pool: Pool, session_id: UUID, actor: str) -> Acted:
         s = _locked(tx, session_id, turn=True)
         if s["status"] != "queued":
             raise NotAllowed(f"only a queued session can be cancelled; this one is {s['status']}")
-        row = tx.one(query("session_cancel"), {"id": session_id, "reason": f"cancelled by {actor}"})
-        assert row is not None
-        if not row["cancelled"]:
+        cancelled = queue.cancel_queued(tx, session_id, f"cancelled by {actor}")
+        if not cancelled.cancelled:
             raise NotAllowed("it was delivered meanwhile")
-        behind = row["with_behind"] - 1
+        behind = cancelled.behind
         detail = "cancelled" + (f", with {behind} message(s) queued behind it" if behind else "")
         _record(tx, session_id, "cancel", actor, detail)
-    return Acted("cancelled", detail, list(row["notice_ids"] or []))
+    return Acted("cancelled", detail, cancelled.notice_ids)
 
 
 def move(pool: Pool, session_id: UUID, target: UUID, actor: str) -> Acted:
@@ -196,12 +197,9 @@ def move(pool: Pool, session_id: UUID, target: UUID, actor: str) -> Acted:
         s = _locked(tx, session_id, turn=True)
         if s["status"] != "queued" or s["kind"] != "start":
             raise NotAllowed(f"only a queued start can be moved; this one is a {s['status']} {s['kind']}")
-        row = tx.one(
-            query("session_move"), {"id": session_id, "source": s["orchestrator_id"], "target": target}
-        )
-        assert row is not None
-        if not row["moved"]:
+        target_name = queue.move_start(tx, session_id, s["orchestrator_id"], target)
+        if target_name is None:
             raise NotAllowed("it is claimed, or the target is not another active machine of the same user")
-        detail = f"moved to {row['target_name']}"
+        detail = f"moved to {target_name}"
         _record(tx, session_id, "move", actor, detail)
     return Acted("queued", detail)

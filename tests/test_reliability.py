@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from shared.db import Pool
-from shared.orchestrators import register, revoke
-from shared.queue import claim, release, sweep
+from shared.orchestrators import register
+from shared.queue import claim, release, revoke, sweep
 from shared.settings import Settings
 from tests.helpers.api import SECRET, Api, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one, row_counts

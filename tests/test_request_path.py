@@ -28,8 +28,8 @@ from functions.app import wsgi
 from shared import intake, linear
 from shared.db import JsonbLoader, Pool, open_pool, transaction
 from shared.linear_auth import store_static
-from shared.orchestrators import register, revoke
-from shared.queue import claim
+from shared.orchestrators import register
+from shared.queue import claim, revoke
 from shared.settings import Settings
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.data import ENCRYPTION_KEY

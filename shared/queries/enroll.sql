@@ -110,30 +110,6 @@ UPDATE enrollments SET status = 'redeemed', orchestrator_id = %(orchestrator_id)
                        confirm_hash = NULL
 WHERE id = %(id)s;
 
--- name: enroll_turn
--- Enrollments of one machine name by one person take turns (a transaction-scoped lock), so two at
--- once replace one machine's token twice instead of registering the name twice. Its own statement,
--- before `orchestrator_enroll`, whose snapshot then sees what the other committed.
-SELECT pg_advisory_xact_lock(hashtextextended('enroll/' || %(org_id)s || '/' || %(linear_user_id)s || '/' || %(name)s, 0));
-
--- name: orchestrator_enroll
--- The person's active machine of that name gets the new token (the old one stops at once; its id,
--- and so its queued work, stay), or a new machine is registered under that name.
-WITH existing AS (
-    SELECT id FROM orchestrators
-    WHERE org_id = %(org_id)s AND linear_user_id = %(linear_user_id)s AND name = %(name)s AND revoked_at IS NULL
-    ORDER BY created_at DESC, id
-    LIMIT 1
-    FOR UPDATE
-), replaced AS (
-    UPDATE orchestrators o SET token_hash = %(token_hash)s FROM existing e WHERE o.id = e.id RETURNING o.id
-), added AS (
-    INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)
-    SELECT %(org_id)s, %(linear_user_id)s, %(name)s, %(token_hash)s WHERE NOT EXISTS (SELECT 1 FROM existing)
-    RETURNING id
-)
-SELECT id, true AS replaced FROM replaced UNION ALL SELECT id, false FROM added;
-
 -- name: person_seen
 -- The names Linear gave at a sign-in, kept for `whoami` and /me.
 INSERT INTO linear_people (org_id, linear_user_id, name, workspace_name)

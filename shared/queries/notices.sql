@@ -156,6 +156,7 @@ SELECT * FROM (
 ) newest ORDER BY seq;
 
 -- name: notice_session_created
+-- Owner: the notices (with the session's agent session, in one statement).
 -- Linear opened the agent session of a plain assignment (`session_create`), in one statement (its
 -- own transaction): the post marked sent with the agent session's id, the session knows its agent
 -- session (follow-ups and a stop in it reach its machine), and the posts waiting under the alias

@@ -46,33 +46,6 @@ SELECT o.id, o.org_id, o.linear_user_id, o.name, o.created_at, o.last_seen_at, o
 FROM orchestrators o LEFT JOIN machine_inventories i ON i.orchestrator_id = o.id
 ORDER BY o.created_at, o.id;
 
--- name: machine_describe
--- What a machine has, as its orchestrator said last (`POST /machine`): it replaces what it said
--- before, and the digest routing compares (`route`, intake.sql) is written on the machine's row in
--- the same statement. Only an active machine. (The update of the machine's row takes no lock an
--- enqueue's FOR KEY SHARE waits for.)
-WITH o AS (
-    UPDATE orchestrators SET routing_shape = %(routing_shape)s
-    WHERE id = %(id)s AND revoked_at IS NULL
-    RETURNING id, name
-), inv AS (
-    INSERT INTO machine_inventories (orchestrator_id, repositories, repository_keys, labels)
-    SELECT o.id, %(repositories)s, %(repository_keys)s::text[], %(labels)s::text[] FROM o
-    ON CONFLICT (orchestrator_id) DO UPDATE
-    SET repositories = EXCLUDED.repositories, repository_keys = EXCLUDED.repository_keys,
-        labels = EXCLUDED.labels, updated_at = now()
-    RETURNING repositories, labels
-)
-SELECT o.id, o.name, inv.repositories, inv.labels FROM o, inv;
-
--- name: machine_inventory
--- What a machine said it has, its row locked until the caller's transaction ends (which then
--- changes it with `machine_describe`, so two changes never undo each other).
-SELECT i.repositories, i.repository_keys, i.labels
-FROM machine_inventories i JOIN orchestrators o ON o.id = i.orchestrator_id AND o.revoked_at IS NULL
-WHERE i.orchestrator_id = %(id)s
-FOR UPDATE OF i;
-
 -- name: orchestrator_revoke
 -- Idempotent: revoking twice keeps the first revocation time. The NOTIFY (sent on commit) wakes a
 -- long-poll of this machine that is already waiting, so it ends instead of returning work.
@@ -138,66 +111,26 @@ WHERE o.revoked_at IS NOT NULL AND EXISTS (SELECT 1 FROM dispatch_queue q WHERE 
 ORDER BY o.id
 LIMIT %(batch)s;
 
--- name: revoke_move_starts
--- In the revoke transaction: the revoked machine's undelivered `start` messages (queued, or claimed
--- with a token that no longer works) move to the same user's most recently seen active machine,
--- due at once if they were claimed, with the prompts queued behind them (`moving`: no machine
--- has those conversations yet); the NOTIFY wakes that machine on commit. Nothing moves when there
--- is no such machine (revoke_cancel_rest then cancels them). Never stranded.
-WITH target AS (
-    SELECT o.id FROM orchestrators o JOIN orchestrators r ON r.id = %(id)s
-    WHERE o.org_id = r.org_id AND o.linear_user_id = r.linear_user_id AND o.revoked_at IS NULL AND o.id <> r.id
-    ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id
-    LIMIT 1
-), rows AS (
-    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, t.id AS target
-    FROM dispatch_queue q
-    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
-    CROSS JOIN target t
-    WHERE q.orchestrator_id = %(id)s
-), moving AS (
--- include: moving
-), locked AS (
-    -- In queue order (seq), not in the order the join meets them: the sweep dead-lettering a
-    -- start holds its row, then deletes the rows behind it; holding one of those while waiting for
-    -- the start's would deadlock with it. Rows gone by then are skipped.
-    SELECT q.id FROM dispatch_queue q JOIN moving m ON m.id = q.id
-    ORDER BY q.seq
-    FOR UPDATE OF q
-), moved AS (
-    UPDATE dispatch_queue q
-    SET orchestrator_id = r.target, lease_expires_at = NULL, claimed_at = NULL,
-        available_at = CASE WHEN q.lease_expires_at IS NULL THEN q.available_at ELSE now() END
-    FROM locked l JOIN moving r ON r.id = l.id
-    WHERE q.id = l.id AND q.orchestrator_id = r.source
-    RETURNING q.session_id, r.target AS orchestrator_id
-), sessions AS (
-    UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
-    FROM moved m WHERE s.id = m.session_id
-    RETURNING s.id
-)
-SELECT (SELECT count(*) FROM sessions) AS moved,
-       (SELECT pg_notify('devpilot_dispatch', id::text) FROM target WHERE EXISTS (SELECT 1 FROM moved)) AS woken;
+-- name: enroll_turn
+-- In an enrollment's redeem (`shared.enroll`, through `orchestrators.enroll`): enrollments of one
+-- machine name by one person take turns (a transaction-scoped lock), so two at once replace one machine's token twice instead of registering the name twice. Its own statement,
+-- before `orchestrator_enroll`, whose snapshot then sees what the other committed.
+SELECT pg_advisory_xact_lock(hashtextextended('enroll/' || %(org_id)s || '/' || %(linear_user_id)s || '/' || %(name)s, 0));
 
--- name: revoke_cancel_rest
--- In the revoke transaction, after revoke_move_starts: whatever the revoked machine still holds
--- (the prompts and stops of conversations it already had, and starts nobody else could take, with
--- what was queued behind them) is cancelled; an agent session whose start is cancelled hears why
--- in Linear (for orgs Linear is told about).
--- Its rows are locked in queue order (seq), as `revoke_move_starts` and a stop do: see `doomed`
--- in `cancel_agent_session` (queue.sql) for the deadlock with the sweep that any other order risks.
-WITH doomed AS (
-    SELECT id FROM dispatch_queue WHERE orchestrator_id = %(id)s ORDER BY seq FOR UPDATE
-), removed AS (
-    DELETE FROM dispatch_queue dq USING doomed WHERE dq.id = doomed.id RETURNING dq.session_id
-),
--- include: cancel_removed
-, notices AS (
-    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
-    SELECT c.org_id, c.id, 'failed', c.agent_session_id, c.issue_id,
-           'The machine this was queued for was removed from devpilot, and no other machine of yours is registered.'
-    FROM cancelled c
-    WHERE c.agent_session_id IS NOT NULL AND c.kind = 'start' AND EXISTS (SELECT FROM devpilot_notified(c.org_id))
+-- name: orchestrator_enroll
+-- The person's active machine of that name gets the new token (the old one stops at once; its id,
+-- and so its queued work, stay), or a new machine is registered under that name.
+WITH existing AS (
+    SELECT id FROM orchestrators
+    WHERE org_id = %(org_id)s AND linear_user_id = %(linear_user_id)s AND name = %(name)s AND revoked_at IS NULL
+    ORDER BY created_at DESC, id
+    LIMIT 1
+    FOR UPDATE
+), replaced AS (
+    UPDATE orchestrators o SET token_hash = %(token_hash)s FROM existing e WHERE o.id = e.id RETURNING o.id
+), added AS (
+    INSERT INTO orchestrators (org_id, linear_user_id, name, token_hash)
+    SELECT %(org_id)s, %(linear_user_id)s, %(name)s, %(token_hash)s WHERE NOT EXISTS (SELECT 1 FROM existing)
     RETURNING id
 )
-SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT array_agg(id) FROM notices) AS notice_ids;
+SELECT id, true AS replaced FROM replaced UNION ALL SELECT id, false FROM added;

@@ -338,6 +338,7 @@ items AS (
 -- include: delivered_notices
 
 -- name: delivered_notices
+-- Owner: the queue (Linear's notices of the delivery, in the ack's statement).
 -- A fragment, after `delivered` (the sessions an ack delivered): what Linear hears when a `start`
 -- is delivered, for orgs Linear is told about, as outbox rows of the ack's own statement (posted
 -- after its commit, retried by the sweep; a refusal never undoes the delivery):
@@ -394,6 +395,7 @@ LEFT JOIN dispatch_queue q ON q.id = %(queue_id)s AND q.orchestrator_id = %(orch
 LEFT JOIN dispatch_sessions s ON s.queue_id = %(queue_id)s AND s.orchestrator_id = %(orchestrator_id)s;
 
 -- name: end_claims
+-- Owner: the queue (with the attempts, dead letters, sessions and Linear's notices, in one statement).
 -- A fragment, included by `release` and `sweep` after their `ending` CTE (id, session_id, attempts,
 -- claimed_at, last_error, failure_reason: the locked CLAIMED rows whose claim ends without an ack). In their one
 -- statement: attempts < max -> AVAILABLE at now + devpilot_backoff(attempts); attempts >= max ->
@@ -716,16 +718,10 @@ WITH rows AS (
         AS r(id uuid, org_id text, agent_session_id text, seq bigint, source uuid, target uuid)
 ), moving AS (
 -- include: moving
-), moved AS (
-    UPDATE dispatch_queue q SET orchestrator_id = r.target
-    FROM moving r
-    WHERE q.id = r.id AND q.orchestrator_id = r.source AND q.lease_expires_at IS NULL
-    RETURNING q.session_id, q.orchestrator_id
-), sessions AS (
-    UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
-    FROM moved m WHERE s.id = m.session_id
-    RETURNING s.orchestrator_id
-)
+), going AS (
+    SELECT id, source, target FROM moving
+),
+-- include: move_unclaimed
 SELECT count(*) AS rerouted,
        (SELECT count(pg_notify('devpilot_dispatch', d.orchestrator_id::text))
         FROM (SELECT DISTINCT orchestrator_id FROM sessions) d) AS woken
@@ -956,3 +952,209 @@ LEFT JOIN d ON d.delivery_key = w.delivery_key
 LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
 LEFT JOIN told ON told.session_id = q.session_id
 ORDER BY w.n
+
+-- ---------------------------------------------------------------------------------------------
+-- Operators' and the revoke's writes of the queue: run by `shared.queue` in the transaction of the
+-- action (`shared.sessions`: its locks and its record in `session_actions`) or of the revoke
+-- (`orchestrators.mark_revoked` first). Each statement's owner is the queue: the sessions and the
+-- outbox rows written with a queue row are written by the same statement, so they commit together.
+
+-- name: session_requeue
+-- Owner: the queue (with the session it points at and Linear's notice, in one statement).
+-- failed -> queued (an operator's retry): the dead letter's message gets a new queue row, the
+-- same message id, attempts from 0, due now, for `orchestrator_id` if it is still active (its row
+-- FOR KEY SHARE, as `enqueue` locks it: a revoke committed meanwhile writes nothing here), and
+-- the session points at it, in one statement. With it, for an org Linear is told about, the
+-- agent session hears "Retrying on <machine>". No row: nothing was written.
+WITH target AS (
+    SELECT id, name, listening_until > now() AS listening
+    FROM orchestrators WHERE id = %(orchestrator_id)s AND revoked_at IS NULL
+    FOR KEY SHARE
+), letter AS (
+    SELECT payload FROM dead_letters WHERE session_id = %(id)s
+), s AS (
+    UPDATE dispatch_sessions ds
+    SET status = 'queued', orchestrator_id = t.id, queue_id = gen_random_uuid(), failure_reason = NULL,
+        acked_claim_token = NULL, delivered_at = NULL, claimed_at = NULL, updated_at = now()
+    FROM target t
+    WHERE ds.id = %(id)s AND ds.status = 'failed' AND EXISTS (SELECT 1 FROM letter)
+    RETURNING ds.id, ds.queue_id, ds.message_id, ds.orchestrator_id, ds.org_id, ds.agent_session_id, ds.issue_id
+), q AS (
+    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload, agent_session_id)
+    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id, (SELECT payload FROM letter),
+           s.agent_session_id
+    FROM s
+    RETURNING id, session_id, orchestrator_id
+), told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT s.org_id, s.id, 'dispatched', s.agent_session_id, s.issue_id, 'Retrying on ' || t.name,
+           jsonb_build_object('type', 'thought', 'body', 'Retrying on ' || t.name)
+    FROM s JOIN target t ON t.id = s.orchestrator_id
+    WHERE s.agent_session_id IS NOT NULL AND EXISTS (SELECT FROM devpilot_notified(s.org_id))
+    RETURNING id
+)
+SELECT q.id AS queue_id, t.name AS machine, (SELECT array_agg(id) FROM told) AS notice_ids,
+       (SELECT count(pg_notify('devpilot_dispatch', t2.id::text)) FROM target t2 WHERE t2.listening) AS notified
+FROM q JOIN target t ON t.id = q.orchestrator_id;
+
+-- name: session_cancel
+-- Owner: the queue (with the sessions cancelled and Linear's notice, in one statement).
+-- queued -> cancelled (an operator's cancel): its queue row (claimed or not: a late ack then gets
+-- 404) and, for a start, the messages of its agent session queued behind it on its machine (no
+-- machine has that conversation), locked in queue order as a stop locks them, deleted, their
+-- sessions cancelled, in one statement (`cancel_doomed`). An agent session whose start is
+-- cancelled hears it as for a stop (a final response), for an org Linear is told about.
+WITH mine AS (
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id, s.kind
+    FROM dispatch_queue q JOIN dispatch_sessions s ON s.id = q.session_id
+    WHERE q.session_id = %(id)s
+), doomed AS (
+    SELECT q.id FROM dispatch_queue q
+    WHERE q.id IN (SELECT id FROM mine)
+       OR q.id IN (SELECT f.id FROM dispatch_queue f JOIN mine m
+                   ON m.kind = 'start' AND f.org_id = m.org_id AND f.agent_session_id = m.agent_session_id
+                      AND f.seq > m.seq AND f.orchestrator_id = m.orchestrator_id)
+    ORDER BY q.seq
+    FOR UPDATE
+), news AS (
+    SELECT 'stopped' AS kind, %(id)s::uuid AS told_session,
+           'Cancelled by an operator before any machine started working on it.' AS body
+),
+-- include: cancel_doomed
+SELECT (SELECT count(*) FROM cancelled WHERE id = %(id)s) AS cancelled,
+       (SELECT count(*) FROM cancelled) AS with_behind,
+       (SELECT array_agg(id) FROM told) AS notice_ids;
+
+-- name: session_move
+-- Owner: the queue (with the sessions that follow their rows, in one statement).
+-- queued -> queued on another machine (an operator's move): an unclaimed start, and the unclaimed
+-- messages of its agent session queued behind it on the machine it leaves (`moving`), go to
+-- `target`, an active machine of the same org and Linear user as the one it leaves (its row FOR
+-- KEY SHARE, as `enqueue` locks it), in one statement; the NOTIFY wakes it on commit. No row
+-- moved: nothing was written (the row is claimed, or the target is not such a machine).
+WITH dest AS (
+    SELECT o.id, o.listening_until > now() AS listening
+    FROM orchestrators o
+    JOIN orchestrators src ON src.id = %(source)s
+    WHERE o.id = %(target)s AND o.id <> src.id AND o.revoked_at IS NULL
+      AND o.org_id = src.org_id AND o.linear_user_id = src.linear_user_id
+    FOR KEY SHARE OF o
+), rows AS (
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, d.id AS target
+    FROM dispatch_queue q
+    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+    CROSS JOIN dest d
+    WHERE q.session_id = %(id)s AND q.orchestrator_id = %(source)s AND q.lease_expires_at IS NULL
+    FOR UPDATE OF q
+), moving AS (
+-- include: moving
+), going AS (
+    SELECT m.id, m.source, m.target FROM dispatch_queue q JOIN moving m ON m.id = q.id ORDER BY q.seq FOR UPDATE OF q
+),
+-- include: move_unclaimed
+SELECT (SELECT count(*) FROM sessions) AS moved, (SELECT name FROM orchestrators WHERE id = %(target)s) AS target_name,
+       (SELECT count(pg_notify('devpilot_dispatch', d.id::text)) FROM dest d
+        WHERE d.listening AND EXISTS (SELECT 1 FROM moved)) AS notified;
+
+-- name: revoke_move_starts
+-- Owner: the queue (with the sessions that follow their rows, in one statement).
+-- In the revoke transaction, after `orchestrator_revoke`: the revoked machine's undelivered
+-- `start` messages (queued, or claimed with a token that no longer works) move to the same user's
+-- most recently seen active machine, due at once if they were claimed, with the prompts queued
+-- behind them (`moving`: no machine has those conversations yet); the NOTIFY wakes that machine on
+-- commit. Nothing moves when there is no such machine (revoke_cancel_rest then cancels them).
+-- Never stranded.
+WITH target AS (
+    SELECT o.id FROM orchestrators o JOIN orchestrators r ON r.id = %(id)s
+    WHERE o.org_id = r.org_id AND o.linear_user_id = r.linear_user_id AND o.revoked_at IS NULL AND o.id <> r.id
+    ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id
+    LIMIT 1
+), rows AS (
+    SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, t.id AS target
+    FROM dispatch_queue q
+    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
+    CROSS JOIN target t
+    WHERE q.orchestrator_id = %(id)s
+), moving AS (
+-- include: moving
+), locked AS (
+    -- In queue order (seq), not in the order the join meets them: the sweep dead-lettering a
+    -- start holds its row, then deletes the rows behind it; holding one of those while waiting for
+    -- the start's would deadlock with it. Rows gone by then are skipped.
+    SELECT q.id FROM dispatch_queue q JOIN moving m ON m.id = q.id
+    ORDER BY q.seq
+    FOR UPDATE OF q
+), moved AS (
+    UPDATE dispatch_queue q
+    SET orchestrator_id = r.target, lease_expires_at = NULL, claimed_at = NULL,
+        available_at = CASE WHEN q.lease_expires_at IS NULL THEN q.available_at ELSE now() END
+    FROM locked l JOIN moving r ON r.id = l.id
+    WHERE q.id = l.id AND q.orchestrator_id = r.source
+    RETURNING q.session_id, r.target AS orchestrator_id
+),
+-- include: sessions_follow
+SELECT (SELECT count(*) FROM sessions) AS moved,
+       (SELECT pg_notify('devpilot_dispatch', id::text) FROM target WHERE EXISTS (SELECT 1 FROM moved)) AS woken;
+
+-- name: revoke_cancel_rest
+-- Owner: the queue (with the sessions cancelled and Linear's notices, in one statement).
+-- In the revoke transaction, after revoke_move_starts: whatever the revoked machine still holds
+-- (the prompts and stops of conversations it already had, and starts nobody else could take, with
+-- what was queued behind them) is cancelled (`cancel_doomed`); an agent session whose start is
+-- cancelled hears why in Linear (for orgs Linear is told about).
+-- Its rows are locked in queue order (seq), as `revoke_move_starts` and a stop do: see `doomed`
+-- in `cancel_agent_session` for the deadlock with the sweep that any other order risks.
+WITH doomed AS (
+    SELECT id FROM dispatch_queue WHERE orchestrator_id = %(id)s ORDER BY seq FOR UPDATE
+), news AS (
+    SELECT 'failed' AS kind, NULL::uuid AS told_session,
+           'The machine this was queued for was removed from devpilot, and no other machine of yours is registered.' AS body
+),
+-- include: cancel_doomed
+SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT array_agg(id) FROM told) AS notice_ids;
+
+-- name: cancel_doomed
+-- A fragment, after a CTE `doomed` (queue rows, locked in queue order) and a CTE `news` (one row:
+-- what an agent session whose start is cancelled hears, its notice's `kind` and `body`, and
+-- `told_session`, the one session told, or NULL: every one): the rows deleted, their sessions
+-- cancelled (`cancel_removed`, with %(reason)s), and, for an org Linear is told about, each
+-- cancelled start of an agent session told, all in the statement that deletes the rows, so the
+-- sessions and what Linear hears commit with them. Serves session_cancel and revoke_cancel_rest.
+removed AS (
+    DELETE FROM dispatch_queue dq USING doomed WHERE dq.id = doomed.id RETURNING dq.session_id
+),
+-- include: cancel_removed
+, told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT c.org_id, c.id, n.kind, c.agent_session_id, c.issue_id, n.body
+    FROM cancelled c CROSS JOIN news n
+    WHERE (n.told_session IS NULL OR c.id = n.told_session)
+      AND c.agent_session_id IS NOT NULL AND c.kind = 'start' AND EXISTS (SELECT FROM devpilot_notified(c.org_id))
+    RETURNING id
+)
+
+-- name: move_unclaimed
+-- A fragment, after a CTE `going` (id, source, target: the rows to move, locked or picked): each
+-- one still on its source and unclaimed moves to its target (`moved`), and its session follows
+-- (`sessions_follow`), in the same statement. Serves session_move and reroute_quiet_move.
+moved AS (
+    UPDATE dispatch_queue q SET orchestrator_id = g.target
+    FROM going g
+    WHERE q.id = g.id AND q.orchestrator_id = g.source AND q.lease_expires_at IS NULL
+    RETURNING q.session_id, q.orchestrator_id
+),
+-- include: sessions_follow
+
+-- name: sessions_follow
+-- A fragment, after a CTE `moved` (session_id, orchestrator_id: queue rows that changed machine):
+-- their sessions name the machine their row is on now (`sessions`), in the same statement.
+sessions AS (
+    UPDATE dispatch_sessions s SET orchestrator_id = m.orchestrator_id, updated_at = now()
+    FROM moved m WHERE s.id = m.session_id
+    RETURNING s.id, s.orchestrator_id
+)
+
+-- name: session_routing_note
+-- In the routing transaction (`shared.routing`): how the new session's machine was chosen, for its
+-- page.
+UPDATE dispatch_sessions SET routing_note = %(note)s WHERE id = %(id)s;

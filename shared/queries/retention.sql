@@ -114,6 +114,7 @@ LEFT JOIN LATERAL (
 ) last ON (SELECT count(*) FROM seen s WHERE s.walk = w.walk) >= %(batch)s;
 
 -- name: retention_forget
+-- Owner: retention (it forgets the rows of the other tables past their retention).
 -- After `retention_pick`, in its transaction (this statement's snapshot is taken after the locks
 -- were granted): of the conversations picked, those still finished and last changed before the
 -- cutoff are forgotten whole, every part of each in this one statement; the others are left as

@@ -58,6 +58,7 @@ RETURNING r.id, r.org_id, r.agent_session_id, r.issue_id, r.need, r.message, r.d
 SELECT id FROM routing_requests WHERE id = %(id)s AND done_at IS NULL FOR UPDATE;
 
 -- name: routing_done
+-- Owner: routing (with the webhook's delivery record, in one statement).
 -- OPEN -> DONE, compare-and-set, in the transaction that queued its message (`session_id`) or
 -- wrote Linear's reason: a second completion changes nothing. The delivery that asked is recorded
 -- with what it became.
@@ -136,6 +137,7 @@ ORDER BY o.last_seen_at DESC NULLS LAST, o.created_at DESC, o.id
 LIMIT 1;
 
 -- name: routing_ask
+-- Owner: routing (with Linear's notice, the question, in one statement).
 -- OPEN -> OPEN, asked: in the routing transaction, the person is asked which repository (Linear's
 -- `select` elicitation, into the outbox with it). The request stays open but is not due until the
 -- answer comes (`routing_answer`); the candidates asked about are kept to read the answer by.
@@ -161,7 +163,3 @@ UPDATE routing_requests SET choice = %(choice)s, available_at = now()
 WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
   AND asked_at IS NOT NULL
 RETURNING id;
-
--- name: session_routing_note
--- In the routing transaction: how the new session's machine was chosen, for its page.
-UPDATE dispatch_sessions SET routing_note = %(note)s WHERE id = %(id)s;
