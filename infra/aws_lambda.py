@@ -37,7 +37,7 @@ PUBLIC = tuple(t for t, exposure in deployed_targets() if exposure == "public")
 # The zip is built for the Python that builds it (3.11 or newer, as pyproject.toml requires; each is
 # a Lambda runtime): its wheels are that version's, and so is its bytecode, compiled at build time.
 # Lambda's /var/task is read-only, so a module shipped without bytecode for the runtime's version
-# is compiled again at every cold start (about a second more for this code and its dependencies).
+# is compiled again at every cold start, a cost that grows with the code and its dependencies.
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 RUNTIME = f"python{PYTHON}"
 LAMBDA_TRUST = {

@@ -1,8 +1,8 @@
 """The messages the contract fixes, as frozen dataclasses (camelCase on the wire), and the names and
 reasons it fixes: how a repository and a label are written, why a machine gives a start back.
 
-Not pydantic: importing it is 50–90 ms of every cloud function's cold start, and these messages are
-built only by our own code (from input it has already checked) and from our own rows."""
+Not pydantic: importing it is a large part of every cloud function's cold start, and these messages
+are built only by our own code (from input it has already checked) and from our own rows."""
 
 from __future__ import annotations
 
