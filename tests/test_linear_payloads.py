@@ -17,7 +17,7 @@ from shared.db import transaction
 from shared.routing import NO_ASSIGNEE, NOT_CONNECTED
 from tests.helpers.api import ROOT_PLACEHOLDER, SECRET, Api, agent_session_event, app_revoked_event
 from tests.helpers.data import row_counts
-from tests.helpers.linear import Linear
+from tests.helpers.linear import Linear, linear_settings
 from tests.test_orchestrator import wait_for
 
 SECOND_SECRET = "the-oauth-apps-own-signing-secret"
@@ -25,13 +25,9 @@ SECOND_SECRET = "the-oauth-apps-own-signing-secret"
 
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "LINEAR_WEBHOOK_SECRET": f"{SECRET}, {SECOND_SECRET}",
-        "LINEAR_CLIENT_ID": "our-client-id",
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-    }
+    return linear_settings(
+        httpserver, LINEAR_WEBHOOK_SECRET=f"{SECRET}, {SECOND_SECRET}", LINEAR_CLIENT_ID="our-client-id"
+    )
 
 
 def claim_all(api: Api, token: str) -> list[dict[str, Any]]:

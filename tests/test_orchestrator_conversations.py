@@ -99,14 +99,19 @@ def test_a_failing_command_reports_an_error_with_its_output(api: Api, linear: Li
     assert o.stop() == 0
 
 
+def running(api: Api, machine: Any, session: str, body: str) -> tuple[Orch, int]:
+    """An orchestrator started, and the pid of the COMMAND it runs for a start with `body`."""
+    o, _ = machine()
+    o.start()
+    api.webhook(agent_session_event(session_id=session, body=body))
+    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
+    return o, o.starts()[0]["pid"]
+
+
 def test_stop_ends_the_running_agent_and_posts_the_final_response(
     api: Api, linear: Linear, machine: Any
 ) -> None:
-    o, _ = machine()
-    o.start()
-    api.webhook(agent_session_event(session_id="as-c3", body="please [sleep]"))
-    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
-    pid = o.starts()[0]["pid"]
+    o, pid = running(api, machine, "as-c3", "please [sleep]")
     assert alive(pid)
     t0 = time.monotonic()
     r = api.webhook(agent_session_event(session_id="as-c3", action="prompted", signal="stop")).json()
@@ -122,11 +127,7 @@ def test_stop_ends_the_running_agent_and_posts_the_final_response(
 def test_stop_finds_an_agent_started_before_the_orchestrator_was_sigkilled(
     api: Api, linear: Linear, machine: Any
 ) -> None:
-    o, _ = machine()
-    o.start()
-    api.webhook(agent_session_event(session_id="as-c4", body="please [sleep]"))
-    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
-    pid = o.starts()[0]["pid"]
+    o, pid = running(api, machine, "as-c4", "please [sleep]")
     o.signal(signal.SIGKILL)
     assert o.proc is not None
     o.proc.wait()
@@ -141,11 +142,7 @@ def test_stop_finds_an_agent_started_before_the_orchestrator_was_sigkilled(
 
 def restarted_while_held(api: Api, machine: Any, session: str, body: str) -> tuple[Orch, int]:
     """An orchestrator SIGKILLed while its COMMAND ("[hold]") runs, and started again."""
-    o, _ = machine()
-    o.start()
-    api.webhook(agent_session_event(session_id=session, body=body))
-    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
-    pid = o.starts()[0]["pid"]
+    o, pid = running(api, machine, session, body)
     o.signal(signal.SIGKILL)
     assert o.proc is not None
     o.proc.wait()

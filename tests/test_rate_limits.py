@@ -17,7 +17,7 @@ from devpilot.status_view import render
 from shared import linear_api
 from shared.status import snapshot
 from tests.helpers.api import Api, agent_session_event
-from tests.helpers.linear import Linear
+from tests.helpers.linear import Linear, linear_settings
 from tests.test_conversations import ack, activity, claim_all
 
 MINUTE = 60.0
@@ -26,13 +26,7 @@ MINUTE = 60.0
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
     # A short attempt limit: before, four refusals in a row gave a post up.
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "DEVPILOT_MAX_ATTEMPTS": 3,
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-        "DEVPILOT_METRICS": True,
-    }
+    return linear_settings(httpserver, DEVPILOT_MAX_ATTEMPTS=3, DEVPILOT_METRICS=True)
 
 
 def connect(api: Api, org: str, token: str) -> None:

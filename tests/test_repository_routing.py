@@ -22,7 +22,7 @@ from functions.pages import ME_COOKIE
 from shared import people
 from shared.db import transaction
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.linear import Linear, root_field
+from tests.helpers.linear import Linear, linear_settings, root_field
 
 BACKEND = {"hostname": "github.com", "fullName": "acme/backend"}
 WEB = {"hostname": "github.com", "fullName": "acme/web"}
@@ -30,11 +30,7 @@ WEB = {"hostname": "github.com", "fullName": "acme/web"}
 
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-    }
+    return linear_settings(httpserver)
 
 
 def machine(

@@ -524,3 +524,15 @@ class LinearOAuth(Linear):
             self.viewers.append(token)
             who = dict(self.people[self.user_tokens[token]]) if self.people else {}
         return _json({"data": {"viewer": who}})
+
+
+def linear_settings(httpserver: HTTPServer, **more: object) -> dict[str, object]:
+    """The service's settings (`api_overrides`) for a test against the stand-in Linear on
+    `httpserver`: its API there, a failed post tried again after a second rather than the
+    production backoff, and `more`."""
+    return {
+        "LINEAR_API_URL": httpserver.url_for("/graphql"),
+        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
+        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
+        **more,
+    }
