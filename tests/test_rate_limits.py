@@ -18,7 +18,7 @@ from shared import linear_api
 from shared.status import snapshot
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.linear import Linear, linear_settings
-from tests.test_conversations import ack, activity, claim_all
+from tests.test_conversations import ack, activity
 
 MINUTE = 60.0
 
@@ -87,7 +87,7 @@ def sweep(api: Api) -> None:
 
 def delivered(api: Api, token: str, org: str, session: str) -> None:
     api.webhook(agent_session_event(org=org, session_id=session))
-    for m in claim_all(api, token):
+    for m in api.claim_all(token):
         assert ack(api, token, m) == 200
 
 
