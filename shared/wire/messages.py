@@ -142,10 +142,14 @@ def start_request(issue: IssueRef, body: str | None = None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Repository(Wire):
-    """A repository a message is about: the host and `owner/name`."""
+    """A repository a message is about, or a machine has: the host and `owner/name`."""
 
     hostname: str
     full_name: str
+
+    @property
+    def key(self) -> str:
+        return repository_key(self.hostname, self.full_name)
 
 
 DEFAULT_HOST = "github.com"
