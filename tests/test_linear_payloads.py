@@ -30,20 +30,12 @@ def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
     )
 
 
-def said(linear: Linear, agent_session: str) -> list[tuple[str, str]]:
-    return [
-        (a["content"]["type"], a["content"].get("body", ""))
-        for a in linear.activities()
-        if a["agentSessionId"] == agent_session
-    ]
-
-
 def wait_said(linear: Linear, agent_session: str, n: int, timeout: float = 10.0) -> list[tuple[str, str]]:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(said(linear, agent_session)) < n:
+    while time.monotonic() < deadline and len(linear.said(agent_session)) < n:
         time.sleep(0.02)
     assert not linear.invalid, linear.invalid
-    return said(linear, agent_session)
+    return linear.said(agent_session)
 
 
 def assignee_reads(linear: Linear) -> list[dict[str, Any]]:

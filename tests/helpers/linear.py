@@ -348,6 +348,14 @@ class Linear:
     def activities(self) -> list[dict[str, Any]]:
         return [c["variables"]["input"] for c in self.calls if root_field(c) == "agentActivityCreate"]
 
+    def said(self, agent_session: str) -> list[tuple[str, str]]:
+        """What the agent session shows, in order: each activity's type and body ("" for none)."""
+        return [
+            (a["content"]["type"], a["content"].get("body", ""))
+            for a in self.activities()
+            if a["agentSessionId"] == agent_session
+        ]
+
     def asked(self, field: str) -> list[dict[str, Any]]:
         """The arguments of each call that asked for `field`, as Linear reads them."""
         return [root_arguments(c) for c in self.calls if root_field(c) == field]
