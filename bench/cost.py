@@ -116,20 +116,30 @@ def table(m: Measured) -> list[dict[str, Any]]:
     return [row(n, mode, m) for n in (1_000, 10_000) for mode in ("poll 5 s", "long-poll 25 s", "realtime")]
 
 
-def markdown(rows: list[dict[str, Any]], m: Measured) -> str:
+def _by_fleet(intro: str, columns: dict[str, str], rows: list[dict[str, Any]]) -> str:
+    """A table with a row per fleet size and way of waiting: `columns` maps each further column's
+    title to the format of its cell (the row's fields by name)."""
     head = (
-        f"Measured: {m.cpu_ms} ms server CPU and {m.wall_ms} ms wall per empty claim, "
-        f"{m.db_us:.0f} µs database time.\n\n"
-        "| machines | waiting by | requests / month | function CPU-s / month | database s / month "
-        "| Cloud Run instances busy | Cloud Run $ / month | Lambda $ / month |\n"
-        "|---:|---|---:|---:|---:|---:|---:|---:|\n"
+        " | ".join(["| machines | waiting by", *columns]) + " |\n|---:|---|" + "---:|" * len(columns) + "\n"
     )
-    lines = [
-        f"| {r['machines']:,} | {r['mode']} | {r['requests_per_month']:,} | {r['function_cpu_s']:,} "
-        f"| {r['db_s']:,} | {r['cloud_run_instances']:,} | {r['cloud_run_usd']:,.2f} | {r['lambda_usd']:,.2f} |"
-        for r in rows
-    ]
-    return head + "\n".join(lines) + "\n"
+    lines = [" | ".join(["| {machines:,} | {mode}", *columns.values()]).format(**r) + " |" for r in rows]
+    return intro + "\n\n" + head + "\n".join(lines) + "\n"
+
+
+def markdown(rows: list[dict[str, Any]], m: Measured) -> str:
+    intro = (
+        f"Measured: {m.cpu_ms} ms server CPU and {m.wall_ms} ms wall per empty claim, "
+        f"{m.db_us:.0f} µs database time."
+    )
+    columns = {
+        "requests / month": "{requests_per_month:,}",
+        "function CPU-s / month": "{function_cpu_s:,}",
+        "database s / month": "{db_s:,}",
+        "Cloud Run instances busy": "{cloud_run_instances:,}",
+        "Cloud Run $ / month": "{cloud_run_usd:,.2f}",
+        "Lambda $ / month": "{lambda_usd:,.2f}",
+    }
+    return _by_fleet(intro, columns, rows)
 
 
 def request_line_bytes() -> int:
@@ -165,19 +175,18 @@ def log_rows(rows: list[dict[str, Any]], line_bytes: int) -> list[dict[str, Any]
 
 
 def logs_markdown(rows: list[dict[str, Any]], line_bytes: int) -> str:
-    head = (
+    intro = (
         f"Our request lines ({line_bytes} bytes each, before the platform's metadata), at "
-        f"${LOG_USD_PER_GIB:.2f} per GiB:\n\n"
-        "| machines | waiting by | lines / month (default) | $ / month (default) "
-        "| lines / month (DEVPILOT_LOG_EMPTY_POLLS=1) | GiB / month | $ / month |\n"
-        "|---:|---|---:|---:|---:|---:|---:|\n"
+        f"${LOG_USD_PER_GIB:.2f} per GiB:"
     )
-    lines = [
-        f"| {r['machines']:,} | {r['mode']} | {r['lines_default']:,} | {r['usd_default']:,.2f} "
-        f"| {r['lines_every_poll']:,} | {r['gib_every_poll']:,} | {r['usd_every_poll']:,.2f} |"
-        for r in log_rows(rows, line_bytes)
-    ]
-    return head + "\n".join(lines) + "\n"
+    columns = {
+        "lines / month (default)": "{lines_default:,}",
+        "$ / month (default)": "{usd_default:,.2f}",
+        "lines / month (DEVPILOT_LOG_EMPTY_POLLS=1)": "{lines_every_poll:,}",
+        "GiB / month": "{gib_every_poll:,}",
+        "$ / month": "{usd_every_poll:,.2f}",
+    }
+    return _by_fleet(intro, columns, log_rows(rows, line_bytes))
 
 
 def report(m: Measured) -> str:

@@ -37,7 +37,7 @@ PUBLIC = tuple(t for t, exposure in deployed_targets() if exposure == "public")
 # The zip is built for the Python that builds it (3.11 or newer, as pyproject.toml requires; each is
 # a Lambda runtime): its wheels are that version's, and so is its bytecode, compiled at build time.
 # Lambda's /var/task is read-only, so a module shipped without bytecode for the runtime's version
-# is compiled again at every cold start (about a second more for this code and its dependencies).
+# is compiled again at every cold start, a cost that grows with the code and its dependencies.
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 RUNTIME = f"python{PYTHON}"
 LAMBDA_TRUST = {
@@ -229,32 +229,18 @@ def deploy(
     sweep_arn = f"arn:aws:lambda:{region}:{account_id}:function:{function_name('sweep')}"
 
     # Execution role: CloudWatch logs only; the functions reach Postgres over the network.
-    if plan.exists("iam", "get_role", RoleName=exec_role) is None:
-        plan.call(
-            "iam",
-            "create_role",
-            RoleName=exec_role,
-            AssumeRolePolicyDocument=json.dumps(LAMBDA_TRUST),
-            Description="devpilot-dispatch functions: logs only",
-        )
     logs = f"arn:aws:logs:{region}:{account_id}:log-group:/aws/lambda/{PREFIX}-*"
-    plan.call(
-        "iam",
-        "put_role_policy",
-        RoleName=exec_role,
-        PolicyName="write-own-logs",
-        PolicyDocument=json.dumps(
-            {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {
-                        "Effect": "Allow",
-                        "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                        "Resource": [logs, f"{logs}:*"],
-                    }
-                ],
-            }
-        ),
+    _role(
+        plan,
+        exec_role,
+        LAMBDA_TRUST,
+        "devpilot-dispatch functions: logs only",
+        "write-own-logs",
+        {
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+            "Resource": [logs, f"{logs}:*"],
+        },
     )
 
     variables = environment(env)
@@ -291,25 +277,13 @@ def deploy(
             urls[target] = made["FunctionUrl"]
 
     # The scheduler's role may invoke the sweep function and nothing else.
-    if plan.exists("iam", "get_role", RoleName=sched_role) is None:
-        plan.call(
-            "iam",
-            "create_role",
-            RoleName=sched_role,
-            AssumeRolePolicyDocument=json.dumps(SCHEDULER_TRUST),
-            Description="EventBridge Scheduler: invoke the devpilot sweep",
-        )
-    plan.call(
-        "iam",
-        "put_role_policy",
-        RoleName=sched_role,
-        PolicyName="invoke-sweep",
-        PolicyDocument=json.dumps(
-            {
-                "Version": "2012-10-17",
-                "Statement": [{"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": sweep_arn}],
-            }
-        ),
+    _role(
+        plan,
+        sched_role,
+        SCHEDULER_TRUST,
+        "EventBridge Scheduler: invoke the devpilot sweep",
+        "invoke-sweep",
+        {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": sweep_arn},
     )
     schedule = {
         "Name": f"{PREFIX}-sweep",
@@ -327,6 +301,28 @@ def deploy(
     else:
         plan.call("scheduler", "update_schedule", **schedule)
     return {"urls": urls, "executionRole": exec_arn, "schedulerRole": sched_arn}
+
+
+def _role(
+    plan: Plan, name: str, trust: dict[str, Any], description: str, policy: str, allows: dict[str, Any]
+) -> None:
+    """The IAM role `name` (made when missing, trusted by `trust`) with one inline policy `policy`
+    that allows what `allows` says and nothing else (put again on every deploy)."""
+    if plan.exists("iam", "get_role", RoleName=name) is None:
+        plan.call(
+            "iam",
+            "create_role",
+            RoleName=name,
+            AssumeRolePolicyDocument=json.dumps(trust),
+            Description=description,
+        )
+    plan.call(
+        "iam",
+        "put_role_policy",
+        RoleName=name,
+        PolicyName=policy,
+        PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [allows]}),
+    )
 
 
 def _allow_public_url(plan: Plan, name: str) -> None:

@@ -327,8 +327,9 @@ def session_options(url: str, settings: Settings) -> str:
 
     The limits, and no JIT compilation: Postgres compiles a statement whose estimated cost passes
     `jit_above_cost`, and a statement of ours that runs in milliseconds can be estimated that high
-    over a big table (the outbox's take beside 50,000 waiting posts: 0.4 s compiling, 15 ms
-    running). The service's statements are short; none gains from it."""
+    over a big table (the outbox's take beside many waiting posts), and then the compiling takes
+    far longer than the running (bench/README.md). The service's statements are short; none gains
+    from it."""
     given = str(conninfo_to_dict(url).get("options") or "")
     ours = (
         f"-c statement_timeout={settings.statement_timeout_ms} "

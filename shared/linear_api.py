@@ -26,8 +26,8 @@ _clients_lock = threading.Lock()
 
 def client(settings: Settings) -> httpx.Client:
     """The process's HTTP client for Linear's API (one per timeout; thread-safe, kept open so its
-    connections are reused): making a client builds a TLS context, which took 70 ms of CPU on a
-    busy 2-core host, more than the call itself, on every read and every batch of notices."""
+    connections are reused): making a client builds a TLS context, which costs more CPU than the
+    call itself, so it is not made again for every read and every batch of notices."""
     import httpx  # (here, not at the top: see shared.linear_auth)
 
     key = (os.getpid(), settings.linear_timeout_seconds)  # (a forked worker makes its own)

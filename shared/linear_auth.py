@@ -31,8 +31,8 @@ from shared.sql import query
 if TYPE_CHECKING:
     import httpx
 
-# httpx is imported where Linear is called, not at the top: importing it costs a function instance's
-# cold start about 50 ms (with rich installed, its command-line module comes along), and most
+# httpx is imported where Linear is called, not at the top: importing it lengthens a function
+# instance's cold start (with rich installed, its command-line module comes along), and most
 # instances (claim, ack, a webhook that posts nothing) never call Linear.
 log = logging.getLogger("devpilot.linear")
 

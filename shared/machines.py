@@ -18,23 +18,13 @@ from psycopg.types.json import Jsonb
 
 from shared.db import Pool, Tx, require_tx, transaction
 from shared.sql import query
-from shared.wire.messages import repository_key
+from shared.wire.messages import Repository
 
 MAX_REPOSITORIES = 100
 MAX_LABELS = 50
 
 
-@dataclass(frozen=True)
-class Repo:
-    hostname: str
-    full_name: str
-
-    @property
-    def key(self) -> str:
-        return repository_key(self.hostname, self.full_name)
-
-    def wire(self) -> dict[str, str]:
-        return {"hostname": self.hostname, "fullName": self.full_name}
+Repo = Repository  # (the contract's; functions/machine.py names it so)
 
 
 def normalise(repositories: list[Repo], labels: list[str]) -> tuple[list[Repo], list[str]]:

@@ -1,7 +1,7 @@
 """Settings from the environment, named and defaulted as the README's configuration section says.
 
 Plain Python, not pydantic: every target's first request reads these, and importing pydantic is
-50–90 ms of each cloud function's cold start. Each field names its variable (`var`), matched in any
+a large part of each cloud function's cold start (bench/README.md, "Cold start"). Each field names its variable (`var`), matched in any
 case in the environment, and values passed to `Settings(...)` win over the environment.
 """
 

@@ -11,8 +11,8 @@ The comments are for the reader of the file; the statement sent leaves out every
 a comment. psycopg converts a statement's `%(name)s` placeholders once and keeps the result only
 for a statement of at most 4,096 bytes (`MAX_CACHED_STATEMENT_LENGTH`); longer ones it converts
 again, with a regular expression, on every execution. With its comments the webhook's one
-statement was 5,859 bytes, and converting it again was 35 % of the instructions a served webhook
-executes and about 12 % of the server's CPU per webhook (bench/: 0.71 -> 0.62 ms).
+statement was over that limit, and converting it again on every webhook was a large part of the
+webhook's CPU (bench/README.md, "What was tried").
 """
 
 from __future__ import annotations

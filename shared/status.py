@@ -140,8 +140,8 @@ def snapshot(
 ) -> Snapshot:
     """`with_sessions=False` (a metrics scrape, which shows none of them): no totals, failures or
     history (`failed_limit` and `with_history` are then ignored), so the sessions, which are kept
-    and grow for ever, are not read at all (their totals count every one: about 0.27 s at
-    2,000,000 on a 2-core machine, at every scrape)."""
+    and grow for ever, are not read at all (their totals count every one, and a scrape comes
+    every few seconds)."""
     with lend(pool) as conn, conn.transaction():
         conn.execute(query("read_only"))
         orchs = [

@@ -28,13 +28,6 @@ from tests.helpers.linear import Linear
 LINEAR_TOKEN = "lin_app_token_for_conversations"
 
 
-def claim_all(api: Api, token: str) -> list[dict[str, Any]]:
-    r = api.post_as(token, "/claim", {"max": 100})
-    assert r.status_code == 200, r.text
-    messages: list[dict[str, Any]] = r.json()["messages"]
-    return messages
-
-
 def ack(api: Api, token: str, m: dict[str, Any]) -> int:
     return api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]}).status_code
 
@@ -44,7 +37,7 @@ def test_created_carries_the_prompt_and_linear_hears_back(api: Api, linear: Line
     event = agent_session_event(session_id="as-1", body="@agent fix the flaky test")
     r = api.webhook(event).json()
     assert r["status"] == "dispatched" and r["kind"] == "start"
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert m["kind"] == "start" and m["agentSessionId"] == "as-1"
     assert m["prompt"]["context"] == event["promptContext"]  # the request, as Linear formats it
     assert m["prompt"]["body"] == "@agent fix the flaky test"  # the comment it was started from
@@ -58,15 +51,15 @@ def test_follow_up_goes_to_the_holder_in_order_never_rerouted(api: Api, linear: 
     _, first = api.register(user="user-1", name="laptop")
     api.webhook(agent_session_event(session_id="as-2"))
     _, second = api.register(user="user-1", name="desktop")
-    assert claim_all(api, second) == []  # now the most recently seen machine of that user
+    assert api.claim_all(second) == []  # now the most recently seen machine of that user
     r = api.webhook(agent_session_event(session_id="as-2", action="prompted", body="also the docs")).json()
     assert r["status"] == "dispatched" and r["kind"] == "prompt"
-    assert claim_all(api, second) == []  # never re-routed
-    [start] = claim_all(api, first)
+    assert api.claim_all(second) == []  # never re-routed
+    [start] = api.claim_all(first)
     assert start["kind"] == "start"
-    assert claim_all(api, first) == []  # the prompt waits while its start is claimed, not acked
+    assert api.claim_all(first) == []  # the prompt waits while its start is claimed, not acked
     assert ack(api, first, start) == 200
-    [prompt] = claim_all(api, first)
+    [prompt] = api.claim_all(first)
     assert prompt["kind"] == "prompt" and prompt["prompt"]["body"] == "also the docs"
     assert prompt["prompt"]["context"] is None
 
@@ -75,7 +68,7 @@ def test_follow_up_with_no_holder_is_routed_as_a_start(api: Api, linear: Linear)
     _, token = api.register(user="user-1")
     r = api.webhook(agent_session_event(session_id="as-3", action="prompted", body="hello?")).json()
     assert r["status"] == "dispatched" and r["kind"] == "start"
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert (m["kind"], m["prompt"]["body"]) == ("start", "hello?")
 
 
@@ -84,7 +77,7 @@ def test_stop_before_any_delivery_cancels_and_tells_linear(api: Api, linear: Lin
     started = api.webhook(agent_session_event(session_id="as-4")).json()
     r = api.webhook(agent_session_event(session_id="as-4", action="prompted", signal="stop")).json()
     assert r == {"status": "stopped", "cancelledSessionIds": [started["sessionId"]], "stopSessionId": None}
-    assert claim_all(api, token) == []  # the machine never starts it
+    assert api.claim_all(token) == []  # the machine never starts it
     linear.wait(2)
     final = linear.activities()[-1]
     assert final["agentSessionId"] == "as-4" and final["content"]["type"] == "response"
@@ -93,12 +86,12 @@ def test_stop_before_any_delivery_cancels_and_tells_linear(api: Api, linear: Lin
 def test_stop_after_delivery_cancels_the_rest_and_queues_a_stop(api: Api, linear: Linear) -> None:
     _, token = api.register(user="user-1")
     api.webhook(agent_session_event(session_id="as-5"))
-    [start] = claim_all(api, token)
+    [start] = api.claim_all(token)
     assert ack(api, token, start) == 200
     follow = api.webhook(agent_session_event(session_id="as-5", action="prompted", body="more")).json()
     r = api.webhook(agent_session_event(session_id="as-5", action="prompted", signal="stop")).json()
     assert r["status"] == "stopped" and r["cancelledSessionIds"] == [follow["sessionId"]]
-    [stop] = claim_all(api, token)
+    [stop] = api.claim_all(token)
     assert stop["kind"] == "stop" and stop["sessionId"] == r["stopSessionId"] and stop["prompt"] is None
     with api.pool.connection() as conn:
         kinds = conn.execute(
@@ -120,7 +113,7 @@ def test_follow_up_and_stop_carry_the_conversations_issue(
     full description."""
     _, token = api.register(user="user-1")
     api.webhook(agent_session_event(session_id="as-issue"))
-    [start] = claim_all(api, token)
+    [start] = api.claim_all(token)
     assert ack(api, token, start) == 200
 
     def follow_up(**kw: Any) -> dict[str, Any]:
@@ -130,10 +123,10 @@ def test_follow_up_and_stop_carry_the_conversations_issue(
         return event
 
     api.webhook(follow_up(body="and the docs"))
-    [prompt] = claim_all(api, token)
+    [prompt] = api.claim_all(token)
     assert ack(api, token, prompt) == 200
     api.webhook(follow_up(signal="stop"))
-    [stop] = claim_all(api, token)
+    [stop] = api.claim_all(token)
     for m in (prompt, stop):
         if issue_in_event:
             assert m["issue"] == start["issue"]
@@ -149,7 +142,7 @@ def test_stop_racing_an_ack_one_outcome_each_time(api: Api, linear: Linear) -> N
     for n in range(20):
         sid = f"as-race-{n}"
         api.webhook(agent_session_event(session_id=sid))
-        [start] = claim_all(api, token)
+        [start] = api.claim_all(token)
         barrier = threading.Barrier(2)
 
         def do_ack(m: dict[str, Any] = start, barrier: threading.Barrier = barrier) -> int:
@@ -168,12 +161,12 @@ def test_stop_racing_an_ack_one_outcome_each_time(api: Api, linear: Linear) -> N
             code, answer = acked.result(), stopped.result()
         if code == 200:
             assert answer["cancelledSessionIds"] == [] and answer["stopSessionId"] is not None
-            [stop] = claim_all(api, token)
+            [stop] = api.claim_all(token)
             assert stop["kind"] == "stop"
             assert ack(api, token, stop) == 200
         else:
             assert code == 404 and answer["cancelledSessionIds"] == [start["sessionId"]]
-            assert answer["stopSessionId"] is None and claim_all(api, token) == []
+            assert answer["stopSessionId"] is None and api.claim_all(token) == []
 
 
 def test_human_reassignment_never_touches_the_agent_session(api: Api, linear: Linear) -> None:
@@ -184,7 +177,7 @@ def test_human_reassignment_never_touches_the_agent_session(api: Api, linear: Li
         "update", issue_id="iss-shared", assignee="user-2", updated_from={"assigneeId": "user-1"}
     )
     assert api.webhook(moved).json()["status"] == "dispatched"
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert m["sessionId"] == agent["sessionId"]
 
 
@@ -216,7 +209,7 @@ def test_non_ascii_signature_is_401_and_float_timestamps_are_accepted(api: Api) 
 
 def delivered_session(api: Api, token: str, session_id: str) -> None:
     api.webhook(agent_session_event(session_id=session_id))
-    for m in claim_all(api, token):
+    for m in api.claim_all(token):
         assert ack(api, token, m) == 200
 
 
@@ -290,7 +283,7 @@ def test_an_undelivered_session_and_an_unconnected_org_are_refused(api: Api) -> 
     api.webhook(agent_session_event(session_id="as-9"))
     r = activity(api, token, "as-9", {"type": "thought", "body": "too early"})
     refused(r, 404, "not_found")  # not delivered to it yet
-    for m in claim_all(api, token):
+    for m in api.claim_all(token):
         ack(api, token, m)
     r = activity(api, token, "as-9", {"type": "thought", "body": "no Linear"})
     refused(r, 409, "linear_not_connected")
@@ -497,7 +490,7 @@ def test_a_follow_up_after_a_stop_that_reached_no_machine_starts_afresh(api: Api
     api.webhook(agent_session_event(session_id="as-restart", action="prompted", signal="stop"))
     r = api.webhook(agent_session_event(session_id="as-restart", action="prompted", body="try again")).json()
     assert r["status"] == "dispatched" and r["kind"] == "start"
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert (m["kind"], m["prompt"]["body"]) == ("start", "try again")
 
 
@@ -513,14 +506,14 @@ def test_a_follow_up_written_before_the_stop_and_handled_after_it_does_nothing(
     _, token = api.register(user="user-1")
     api.webhook(agent_session_event(session_id="as-order"))
     if delivered:
-        [m] = claim_all(api, token)
+        [m] = api.claim_all(token)
         api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
     written = agent_session_event(session_id="as-order", action="prompted", body="and the docs")
     stop = api.webhook(agent_session_event(session_id="as-order", action="prompted", signal="stop")).json()
     assert stop["status"] == "stopped"
     late = api.webhook(written).json()
     assert late == {"status": "ignored", "reason": "agent_session_stopped"}
-    assert [m["kind"] for m in claim_all(api, token)] == (["stop"] if delivered else [])
+    assert [m["kind"] for m in api.claim_all(token)] == (["stop"] if delivered else [])
     then = api.webhook(agent_session_event(session_id="as-order", action="prompted", body="now go on")).json()
     assert (then["status"], then["kind"]) == ("dispatched", "prompt" if delivered else "start")
 
@@ -538,7 +531,7 @@ def test_stops_handled_out_of_order_keep_the_latest_time(api: Api) -> None:
     assert api.webhook(first).json()["status"] == "stopped"
     late = api.webhook(between).json()
     assert late == {"status": "ignored", "reason": "agent_session_stopped"}
-    assert claim_all(api, token) == []
+    assert api.claim_all(token) == []
 
 
 def _sessions_of(api: Api, agent_session: str) -> list[tuple[str, str]]:
@@ -560,7 +553,7 @@ def test_a_created_handled_after_its_stop_starts_nothing(api: Api, linear: Linea
     assert stop == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
     late = api.webhook(agent_session_event(session_id="as-late")).json()
     assert late == {"status": "ignored", "reason": "agent_session_stopped"}
-    assert claim_all(api, token) == [] and _sessions_of(api, "as-late") == []
+    assert api.claim_all(token) == [] and _sessions_of(api, "as-late") == []
     linear.wait(1)
     time.sleep(0.3)  # (nothing more comes: no "Queued for" for a start that was never queued)
     assert [a["content"]["type"] for a in linear.activities()] == ["response"]
@@ -579,7 +572,7 @@ def test_a_created_handled_after_a_follow_up_that_started_it_starts_nothing_more
     assert first["status"] == "dispatched" and first["kind"] == "start"
     late = api.webhook(agent_session_event(session_id="as-swap", body="@agent fix it")).json()
     assert late == {"status": "ignored", "reason": "agent_session_started"}
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert (m["kind"], m["prompt"]["body"]) == ("start", "and the docs")
     assert _sessions_of(api, "as-swap") == [("start", "queued")]
 
@@ -596,7 +589,7 @@ def test_a_created_handled_after_a_follow_up_still_being_routed_starts_nothing_m
         )
     late = api.webhook(agent_session_event(session_id="as-routing")).json()
     assert late == {"status": "ignored", "reason": "agent_session_started"}
-    assert claim_all(api, token) == [] and _sessions_of(api, "as-routing") == []
+    assert api.claim_all(token) == [] and _sessions_of(api, "as-routing") == []
 
 
 def test_a_start_that_fails_takes_the_follow_ups_queued_behind_it(api: Api, linear: Linear) -> None:
@@ -636,5 +629,5 @@ def test_a_start_that_fails_takes_the_follow_ups_queued_behind_it(api: Api, line
     assert [a["content"]["type"] for a in linear.activities()] == ["thought", "error"]
     r = api.webhook(agent_session_event(session_id="as-dead", action="prompted", body="retry")).json()
     assert r["status"] == "dispatched" and r["kind"] == "start"
-    [m2] = claim_all(api, token)
+    [m2] = api.claim_all(token)
     assert (m2["kind"], m2["prompt"]["body"]) == ("start", "retry")

@@ -20,7 +20,7 @@ from pytest_httpserver import HTTPServer
 
 from shared.wire import agent_tokens
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.linear import Linear
+from tests.helpers.linear import Linear, linear_settings
 
 ROOT = Path(__file__).parent.parent
 PUBLIC = "https://devpilot.example"
@@ -29,13 +29,7 @@ APP_USER = "app-user-devpilot"
 
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "DEVPILOT_PUBLIC_URL": PUBLIC,
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-        "DEVPILOT_MAX_ATTEMPTS": 2,
-    }
+    return linear_settings(httpserver, DEVPILOT_PUBLIC_URL=PUBLIC, DEVPILOT_MAX_ATTEMPTS=2)
 
 
 @pytest.fixture

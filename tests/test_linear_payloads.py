@@ -17,7 +17,7 @@ from shared.db import transaction
 from shared.routing import NO_ASSIGNEE, NOT_CONNECTED
 from tests.helpers.api import ROOT_PLACEHOLDER, SECRET, Api, agent_session_event, app_revoked_event
 from tests.helpers.data import row_counts
-from tests.helpers.linear import Linear
+from tests.helpers.linear import Linear, linear_settings
 from tests.test_orchestrator import wait_for
 
 SECOND_SECRET = "the-oauth-apps-own-signing-secret"
@@ -25,36 +25,17 @@ SECOND_SECRET = "the-oauth-apps-own-signing-secret"
 
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "LINEAR_WEBHOOK_SECRET": f"{SECRET}, {SECOND_SECRET}",
-        "LINEAR_CLIENT_ID": "our-client-id",
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-    }
-
-
-def claim_all(api: Api, token: str) -> list[dict[str, Any]]:
-    r = api.post_as(token, "/claim", {"max": 100})
-    assert r.status_code == 200, r.text
-    messages: list[dict[str, Any]] = r.json()["messages"]
-    return messages
-
-
-def said(linear: Linear, agent_session: str) -> list[tuple[str, str]]:
-    return [
-        (a["content"]["type"], a["content"].get("body", ""))
-        for a in linear.activities()
-        if a["agentSessionId"] == agent_session
-    ]
+    return linear_settings(
+        httpserver, LINEAR_WEBHOOK_SECRET=f"{SECRET}, {SECOND_SECRET}", LINEAR_CLIENT_ID="our-client-id"
+    )
 
 
 def wait_said(linear: Linear, agent_session: str, n: int, timeout: float = 10.0) -> list[tuple[str, str]]:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(said(linear, agent_session)) < n:
+    while time.monotonic() < deadline and len(linear.said(agent_session)) < n:
         time.sleep(0.02)
     assert not linear.invalid, linear.invalid
-    return said(linear, agent_session)
+    return linear.said(agent_session)
 
 
 def assignee_reads(linear: Linear) -> list[dict[str, Any]]:
@@ -75,7 +56,7 @@ def test_a_delegation_hands_the_agent_linears_request_not_the_placeholder(api: A
     _, token = api.register(user="user-1")
     event = agent_session_event(session_id="as-delegated")  # delegated: no comment asked
     assert api.webhook(event).json()["status"] == "dispatched"
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert m["prompt"]["context"] == event["promptContext"]
     assert m["prompt"]["body"] is None
     assert ROOT_PLACEHOLDER not in str(m["prompt"])  # Linear's placeholder reaches nobody
@@ -87,7 +68,7 @@ def test_a_mention_in_a_reply_is_the_reply_not_the_threads_first_comment(api: Ap
         session_id="as-reply", body="@agent please rebase it", in_reply_to="The deploy broke on Friday."
     )
     api.webhook(event)
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert m["prompt"]["body"] == "@agent please rebase it"
     assert m["prompt"]["previousComments"] == event["previousComments"]
     assert "The deploy broke on Friday." not in (m["prompt"]["body"] or "")
@@ -108,7 +89,7 @@ def test_an_automation_session_goes_to_the_issues_assignee_and_linear_hears_at_o
     assert wait_said(linear, "as-auto", 1) == [("thought", "Queued for ada-laptop")]
     assert time.monotonic() - t0 < 10  # Linear's limit for a first activity
     assert assignee_reads(linear) == [{"id": "iss-auto"}]  # asked of Linear, the read schema-checked
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert (m["kind"], m["agentSessionId"], m["prompt"]["context"]) == (
         "start",
         "as-auto",
@@ -175,16 +156,16 @@ def test_linear_down_the_session_is_routed_once_linear_answers(api: Api, linear:
     assert api.webhook(follow_up, delivery="d-follow").json()["status"] == "routing"
     assert api.webhook(created, delivery="d-created").json()["status"] == "duplicate"
     time.sleep(0.3)
-    assert claim_all(api, token) == [] and linear.fail == 0
+    assert api.claim_all(token) == [] and linear.fail == 0
     time.sleep(1.1)  # the backoff after the first failed read (base 1 s here)
     sweep(api)
     assert wait_said(linear, "as-down", 1) == [("thought", "Queued for cy-laptop")]
-    [start] = claim_all(api, token)  # the prompt waits for the start's delivery (order rule)
+    [start] = api.claim_all(token)  # the prompt waits for the start's delivery (order rule)
     assert start["kind"] == "start"
     assert api.post_as(
         token, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]}
     ).json() == {"status": "acked"}
-    [prompt] = claim_all(api, token)
+    [prompt] = api.claim_all(token)
     assert (prompt["kind"], prompt["prompt"]["body"]) == ("prompt", "and the docs")
     sweep(api)
     assert row_counts(api.pool)["sessions"] == 2
@@ -201,7 +182,7 @@ def test_a_stop_cancels_a_session_still_waiting_for_linear(api: Api, linear: Lin
     assert r.json()["status"] == "stopped"
     time.sleep(1.1)
     sweep(api)
-    assert claim_all(api, token) == []
+    assert api.claim_all(token) == []
     assert row_counts(api.pool)["sessions"] == 0
     assert [k for k, _ in wait_said(linear, "as-stop", 1)] == ["response"]
 
@@ -216,13 +197,13 @@ def test_a_stop_cancels_a_session_still_waiting_for_linear(api: Api, linear: Lin
 def test_a_follow_up_carries_its_signal(api: Api, signal: str, metadata: dict[str, str] | None) -> None:
     _, token = api.register(user="user-1")
     api.webhook(agent_session_event(session_id="as-sig"))
-    [start] = claim_all(api, token)
+    [start] = api.claim_all(token)
     api.post_as(token, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]})
     event = agent_session_event(
         session_id="as-sig", action="prompted", body="Postgres", signal=signal, signal_metadata=metadata
     )
     assert api.webhook(event).json()["kind"] == "prompt"
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     assert (m["prompt"]["body"], m["prompt"]["signal"], m["prompt"]["signalMetadata"]) == (
         "Postgres",
         signal,
@@ -233,7 +214,7 @@ def test_a_follow_up_carries_its_signal(api: Api, signal: str, metadata: dict[st
 def test_the_agent_asks_with_select_and_auth_signals(api: Api, linear: Linear) -> None:
     _, token = api.register(user="user-1")
     api.webhook(agent_session_event(session_id="as-ask"))
-    [m] = claim_all(api, token)
+    [m] = api.claim_all(token)
     api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
     ask = {"type": "elicitation", "body": "Which database?"}
     options = {"options": [{"label": "Postgres", "value": "Postgres"}, {"value": "SQLite"}]}

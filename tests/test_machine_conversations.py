@@ -39,14 +39,6 @@ def reads(o: Orch) -> list[dict[str, Any]]:
     return [x for x in lines(o) if "read" in x]
 
 
-def said(linear: Linear, session: str) -> list[tuple[str, str]]:
-    return [
-        (a["content"]["type"], a["content"].get("body", ""))
-        for a in linear.activities()
-        if a["agentSessionId"] == session
-    ]
-
-
 def machine(api: Api, tmp: Path, *extra: str, **kw: Any) -> Orch:
     _, token = api.register(user="user-1", name="laptop")
     return Orch(api.url, token, tmp, extra=["--stop-grace", "2", *extra], command=COMMAND, **kw)
@@ -83,7 +75,7 @@ def test_a_follow_up_reaches_the_running_agents_inbox_and_no_second_command_star
         api.webhook(agent_session_event(session_id="as-live", action="prompted", body="use Postgres"))
         api.webhook(agent_session_event(session_id="as-live", action="prompted", body="that's all [done]"))
         # (the agent reads nothing before both are in its inbox: meanwhile, no second COMMAND)
-        wait_for(lambda: ("response", "read 2 follow-up(s)") in said(linear, "as-live"), what="its answer")
+        wait_for(lambda: ("response", "read 2 follow-up(s)") in linear.said("as-live"), what="its answer")
         [first] = starts(o)  # one COMMAND for the whole conversation
         assert [(r["pid"], r["body"]) for r in reads(o)] == [
             (first["pid"], "use Postgres"),
@@ -92,7 +84,7 @@ def test_a_follow_up_reaches_the_running_agents_inbox_and_no_second_command_star
         assert [r["file"] for r in reads(o)] == sorted(r["file"] for r in reads(o))  # ls order
         time.sleep(1.0)
         assert len(starts(o)) == 1  # nothing left unread: no second COMMAND
-        assert "Finished." not in [b for _, b in said(linear, "as-live")]  # its own answer was the last word
+        assert "Finished." not in [b for _, b in linear.said("as-live")]  # its own answer was the last word
     finally:
         assert o.stop() == 0
 
@@ -105,7 +97,7 @@ def test_a_follow_up_after_the_agent_exited_starts_one_with_the_whole_transcript
     try:
         start = agent_session_event(session_id="as-thread", body="please [talk]")
         api.webhook(start)
-        wait_for(lambda: ("response", "Finished.") in said(linear, "as-thread"), what="the first run's end")
+        wait_for(lambda: ("response", "Finished.") in linear.said("as-thread"), what="the first run's end")
         api.webhook(agent_session_event(session_id="as-thread", action="prompted", body="now the docs"))
         wait_for(lambda: len(starts(o)) == 2, what="the follow-up's COMMAND")
         first, second = starts(o)
@@ -167,9 +159,7 @@ def test_sigkill_between_the_inbox_and_the_ack_delivers_the_follow_up_exactly_on
     assert queued is not None and queued[0] == 1
     o.start()  # the next run acks it, writing nothing twice
     api.webhook(agent_session_event(session_id="as-kill", action="prompted", body="[done]"))
-    wait_for(
-        lambda: ("response", "read 2 follow-up(s)") in said(linear, "as-kill"), what="the agent's answer"
-    )
+    wait_for(lambda: ("response", "read 2 follow-up(s)") in linear.said("as-kill"), what="the agent's answer")
     assert [r["body"] for r in reads(o)] == ["once only", "[done]"]
     assert {r["pid"] for r in reads(o)} == {agent_pid} and len(starts(o)) == 1
     with api.pool.connection() as conn:
@@ -231,13 +221,13 @@ def test_an_agent_that_asks_is_not_answered_finished_and_gets_the_choice_with_it
     o.start()
     try:
         api.webhook(agent_session_event(session_id="as-ask", body="please [ask]"))
-        wait_for(lambda: ("elicitation", "Which database?") in said(linear, "as-ask"), what="the question")
+        wait_for(lambda: ("elicitation", "Which database?") in linear.said("as-ask"), what="the question")
         [ask] = [a for a in linear.activities() if a["agentSessionId"] == "as-ask" and a.get("signal")]
         assert ask["signal"] == "select" and ask["signalMetadata"] == {
             "options": [{"label": "Postgres", "value": "Postgres"}, {"label": "SQLite", "value": "SQLite"}]
         }  # and the stand-in checked it against Linear's schema
         time.sleep(1.0)
-        assert "Finished." not in [b for _, b in said(linear, "as-ask")]  # awaiting the person's answer
+        assert "Finished." not in [b for _, b in linear.said("as-ask")]  # awaiting the person's answer
         choice = agent_session_event(
             session_id="as-ask",
             action="prompted",
@@ -280,7 +270,7 @@ def test_command_gets_a_clean_environment_and_only_what_is_passed_on_purpose(
     o.start()
     try:
         api.webhook(agent_session_event(session_id="as-env", body="please [talk]"))
-        wait_for(lambda: ("response", "Finished.") in said(linear, "as-env"), what="the agent's run")
+        wait_for(lambda: ("response", "Finished.") in linear.said("as-env"), what="the agent's run")
         [run] = starts(o)
         env: dict[str, str] = run["allEnv"]
         for name, value in SECRETS.items():
@@ -347,7 +337,7 @@ def test_two_conversations_with_worktrees_never_share_a_checkout_and_theirs_go_a
             api.webhook(agent_session_event(session_id=sid, action="prompted", body="[done]"))
         for sid in ("as-wt-1", "as-wt-2"):
             wait_for(
-                lambda sid=sid: ("response", "read 1 follow-up(s)") in said(linear, sid), what=f"{sid} ends"
+                lambda sid=sid: ("response", "read 1 follow-up(s)") in linear.said(sid), what=f"{sid} ends"
             )
         wait_for(
             lambda: not Path(one["cwd"]).exists() and not Path(two["cwd"]).exists(),

@@ -14,19 +14,14 @@ from pytest_httpserver import HTTPServer
 from shared import intake, linear
 from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
 from tests.helpers.data import row_counts, write_notice
-from tests.helpers.linear import Linear
+from tests.helpers.linear import Linear, linear_settings
 
 TOKEN = "lin_app_token_for_tests"
 
 
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-        "DEVPILOT_MAX_ATTEMPTS": 3,
-    }
+    return linear_settings(httpserver, DEVPILOT_MAX_ATTEMPTS=3)
 
 
 def store_token(api: Api, org: str = "org-a") -> None:

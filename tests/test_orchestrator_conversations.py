@@ -38,22 +38,14 @@ def machine(api: Api, tmp_path: Path) -> Any:
             o.proc.wait()
 
 
-def said(linear: Linear, session: str) -> list[tuple[str, str]]:
-    return [
-        (a["content"]["type"], a["content"].get("body", ""))
-        for a in linear.activities()
-        if a["agentSessionId"] == session
-    ]
-
-
 def wait_said(linear: Linear, session: str, kind: str, timeout: float = 20) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for t, body in said(linear, session):
+        for t, body in linear.said(session):
             if t == kind:
                 return body
         time.sleep(0.05)
-    raise AssertionError(f"no {kind} for {session}: {said(linear, session)}")
+    raise AssertionError(f"no {kind} for {session}: {linear.said(session)}")
 
 
 def alive(pid: int) -> bool:
@@ -70,7 +62,7 @@ def test_start_then_prompt_with_the_agents_own_activity(api: Api, linear: Linear
     event = agent_session_event(session_id="as-c1", body="please [talk]")
     api.webhook(event)
     assert wait_said(linear, "as-c1", "response") == "Finished."
-    thoughts = [b for t, b in said(linear, "as-c1") if t == "thought"]
+    thoughts = [b for t, b in linear.said("as-c1") if t == "thought"]
     assert f"working on: {event['promptContext']}" in thoughts  # COMMAND's own, through its scoped token
     [first] = o.starts()
     assert first["kind"] == "start" and first["env"]["DEVPILOT_KIND"] == "start"
@@ -85,7 +77,7 @@ def test_start_then_prompt_with_the_agents_own_activity(api: Api, linear: Linear
     wait_for(lambda: len(o.starts()) == 2, what="the follow-up started")
     second = o.starts()[1]
     assert second["kind"] == "prompt" and second["env"]["DEVPILOT_PROMPT"] == "[talk] again"
-    wait_for(lambda: [t for t, _ in said(linear, "as-c1")].count("response") == 2, what="second response")
+    wait_for(lambda: [t for t, _ in linear.said("as-c1")].count("response") == 2, what="second response")
     assert o.stop() == 0
 
 
@@ -95,18 +87,23 @@ def test_a_failing_command_reports_an_error_with_its_output(api: Api, linear: Li
     api.webhook(agent_session_event(session_id="as-c2", body="please [fail]"))
     error = wait_said(linear, "as-c2", "error")
     assert "exited with code 3" in error and "boom: the build is broken" in error
-    assert "response" not in [t for t, _ in said(linear, "as-c2")]
+    assert "response" not in [t for t, _ in linear.said("as-c2")]
     assert o.stop() == 0
+
+
+def running(api: Api, machine: Any, session: str, body: str) -> tuple[Orch, int]:
+    """An orchestrator started, and the pid of the COMMAND it runs for a start with `body`."""
+    o, _ = machine()
+    o.start()
+    api.webhook(agent_session_event(session_id=session, body=body))
+    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
+    return o, o.starts()[0]["pid"]
 
 
 def test_stop_ends_the_running_agent_and_posts_the_final_response(
     api: Api, linear: Linear, machine: Any
 ) -> None:
-    o, _ = machine()
-    o.start()
-    api.webhook(agent_session_event(session_id="as-c3", body="please [sleep]"))
-    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
-    pid = o.starts()[0]["pid"]
+    o, pid = running(api, machine, "as-c3", "please [sleep]")
     assert alive(pid)
     t0 = time.monotonic()
     r = api.webhook(agent_session_event(session_id="as-c3", action="prompted", signal="stop")).json()
@@ -114,7 +111,7 @@ def test_stop_ends_the_running_agent_and_posts_the_final_response(
     assert wait_said(linear, "as-c3", "response") == "Stopped, as asked in Linear."
     assert not alive(pid) and time.monotonic() - t0 < 15
     time.sleep(0.5)
-    assert "error" not in [t for t, _ in said(linear, "as-c3")]  # a stopped agent is not a failure
+    assert "error" not in [t for t, _ in linear.said("as-c3")]  # a stopped agent is not a failure
     assert len(o.starts()) == 1  # the stop started nothing
     assert o.stop() == 0
 
@@ -122,11 +119,7 @@ def test_stop_ends_the_running_agent_and_posts_the_final_response(
 def test_stop_finds_an_agent_started_before_the_orchestrator_was_sigkilled(
     api: Api, linear: Linear, machine: Any
 ) -> None:
-    o, _ = machine()
-    o.start()
-    api.webhook(agent_session_event(session_id="as-c4", body="please [sleep]"))
-    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
-    pid = o.starts()[0]["pid"]
+    o, pid = running(api, machine, "as-c4", "please [sleep]")
     o.signal(signal.SIGKILL)
     assert o.proc is not None
     o.proc.wait()
@@ -141,11 +134,7 @@ def test_stop_finds_an_agent_started_before_the_orchestrator_was_sigkilled(
 
 def restarted_while_held(api: Api, machine: Any, session: str, body: str) -> tuple[Orch, int]:
     """An orchestrator SIGKILLed while its COMMAND ("[hold]") runs, and started again."""
-    o, _ = machine()
-    o.start()
-    api.webhook(agent_session_event(session_id=session, body=body))
-    wait_for(lambda: len(o.starts()) == 1, what="the agent running")
-    pid = o.starts()[0]["pid"]
+    o, pid = running(api, machine, session, body)
     o.signal(signal.SIGKILL)
     assert o.proc is not None
     o.proc.wait()
@@ -157,7 +146,7 @@ def restarted_while_held(api: Api, machine: Any, session: str, body: str) -> tup
 
 def finals(linear: Linear, session: str) -> list[tuple[str, str]]:
     """What Linear heard but thoughts (the service's own "Queued for ...", COMMAND's)."""
-    return [(t, body) for t, body in said(linear, session) if t != "thought"]
+    return [(t, body) for t, body in linear.said(session) if t != "thought"]
 
 
 def release(o: Orch) -> None:

@@ -22,7 +22,7 @@ from orchestrator.conversations import Conversations, conversation_key
 from orchestrator.journal import Journal
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.linear import Linear
-from tests.test_machine_conversations import follow_up_claimed, machine, said, started_with, starts
+from tests.test_machine_conversations import follow_up_claimed, machine, started_with, starts
 from tests.test_orchestrator import SHORT_LEASE, Orch, wait_for
 from tests.test_orchestrator_conversations import alive
 
@@ -72,7 +72,7 @@ def test_old_finished_conversations_go_and_recent_or_unfinished_ones_stay(
     for sid in sessions:
         api.webhook(agent_session_event(session_id=sid, issue_id=f"iss-{sid}", body="please [talk]"))
     for sid in sessions:
-        wait_for(lambda sid=sid: ("response", "Finished.") in said(linear, sid), what=f"{sid} finished")
+        wait_for(lambda sid=sid: ("response", "Finished.") in linear.said(sid), what=f"{sid} finished")
     assert o.stop() == 0
     # as-pending: a follow-up taken and journaled, and the machine stopped before its inbox write.
     api.webhook(agent_session_event(session_id="as-pending", action="prompted", body="go on"))
@@ -123,7 +123,7 @@ def test_a_conversation_whose_command_runs_keeps_everything_and_its_stop_still_f
     assert all(f.exists() for f in files) and (o.state / "conversations" / "as-long").is_dir()
     assert len(journal_rows(o, "as-long")) == 1 and "housekeeping" not in o.log()
     api.webhook(agent_session_event(session_id="as-long", action="prompted", signal="stop"))
-    wait_for(lambda: ("response", "Stopped, as asked in Linear.") in said(linear, "as-long"), what="stopped")
+    wait_for(lambda: ("response", "Stopped, as asked in Linear.") in linear.said("as-long"), what="stopped")
     wait_for(lambda: not alive(pid), timeout=10, what="the agent ended")
     assert o.stop() == 0
 
@@ -194,13 +194,13 @@ def test_keep_days_0_removes_nothing_and_a_negative_value_is_refused(
     o = machine(api, tmp_path, "--keep-days", "0")
     o.start()
     api.webhook(agent_session_event(session_id="as-kept", issue_id="iss-kept", body="please [talk]"))
-    wait_for(lambda: ("response", "Finished.") in said(linear, "as-kept"), what="the first conversation")
+    wait_for(lambda: ("response", "Finished.") in linear.said("as-kept"), what="the first conversation")
     assert o.stop() == 0
     files = set_back(o, "as-kept")
     before = sorted((o.state / "conversations" / "as-kept").rglob("*"))
     o.start()
     api.webhook(agent_session_event(session_id="as-later", issue_id="iss-later", body="please [talk]"))
-    wait_for(lambda: ("response", "Finished.") in said(linear, "as-later"), what="a run past its start-up")
+    wait_for(lambda: ("response", "Finished.") in linear.said("as-later"), what="a run past its start-up")
     assert o.stop() == 0
     assert "housekeeping" not in o.log()
     assert sorted((o.state / "conversations" / "as-kept").rglob("*")) == before and before
@@ -221,7 +221,7 @@ def test_an_old_conversations_worktree_goes_with_it_unless_work_in_it_is_uncommi
     for sid in ("as-wt-clean", "as-wt-dirty"):
         api.webhook(agent_session_event(session_id=sid, issue_id=f"iss-{sid}", body="please [ask]"))
     for sid in ("as-wt-clean", "as-wt-dirty"):
-        wait_for(lambda sid=sid: ("elicitation", "Which database?") in said(linear, sid), what=f"{sid} asks")
+        wait_for(lambda sid=sid: ("elicitation", "Which database?") in linear.said(sid), what=f"{sid} asks")
     wait_for(lambda: len(starts(o)) == 2, what="both started")
     time.sleep(0.5)  # (each COMMAND's exit handled)
     assert o.stop() == 0

@@ -17,8 +17,8 @@ from devpilot.status_view import render
 from shared import linear_api
 from shared.status import snapshot
 from tests.helpers.api import Api, agent_session_event
-from tests.helpers.linear import Linear
-from tests.test_conversations import ack, activity, claim_all
+from tests.helpers.linear import Linear, linear_settings
+from tests.test_conversations import ack, activity
 
 MINUTE = 60.0
 
@@ -26,13 +26,7 @@ MINUTE = 60.0
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
     # A short attempt limit: before, four refusals in a row gave a post up.
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "DEVPILOT_MAX_ATTEMPTS": 3,
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-        "DEVPILOT_METRICS": True,
-    }
+    return linear_settings(httpserver, DEVPILOT_MAX_ATTEMPTS=3, DEVPILOT_METRICS=True)
 
 
 def connect(api: Api, org: str, token: str) -> None:
@@ -93,7 +87,7 @@ def sweep(api: Api) -> None:
 
 def delivered(api: Api, token: str, org: str, session: str) -> None:
     api.webhook(agent_session_event(org=org, session_id=session))
-    for m in claim_all(api, token):
+    for m in api.claim_all(token):
         assert ack(api, token, m) == 200
 
 

@@ -22,7 +22,7 @@ from functions.pages import ME_COOKIE
 from shared import people
 from shared.db import transaction
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.linear import Linear, root_field
+from tests.helpers.linear import Linear, linear_settings, root_field
 
 BACKEND = {"hostname": "github.com", "fullName": "acme/backend"}
 WEB = {"hostname": "github.com", "fullName": "acme/web"}
@@ -30,11 +30,7 @@ WEB = {"hostname": "github.com", "fullName": "acme/web"}
 
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
-        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
-    }
+    return linear_settings(httpserver)
 
 
 def machine(
@@ -47,13 +43,6 @@ def machine(
     return oid, token
 
 
-def claim_all(api: Api, token: str) -> list[dict[str, Any]]:
-    r = api.post_as(token, "/claim", {"max": 100})
-    assert r.status_code == 200, r.text
-    messages: list[dict[str, Any]] = r.json()["messages"]
-    return messages
-
-
 def ack(api: Api, token: str, m: dict[str, Any]) -> None:
     r = api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
     assert r.json() == {"status": "acked"}, r.text
@@ -63,7 +52,7 @@ def wait_claim(api: Api, token: str, n: int = 1, timeout: float = 10.0) -> list[
     got: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while len(got) < n and time.monotonic() < deadline:
-        got += claim_all(api, token)
+        got += api.claim_all(token)
         if len(got) < n:
             time.sleep(0.05)
     assert len(got) == n, got
@@ -182,7 +171,7 @@ def test_alike_machines_never_ask_linear(api: Api, linear: Linear) -> None:
     ):
         answer = api.webhook(event).json()
         assert answer["status"] == "dispatched" and answer["orchestratorId"] == newest
-    claimed = claim_all(api, token)
+    claimed = api.claim_all(token)
     assert [m["repository"] for m in claimed] == [None, None]
     assert page_note(api, claimed[0]["sessionId"]) is None  # nothing was chosen, nothing to say
     time.sleep(0.2)
@@ -239,7 +228,7 @@ def test_below_the_confidence_the_person_picks_and_the_pick_routes_the_start(
     follow_up = agent_session_event(session_id="as-pick", action="prompted", body="also fix the docs")
     assert api.webhook(follow_up).json()["status"] == "routing"  # waits behind the start
     time.sleep(0.3)
-    assert claim_all(api, backend) == [] and claim_all(api, web) == []
+    assert api.claim_all(backend) == [] and api.claim_all(web) == []
     pick = agent_session_event(session_id="as-pick", action="prompted", body="acme/web", signal="select")
     assert api.webhook(pick).json()["status"] == "routing"
     [start] = wait_claim(api, web)
@@ -247,7 +236,7 @@ def test_below_the_confidence_the_person_picks_and_the_pick_routes_the_start(
     ack(api, web, start)
     [prompt] = wait_claim(api, web)
     assert (prompt["kind"], prompt["prompt"]["body"]) == ("prompt", "also fix the docs")
-    assert claim_all(api, backend) == []
+    assert api.claim_all(backend) == []
     assert len(reads(linear, "issueRepositorySuggestions")) == 1  # the pick needed no second question
     assert "picked in Linear" in (note_of(api, start["sessionId"]) or "")
     # The follow-up's page says how its conversation's machine was chosen: the start's note.
@@ -288,7 +277,7 @@ def test_a_plain_assignment_takes_the_best_suggestion_and_says_so_first(api: Api
     linear.suggestions["iss-plain"] = {"acme/backend": 0.2, "acme/web": 0.55}
     api.webhook(issue_event(issue_id="iss-plain"))
     [m] = wait_claim(api, web)
-    assert m["repository"] == WEB and claim_all(api, backend) == []
+    assert m["repository"] == WEB and api.claim_all(backend) == []
     assert linear.activities() == []  # nobody was asked
     note = note_of(api, m["sessionId"])
     assert note == (
@@ -342,7 +331,7 @@ def test_linear_unreachable_or_not_connected_routes_as_before_and_says_so(
         == "routing"
     )
     [m] = wait_claim(api, web, timeout=5)
-    assert m["repository"] is None and claim_all(api, backend) == []
+    assert m["repository"] is None and api.claim_all(backend) == []
     note = note_of(api, m["sessionId"]) or ""
     assert note.startswith("Linear could not be asked which repository"), note
     assert ("not connected" in note) == (why == "not_connected")
@@ -360,7 +349,7 @@ def test_a_label_narrows_the_candidates(api: Api, linear: Linear) -> None:
     linear.suggestions["iss-plain"] = {"acme/web": 0.99}
     api.webhook(issue_event(issue_id="iss-gpu"))
     [m] = wait_claim(api, gpu)
-    assert m["repository"] == BACKEND and claim_all(api, laptop) == []
+    assert m["repository"] == BACKEND and api.claim_all(laptop) == []
     assert "label gpu" in (note_of(api, m["sessionId"]) or "")
     assert reads(linear, "issueRepositorySuggestions") == []
     api.webhook(issue_event(issue_id="iss-plain"))
@@ -397,7 +386,7 @@ def test_a_machine_without_the_repository_gives_the_start_back_and_it_is_routed_
     ack(api, other, again)
     [prompt] = wait_claim(api, other)
     assert (prompt["kind"], prompt["prompt"]["body"]) == ("prompt", "and the tests")
-    assert claim_all(api, gone) == []
+    assert api.claim_all(gone) == []
     listed = {
         o["orchestratorId"]: o
         for o in api.http.get("/orchestrators", headers=api.admin()).json()["orchestrators"]
@@ -448,7 +437,7 @@ def test_200_starts_for_two_machines_are_each_routed_once_and_claimed_once(api: 
         def claimer(name: str, token: str) -> None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and sum(len(v) for v in claimed.values()) < n:
-                got = claim_all(api, token)
+                got = api.claim_all(token)
                 with lock:
                     claimed[name] += got
                 if not got:

@@ -22,11 +22,6 @@ from tests.helpers.linear import Linear
 from tests.test_reliability import assert_invariant
 
 
-def claim_all(api: Api, token: str) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
-    return messages
-
-
 def statuses(api: Api) -> dict[str, str]:
     with api.pool.connection() as conn:
         return {str(r["id"]): r["status"] for r in conn.execute("SELECT id, status FROM dispatch_sessions")}
@@ -46,7 +41,7 @@ def test_revoke_moves_starts_to_the_users_other_machine_and_cancels_the_rest(
     laptop_id, laptop = api.register(user="user-1", name="laptop")
     queued = api.webhook(issue_event(issue_id="iss-q")).json()
     api.webhook(agent_session_event(session_id="as-r1"))
-    claimed = {m["sessionId"] for m in claim_all(api, laptop)}  # both now claimed by the laptop
+    claimed = {m["sessionId"] for m in api.claim_all(laptop)}  # both now claimed by the laptop
     api.webhook(issue_event(issue_id="iss-q2"))
     desk_id, desk = api.register(user="user-1", name="desktop")
     seen(api, desk_id, 5)
@@ -59,14 +54,14 @@ def test_revoke_moves_starts_to_the_users_other_machine_and_cancels_the_rest(
         conn.execute(
             "UPDATE dispatch_sessions SET orchestrator_id = %s WHERE agent_session_id = 'as-r2'", (laptop_id,)
         )
-    [start] = [m for m in claim_all(api, laptop) if m["agentSessionId"] == "as-r2"]
+    [start] = [m for m in api.claim_all(laptop) if m["agentSessionId"] == "as-r2"]
     api.post_as(laptop, "/ack", {"queueId": start["queueId"], "claimToken": start["claimToken"]})
     follow = api.webhook(agent_session_event(session_id="as-r2", action="prompted", body="more")).json()
     assert follow["kind"] == "prompt" and follow["orchestratorId"] == laptop_id
 
     r = api.http.post(f"/orchestrators/{laptop_id}/revoke", headers=api.admin()).json()
     assert (r["moved"], r["cancelled"]) == (3, 1)
-    got = claim_all(api, desk)
+    got = api.claim_all(desk)
     assert {m["sessionId"] for m in got} >= claimed | {queued["sessionId"]}  # claimed ones too, at once
     assert all(m["orchestratorId"] == desk_id for m in got)
     assert statuses(api)[follow["sessionId"]] == "cancelled"
@@ -96,7 +91,7 @@ def test_the_sweep_moves_a_quiet_machines_unclaimed_starts(api: Api) -> None:
     quiet_id, quiet = api.register(user="user-1", name="laptop")
     waiting = api.webhook(issue_event(issue_id="iss-w")).json()
     held = api.webhook(issue_event(issue_id="iss-h")).json()
-    assert held["sessionId"] in {m["sessionId"] for m in claim_all(api, quiet)}
+    assert held["sessionId"] in {m["sessionId"] for m in api.claim_all(quiet)}
     with api.pool.connection() as conn:  # put the waiting one back: only `held` stays claimed
         conn.execute(
             "UPDATE dispatch_queue SET lease_expires_at = NULL WHERE session_id = %s", (waiting["sessionId"],)
@@ -106,10 +101,10 @@ def test_the_sweep_moves_a_quiet_machines_unclaimed_starts(api: Api) -> None:
     seen(api, desk_id, 3)
     # DEVPILOT_REROUTE_AFTER_SECONDS=0 means never, even for a machine quiet this long
     assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=0)).rerouted == 0
-    assert claim_all(api, desk) == []
+    assert api.claim_all(desk) == []
     result = sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600))
     assert result.rerouted == 1
-    [moved] = claim_all(api, desk)
+    [moved] = api.claim_all(desk)
     assert moved["sessionId"] == waiting["sessionId"] and moved["attempt"] == 2
     with api.pool.connection() as conn:
         row = conn.execute(
@@ -181,10 +176,10 @@ def test_a_follow_up_committing_while_its_start_is_rerouted_goes_with_it(api: Ap
         follow_up_in(follow_up, "as-moving", quiet_id)
         assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 0
     assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 2
-    [first] = claim_all(api, desk)
+    [first] = api.claim_all(desk)
     assert first["sessionId"] == start["sessionId"]
     api.post_as(desk, "/ack", {"queueId": first["queueId"], "claimToken": first["claimToken"]})
-    [then] = claim_all(api, desk)
+    [then] = api.claim_all(desk)
     assert then["kind"] == "prompt" and then["agentSessionId"] == "as-moving"
     with api.pool.connection() as conn:
         left = conn.execute(
@@ -240,8 +235,8 @@ def test_a_quiet_machines_work_never_moves_to_another_user_or_org(api: Api) -> N
     seen(api, colleague_id, 1)
     seen(api, elsewhere_id, 1)
     assert sweep(api.pool, Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)).rerouted == 0
-    assert claim_all(api, colleague) == [] and claim_all(api, elsewhere) == []
-    [still] = claim_all(api, quiet)
+    assert api.claim_all(colleague) == [] and api.claim_all(elsewhere) == []
+    [still] = api.claim_all(quiet)
     assert still["sessionId"] == waiting["sessionId"]
 
 
@@ -377,7 +372,7 @@ def test_follow_ups_queued_behind_a_moved_start_go_with_it(api: Api, mover: str)
 
     got: list[tuple[str, str]] = []
     for _ in range(5):
-        for m in claim_all(api, desk):
+        for m in api.claim_all(desk):
             if m["agentSessionId"] == "as-move":
                 got.append((m["kind"], m["sessionId"]))
             api.post_as(desk, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
@@ -387,7 +382,7 @@ def test_follow_ups_queued_behind_a_moved_start_go_with_it(api: Api, mover: str)
         ("prompt", again["sessionId"]),
     ]
     if mover == "sweep":
-        assert claim_all(api, laptop) == []  # nothing of as-move reaches the laptop
+        assert api.claim_all(laptop) == []  # nothing of as-move reaches the laptop
     statuses_now = statuses(api)
     assert {statuses_now[x["sessionId"]] for x in (start, prompt, again)} == {"delivered"}
     nxt = api.webhook(agent_session_event(session_id="as-move", action="prompted", body="and Z")).json()
@@ -413,7 +408,7 @@ def test_the_sweep_rescues_work_left_on_a_revoked_machine(api: Api) -> None:
         conn.execute("UPDATE orchestrators SET revoked_at = now() WHERE id IN (%s, %s)", (gone, lonely))
     result = sweep(api.pool, Settings())
     assert result.rescued == 2
-    assert [m["sessionId"] for m in claim_all(api, other_token)] == [moved["sessionId"]]
+    assert [m["sessionId"] for m in api.claim_all(other_token)] == [moved["sessionId"]]
     assert statuses(api)[alone["sessionId"]] == "cancelled"
     assert sweep(api.pool, Settings()).rescued == 0  # nothing left to rescue
     assert_invariant(api.pool)

@@ -28,7 +28,7 @@ from shared.wire import agent_tokens
 from tests.helpers.api import ADMIN, Api, agent_session_event, issue_event
 from tests.helpers.chromium import headless_chromium
 from tests.helpers.data import queue_of
-from tests.helpers.linear import Linear
+from tests.helpers.linear import Linear, linear_settings
 from tests.test_orchestrator import ROOT, Orch, wait_for
 
 PUBLIC = "https://devpilot.example"
@@ -37,12 +37,9 @@ SCREENSHOT = ROOT / "docs" / "session-page.png"
 
 @pytest.fixture
 def api_overrides(httpserver: HTTPServer) -> dict[str, object]:
-    return {
-        "LINEAR_API_URL": httpserver.url_for("/graphql"),
-        "DEVPILOT_PUBLIC_URL": PUBLIC,
-        "DEVPILOT_MAX_ATTEMPTS": 2,
-        "DEVPILOT_BACKOFF_BASE_SECONDS": 0,
-    }
+    return linear_settings(
+        httpserver, DEVPILOT_PUBLIC_URL=PUBLIC, DEVPILOT_MAX_ATTEMPTS=2, DEVPILOT_BACKOFF_BASE_SECONDS=0
+    )
 
 
 @pytest.fixture(scope="module")

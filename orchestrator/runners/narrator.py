@@ -17,9 +17,10 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from orchestrator.client import Rejected, Unreachable
+from orchestrator.voice import Voice
 
 THOUGHT_CHARS = 2_000
 RESPONSE_CHARS = 20_000
@@ -27,21 +28,6 @@ RESULT_LINES = 6
 RESULT_CHARS = 600
 PARAMETER_CHARS = 200
 RUNNING_AFTER = 3.0  # seconds before a tool call without a result is shown as running
-
-
-class Speaker(Protocol):
-    """`orchestrator.voice.Voice`, as the narrator uses it."""
-
-    def say(
-        self,
-        content: dict[str, Any],
-        activity_id: str | None = None,
-        signal: str | None = None,
-        signal_metadata: dict[str, Any] | None = None,
-        ephemeral: bool = False,
-    ) -> str: ...
-
-    def plan(self, steps: list[dict[str, str]]) -> str: ...
 
 
 def bounded(text: str, chars: int) -> str:
@@ -75,7 +61,7 @@ class Running:
 
 
 class Narrator:
-    def __init__(self, speaker: Speaker | None) -> None:
+    def __init__(self, speaker: Voice | None) -> None:
         """`speaker` None: nobody to tell (no agent session): everything goes to stderr only."""
         self.speaker = speaker
         self.texts: list[str] = []

@@ -37,17 +37,16 @@ SELECT ran_at, requeued, dead_lettered FROM sweep_runs ORDER BY id DESC LIMIT 1;
 -- sum of +1 at its first minute and -1 at its end's. It ended when it was delivered
 -- (`delivered_at`; a delivered session is changed once more when Linear opens the agent session
 -- of a plain assignment, which may be minutes later), or failed or was cancelled (its last
--- change). (The minute-by-minute count it replaces read the table 60 times: 1.2 s at 100,000
--- sessions, bench/statements.py.)
+-- change): one pass, not a count per minute (each of which read the table again).
 -- Sessions are kept, so it reads only those that can count: the queued ones and those changed in
--- the window, through dispatch_sessions_status_idx (status, updated_at), never every session (read
--- whole, 2,000,000 sessions took 0.6-0.9 s). Its conditions are written for that index: every
+-- the window, through dispatch_sessions_status_idx (status, updated_at), never every session (a
+-- read that grows with what is kept). Its conditions are written for that index: every
 -- status but `queued` is named (the table's CHECK lists four), and an ack sets `delivered_at` and
 -- `updated_at` together, and only a delivered session has `delivered_at` (a retry clears it), so
 -- one that ended or was acked in the window was changed in it. The window's bounds are written as
 -- expressions of now(), not read from a CTE: the planner estimates a condition on now() with its
--- value, and one on a CTE's column blind (a third of the rows): at 10,000,000 sessions that plan
--- read every session, 5.6 s (bench/results/statements-year.json); this one reads the window.
+-- value, and one on a CTE's column blind (a third of the rows): at a year's sessions that plan
+-- read every session (bench/README.md, "A year of sessions"); this one reads the window.
 WITH minutes AS (
     SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes', date_trunc('minute', now()),
                            interval '1 minute') AS m
@@ -92,7 +91,7 @@ ORDER BY mm.m;
 -- The cards: the sessions queued now (one queue row each: the live queue, never the sessions
 -- kept), and those that became delivered, failed or cancelled in the last 24 hours (their last
 -- change), by dispatch_sessions_status_idx. Sessions are kept for DEVPILOT_RETENTION_DAYS: a
--- count of them all grew with what is kept (0.27 s at 2,000,000); this one reads a day's
+-- count of them all grew with what is kept; this one reads a day's
 -- sessions, whatever is kept, and a card says what happened today rather than since a date the
 -- retention moves.
 SELECT 'queued' AS status, count(*) AS n FROM dispatch_queue

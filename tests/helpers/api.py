@@ -49,6 +49,13 @@ class Api:
             path, json=body if body is not None else {}, headers={"Authorization": f"Bearer {token}"}
         )
 
+    def claim_all(self, token: str) -> list[dict[str, Any]]:
+        """What the machine of `token` claims now (up to 100 messages); the claim must answer 200."""
+        r = self.post_as(token, "/claim", {"max": 100})
+        assert r.status_code == 200, r.text
+        messages: list[dict[str, Any]] = r.json()["messages"]
+        return messages
+
     def webhook(
         self,
         payload: dict[str, Any],

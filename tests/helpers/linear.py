@@ -348,6 +348,14 @@ class Linear:
     def activities(self) -> list[dict[str, Any]]:
         return [c["variables"]["input"] for c in self.calls if root_field(c) == "agentActivityCreate"]
 
+    def said(self, agent_session: str) -> list[tuple[str, str]]:
+        """What the agent session shows, in order: each activity's type and body ("" for none)."""
+        return [
+            (a["content"]["type"], a["content"].get("body", ""))
+            for a in self.activities()
+            if a["agentSessionId"] == agent_session
+        ]
+
     def asked(self, field: str) -> list[dict[str, Any]]:
         """The arguments of each call that asked for `field`, as Linear reads them."""
         return [root_arguments(c) for c in self.calls if root_field(c) == field]
@@ -524,3 +532,15 @@ class LinearOAuth(Linear):
             self.viewers.append(token)
             who = dict(self.people[self.user_tokens[token]]) if self.people else {}
         return _json({"data": {"viewer": who}})
+
+
+def linear_settings(httpserver: HTTPServer, **more: object) -> dict[str, object]:
+    """The service's settings (`api_overrides`) for a test against the stand-in Linear on
+    `httpserver`: its API there, a failed post tried again after a second rather than the
+    production backoff, and `more`."""
+    return {
+        "LINEAR_API_URL": httpserver.url_for("/graphql"),
+        "DEVPILOT_BACKOFF_BASE_SECONDS": 1,
+        "DEVPILOT_BACKOFF_CAP_SECONDS": 1,
+        **more,
+    }

@@ -74,7 +74,7 @@ def test_texts_are_merged_thoughts_tool_calls_actions_with_their_results_and_the
         "/work/cart/cart.py",
         edit.tool_use_id,
     )
-    assert all(not p["ephemeral"] for p in heard.posts)
+    assert all(not p.get("ephemeral") for p in heard.posts)
 
 
 def test_the_task_tools_are_the_plan_not_actions() -> None:
@@ -214,13 +214,13 @@ def test_a_long_tool_call_is_shown_running_once_and_ephemeral() -> None:
     n.tick()
     assert heard.posts[-1] == {
         "content": {"type": "action", "action": "Bash", "parameter": "pytest"},
-        "signal": None,
-        "meta": None,
         "ephemeral": True,
     }
     assert len(heard.posts) == 2
     n.action_finished("t1", "3 passed")
-    assert heard.shown()[-1] == ("action", "Bash", "pytest", "3 passed") and not heard.posts[-1]["ephemeral"]
+    assert heard.shown()[-1] == ("action", "Bash", "pytest", "3 passed") and not heard.posts[-1].get(
+        "ephemeral"
+    )
     n.action_started("t2", "Bash", "rm -rf build")
     n.hold("t2")  # waiting for the person's approval: the elicitation says it, not a "running"
     n.running["t2"].since -= narration.RUNNING_AFTER
