@@ -69,7 +69,7 @@ def base_statement(name: str) -> str:
 def one_statement(db_url: str, rounds: int, n: int) -> dict[str, Any]:
     """Mean µs per start of each version of the statement, alternating, for one machine and two
     alike. The same database: each version writes its own rows."""
-    from shared.machines import Repo, describe
+    from shared.machines import Repository, describe
     from shared.orchestrators import register
 
     settings = Settings()
@@ -83,7 +83,7 @@ def one_statement(db_url: str, rounds: int, n: int) -> dict[str, Any]:
         for user in users.values():
             for i in range(1 if user == "solo" else 2):
                 m = register(pool, org_id="bench", linear_user_id=user, name=f"{user}-{i}")
-                describe(pool, m.id, [Repo("github.com", "acme/backend")], [])
+                describe(pool, m.id, [Repository("github.com", "acme/backend")], [])
         for r in range(rounds):
             for label, user in users.items():
                 for version, text in versions.items():

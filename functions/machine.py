@@ -11,6 +11,7 @@ import flask
 from functions.bodies import MachineBody
 from functions.web import ApiError, Call, note, reply
 from shared.dispatch import machines
+from shared.wire.messages import Repository
 
 
 def machine(call: Call) -> flask.Response:
@@ -18,7 +19,7 @@ def machine(call: Call) -> flask.Response:
     described = machines.describe(
         call.rt.pool,
         call.orch.id,
-        [machines.Repo(r.hostname, r.full_name) for r in body.repositories],
+        [Repository(r.hostname, r.full_name) for r in body.repositories],
         body.labels,
     )
     if described is None:  # revoked between its authentication and this statement

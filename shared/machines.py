@@ -24,16 +24,13 @@ MAX_REPOSITORIES = 100
 MAX_LABELS = 50
 
 
-Repo = Repository  # (the contract's; functions/machine.py names it so)
-
-
-def normalise(repositories: list[Repo], labels: list[str]) -> tuple[list[Repo], list[str]]:
+def normalise(repositories: list[Repository], labels: list[str]) -> tuple[list[Repository], list[str]]:
     """Each repository once (by key, the first spelling kept; the host lower case), each label once
     (lower case: labels are compared with Linear's label names without regard to case)."""
     seen: set[str] = set()
-    repos: list[Repo] = []
+    repos: list[Repository] = []
     for r in repositories:
-        repo = Repo(r.hostname.strip().lower(), r.full_name.strip().removesuffix(".git"))
+        repo = Repository(r.hostname.strip().lower(), r.full_name.strip().removesuffix(".git"))
         if repo.key not in seen:
             seen.add(repo.key)
             repos.append(repo)
@@ -58,7 +55,7 @@ class Described:
 
 
 def describe(
-    pool: Pool, orchestrator_id: UUID, repositories: list[Repo], labels: list[str]
+    pool: Pool, orchestrator_id: UUID, repositories: list[Repository], labels: list[str]
 ) -> Described | None:
     """Replace what the machine said before, in one statement. None: not an active machine."""
     with transaction(pool) as tx:
@@ -66,7 +63,7 @@ def describe(
 
 
 def describe_in(
-    tx: Tx, orchestrator_id: UUID, repositories: list[Repo], labels: list[str]
+    tx: Tx, orchestrator_id: UUID, repositories: list[Repository], labels: list[str]
 ) -> Described | None:
     """`describe` in the caller's transaction."""
     repos, labels = normalise(repositories, labels)
@@ -92,5 +89,5 @@ def forget(tx: Tx, orchestrator_id: UUID, key: str) -> None:
     row = require_tx(tx, "machines.forget").one(query("machine_inventory"), {"id": orchestrator_id})
     if row is None or key not in row["repository_keys"]:
         return
-    kept = [Repo(r["hostname"], r["fullName"]) for r in row["repositories"]]
+    kept = [Repository(r["hostname"], r["fullName"]) for r in row["repositories"]]
     describe_in(tx, orchestrator_id, [r for r in kept if r.key != key], list(row["labels"]))

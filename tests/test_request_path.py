@@ -509,11 +509,12 @@ def test_a_user_whose_machines_are_alike_stays_on_the_one_statement(db_url: str,
     recently seen machine. Once they differ, the one statement writes nothing, and the intake
     transaction writes a routing request (need `repository`) with the delivery, answered
     `routing`; the webhook itself never asks Linear (the stand-in is not even there)."""
-    from shared.machines import Repo, describe
+    from shared.machines import describe
+    from shared.wire.messages import Repository
 
     pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
     try:
-        backend, web = Repo("github.com", "acme/backend"), Repo("github.com", "acme/web")
+        backend, web = Repository("github.com", "acme/backend"), Repository("github.com", "acme/web")
         laptop = register(pool, org_id="org-a", linear_user_id="user-1", name="laptop")
         describe(pool, laptop.id, [backend, web], [])
         answer, trips = _round_trips(pool, lambda: _receive(pool, issue_event(issue_id="iss-1"), "d-1"))

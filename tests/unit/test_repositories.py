@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.repositories import RepoSpecError, from_remote, parse, split_name
-from shared.machines import Repo, normalise, shape
+from shared.machines import normalise, shape
 from shared.repository_choice import Candidate, match
 from shared.wire.messages import Repository
 
@@ -51,7 +51,7 @@ def test_repo_names_default_to_github_and_a_dotted_first_part_is_a_host(tmp_path
 
 def test_the_digest_is_equal_exactly_for_the_same_repositories_and_labels() -> None:
     def digest(repos: list[tuple[str, str]], labels: list[str]) -> str:
-        r, lb = normalise([Repo(h, n) for h, n in repos], labels)
+        r, lb = normalise([Repository(h, n) for h, n in repos], labels)
         return shape([x.key for x in r], lb)
 
     same = digest([("github.com", "acme/web"), ("github.com", "acme/backend")], ["GPU"])
