@@ -126,16 +126,17 @@ PREP_BATCH = 1000  # issue starts written in one statement while preparing
 def prepare(db_url: str, runs: list[tuple[str, str, float]], threads: int, machine_a: UUID) -> None:
     """The state the load generator's `runs` (kind, tag, seconds) by `threads` senders expect, made
     before any of them is timed,
-    through the library: each prepared agent session (prompted) a start delivered to USER_A's
+    through the library: each prepared agent session (prompted, stop) a start delivered to USER_A's
     machine `machine_a`, so that machine holds the conversation; each prepared issue (re-assigned,
     unassigned) an open assignment dispatch to it, as an earlier webhook would have left it.
     Run it before anything else is queued for that machine (its delivered starts are claimed)."""
     pool = open_pool(db_url, FILL_SETTINGS, max_size=2)
     try:
         sessions = [
-            lg.pool_id(tag, kind, "prompted", i)
+            lg.pool_id(tag, kind, held, i)
             for kind, tag, seconds in runs
-            for i in range(lg.prepared(kind, threads, seconds).get("prompted", 0))
+            for held in lg.HELD
+            for i in range(lg.prepared(kind, threads, seconds).get(held, 0))
         ]
         with transaction(pool) as tx:
             for sid in sessions:
@@ -156,7 +157,7 @@ def prepare(db_url: str, runs: list[tuple[str, str, float]], threads: int, machi
             lg.pool_id(tag, kind, pool_name, i)
             for kind, tag, seconds in runs
             for pool_name, n in lg.prepared(kind, threads, seconds).items()
-            if pool_name != "prompted"
+            if pool_name not in lg.HELD
             for i in range(n)
         ]
         for at in range(0, len(issues), PREP_BATCH):

@@ -7,7 +7,7 @@ Prints one JSON line: {"rate": ..., "count": ..., "p50_ms": ..., "p99_ms": ..., 
 for the blend "kinds": each kind's count and latency.
 
 KIND is one of KINDS or "blend" (default "created"). The kinds that need earlier state
-(re-assigned, unassigned, prompted) find it prepared before the load generator starts
+(re-assigned, unassigned, prompted, stop) find it prepared before the load generator starts
 (`bench.http.prepare`), under TAG: the ids of that state are `pool_id(TAG, KIND, pool, i)` for
 `i < prepared(KIND, THREADS, SECONDS)[pool]`, and thread t takes the indices t, t + THREADS, ...
 """
@@ -34,12 +34,13 @@ USER_A, USER_B = "u", "v"
 ORG = "bench"
 
 # Every kind of webhook the bench sends, in the order the figures are shown.
-KINDS = ("created", "existing", "reassigned", "unassigned", "agent_created", "prompted", "edit")
+KINDS = ("created", "existing", "reassigned", "unassigned", "agent_created", "prompted", "stop", "edit")
 # The blend, per 100 webhooks (bench/README.md says why): for every ten issues of a workspace, about
 # a hundred edits of them (state moves, labels, priority, estimates, titles, descriptions; and an
 # issue created without an assignee is answered as an edit is), five issues created with an
 # assignee and five assigned later, one or two re-assigned and one in two unassigned, and, where
-# the agent is used on one issue in five, two agent sessions with about two follow-ups each.
+# the agent is used on one issue in five, two agent sessions with about two follow-ups each. A stop
+# (pressed in perhaps one agent session in ten) is under one in a hundred: not in it.
 BLEND: dict[str, int] = {
     "edit": 84,
     "created": 4,
@@ -53,9 +54,10 @@ BLEND: dict[str, int] = {
 # rate on a small machine: the service's fastest, an issue created assigned, about 2,000): an
 # unassignment consumes its issue, and one that finds nothing to cancel is a bench error.
 MAX_RATE = 3000
-# Agent sessions are not consumed (a conversation takes many follow-ups), nor are re-assigned
-# issues (each goes back and forth between the two machines): pools of this many at most.
-MAX_REUSED = {"prompted": 1024, "reassigned": 2048}
+# Agent sessions are not consumed (a conversation takes many follow-ups; stopped again, a session
+# has its last stop cancelled and a new one queued), nor are re-assigned issues (each goes back and
+# forth between the two machines): pools of this many at most.
+MAX_REUSED = {"prompted": 1024, "stop": 1024, "reassigned": 2048}
 # Each kind's answer from the service: its status, and a field it must carry or lack.
 EXPECTED: dict[str, tuple[str, str | None, bool]] = {
     "created": ("dispatched", "cancelledSessionId", False),
@@ -64,10 +66,12 @@ EXPECTED: dict[str, tuple[str, str | None, bool]] = {
     "unassigned": ("cancelled", None, False),
     "agent_created": ("dispatched", None, False),
     "prompted": ("dispatched", None, False),
+    "stop": ("stopped", "stopSessionId", True),  # (and not null: the machine that had it is told)
     "edit": ("ignored", None, False),
 }
 AGENT_KIND = {"agent_created": "start", "prompted": "prompt"}  # the answer's `kind`
-PREPARED = ("reassigned", "unassigned", "prompted")  # the kinds that need state made beforehand
+PREPARED = ("reassigned", "unassigned", "prompted", "stop")  # the kinds that need state made beforehand
+HELD = ("prompted", "stop")  # of those, the agent sessions a machine holds (the rest: issues)
 
 
 def shares(kind: str) -> dict[str, float]:
@@ -220,6 +224,22 @@ def prompted(session_id: str, issue_id: str, creator: str) -> dict[str, object]:
     return event
 
 
+def stopped(session_id: str, issue_id: str, creator: str) -> dict[str, object]:
+    """Stop pressed in an agent session a machine holds: what no machine has yet is cancelled, and a
+    `stop` queued for the machine that has the conversation."""
+    event = _agent_event("prompted", session_id, issue_id, creator)
+    event["agentActivity"] = {
+        "id": uuid.uuid4().hex,
+        "agentSessionId": session_id,
+        "content": {"type": "prompt", "body": "Stop"},
+        "signal": "stop",
+        "userId": creator,
+        "createdAt": "2026-12-07T00:00:01.000Z",
+        "updatedAt": "2026-12-07T00:00:01.000Z",
+    }
+    return event
+
+
 def schedule(kind: str, seed: int = 48) -> list[str]:
     """The order of kinds a sender goes through, over and over: `kind` alone, or the blend's 100
     in a fixed shuffle (each thread starts at its own place in it)."""
@@ -265,10 +285,10 @@ def bodies(kind: str, tag: str, thread: int, threads: int, seconds: float) -> Ca
             if lap:
                 raise RuntimeError("the prepared issues to unassign ran out: raise MAX_RATE")
             event = unassigned(pool_id(tag, kind, k, i), USER_A)
-        else:  # prompted
+        else:  # prompted, stop
             i, _ = take(k)
             sid = pool_id(tag, kind, k, i)
-            event = prompted(sid, f"issue-{sid}", USER_A)
+            event = (prompted if k == "prompted" else stopped)(sid, f"issue-{sid}", USER_A)
         return k, json.dumps(event).encode()
 
     return nxt
@@ -281,6 +301,8 @@ def check(kind: str, status: int, answer: bytes) -> None:
     ok = got.get("status") == want
     if field is not None:
         ok = ok and (field in got) == present
+    if kind == "stop":
+        ok = ok and got.get("stopSessionId") is not None
     if kind in AGENT_KIND:
         ok = ok and got.get("kind") == AGENT_KIND[kind]
     if not ok:

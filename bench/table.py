@@ -25,6 +25,7 @@ LABELS: dict[str, str] = {
     "unassigned": "issue unassigned (its machine's work cancelled)",
     "agent_created": "agent session `created`",
     "prompted": "agent session `prompted` (a follow-up for the machine that holds it)",
+    "stop": "agent session stopped (its queued work cancelled, a `stop` for the machine that has it)",
     "edit": "issue edited, assignee unchanged (recorded, nothing else)",
 }
 

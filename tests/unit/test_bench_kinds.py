@@ -48,6 +48,8 @@ def test_each_kind_is_read_as_the_kind_it_is() -> None:
     follow = plans["prompted"]
     assert (follow.kind, follow.agent_session_id) == ("prompt", pool_id("t", "prompted", "prompted", 0))
     assert follow.prompt is not None and follow.prompt.body == "also the docs"
+    stop = plans["stop"]
+    assert (stop.kind, stop.agent_session_id) == ("stop", pool_id("t", "stop", "stop", 0))
     assert (plans["edit"].kind, plans["edit"].reason) == ("ignore", "assignee_unchanged")
 
 
@@ -63,7 +65,7 @@ def test_the_bodies_are_shaped_as_linears() -> None:
 def test_every_webhook_is_a_delivery_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two webhooks with the same delivery identity would be answered `duplicate` (and fail), the
     same issue re-assigned again or the same agent session prompted again included."""
-    monkeypatch.setattr(loadgen, "MAX_REUSED", {"prompted": 4, "reassigned": 4})
+    monkeypatch.setattr(loadgen, "MAX_REUSED", {"prompted": 4, "stop": 4, "reassigned": 4})
     for kind in (*KINDS, "blend"):
         keys = [
             parse(json.dumps(e).encode()).delivery_keys(None)[1] for _, e, _ in sent(kind, 300, threads=1)
@@ -72,7 +74,7 @@ def test_every_webhook_is_a_delivery_of_its_own(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_blend_sends_its_stated_mix_and_each_sender_starts_elsewhere_in_it() -> None:
-    assert sum(BLEND.values()) == 100 and set(BLEND) == set(KINDS)
+    assert sum(BLEND.values()) == 100 and set(BLEND) == set(KINDS) - {"stop"}
     first = sent("blend", 100, thread=0)
     assert Counter(k for k, _, _ in first) == Counter(BLEND)
     assert [k for k, _, _ in sent("blend", 10, thread=1)] != [k for k, _, _ in first[:10]]
@@ -125,6 +127,9 @@ def test_prepared_pools_are_shared_evenly_and_sized_for_the_run() -> None:
         ("agent_created", {"status": "dispatched", "kind": "start"}, True),
         ("prompted", {"status": "dispatched", "kind": "prompt"}, True),
         ("prompted", {"status": "dispatched", "kind": "start"}, False),  # nobody held it
+        ("stop", {"status": "stopped", "stopSessionId": "x"}, True),
+        ("stop", {"status": "ignored"}, False),
+        ("stop", {"status": "stopped", "stopSessionId": None}, False),  # nobody held it
         ("edit", {"status": "ignored"}, True),
         ("edit", {"status": "duplicate"}, False),
     ],
