@@ -7,15 +7,17 @@
   another type, another app uninstalled
   agent session `created` with no issue   tell_unroutable     the intake transaction: an `error` for Linear
   our app uninstalled (OAuthApp revoked)  disconnect          the intake transaction: the org disconnected
-  issue created with an assignee;         start               `route_and_enqueue_many_for_delivery` /
-  agent session `created` by a person                         `route_and_start_agent_sessions_many_for_
-                                                              delivery`, through the group commit
+  issue created with an assignee, or      start               `route_and_enqueue_many_for_delivery` /
+  assigned with nobody before; agent                          `route_and_start_agent_sessions_many_for_
+  session `created` by a person                               delivery`, through the group commit
   agent session `created` by automation   start_for_assignee  the intake transaction: a routing request,
                                                               routed after commit (Linear names the assignee)
   issue unassigned or removed             cancel              `take_turns` + `cancel_open_issue_for_
-                                                              delivery`, together: one round trip
-  existing issue assigned or re-assigned  cancel_and_start    `take_turns` + `cancel_open_issue_for_delivery`
+                                                              delivery`, together (`_change_issues`,
+                                                              through the group commit)
+  issue re-assigned (from someone)        cancel_and_start    `take_turns` + `cancel_open_issue_for_delivery`
                                                               + `enqueue_routed_for_delivery`, together
+                                                              (`_change_issues`, through the group commit)
   `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
                                                               group commit
   `prompted` with the `select` signal     answer              the intake transaction
@@ -179,10 +181,11 @@ def _transaction(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key:
 
 
 def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """A start for a person's machine with nothing to cancel first (an issue created with an
-    assignee, an agent session `created` by a person): its statement through the pool's group
-    commit of starts (`_start_at_once`); what that statement leaves (see the module's docstring),
-    the intake transaction decides, waiting for the turn."""
+    """A start for a person's machine that usually has nothing to cancel first (an issue created
+    with an assignee, or assigned with nobody before; an agent session `created` by a person): its
+    statement through the pool's group commit of starts (`_start_at_once`). What that statement,
+    which never waits for a turn, leaves is decided waiting for the turn: an issue's assignment as
+    a re-assignment is (`_cancel_and_start`), anything else by the intake transaction."""
     assert hook.org_id is not None and plan.issue is not None and plan.user_id is not None
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
@@ -191,6 +194,8 @@ def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) 
     done = _start_at_once(pool, start)
     if done is not None:
         return done
+    if plan.cancel_issue_id is not None:
+        return _cancel_and_start(pool, hook, plan, key, content_key)
     # (its statement was the first round)
     return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key), ROUNDS - 1)
 
