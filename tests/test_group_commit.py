@@ -325,15 +325,20 @@ def test_existing_issues_assigned_together_commit_together_and_a_reassignment_ca
     api: Api, db_url: str
 ) -> None:
     """Existing issues assigned (nothing to cancel) take the group commit as creations do: one
-    statement. Re-assigned in the same pile-up, an issue with an undelivered start goes to its
-    transaction: the old machine's start is cancelled and the new assignee's machine gets one."""
+    statement. Re-assigned meanwhile (not in the starts' line: a re-assignment is its own kind,
+    `cancel_and_start`), an issue with an undelivered start: the old machine's start is cancelled
+    and the new assignee's machine gets one."""
     laptop, _ = api.register(user="user-1")
     other, _ = api.register(user="user-2", name="other")
     first = api.webhook(issue_event(issue_id="iss-re"), "d-re-0").json()  # created, assigned to user-1
     assert first["status"] == "dispatched" and first["orchestratorId"] == laptop
     bodies = [(assigned(f"iss-{i}", "user-1"), f"d-{i}") for i in range(12)]
-    bodies.append((assigned("iss-re", "user-2", "user-1"), "d-re-1"))
-    answers = [a.json() for a in _pile_up(api, db_url, laptop, bodies)]
+    reassigned = (assigned("iss-re", "user-2", "user-1"), "d-re-1")
+    with ThreadPoolExecutor(1) as ex:
+        moved = ex.submit(api.webhook, *reassigned)
+        answers = [a.json() for a in _pile_up(api, db_url, laptop, bodies)]
+        answers.append(moved.result(30).json())
+    bodies.append(reassigned)
     assert [a["status"] for a in answers] == ["dispatched"] * 13
     assert answers[-1]["orchestratorId"] == other and answers[-1]["cancelledSessionId"] == first["sessionId"]
     assert "cancelledSessionId" not in answers[0]
