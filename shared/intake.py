@@ -34,10 +34,11 @@ verdict in SQL, so nothing waits for a decision made here between them.
 What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
 statement finds it under the turn), no machine for the user, a machine revoked meanwhile (the way
 is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). The two ways through
-the group commit (start, follow-up) leave to the intake transaction what their statement, which
-never waits for a turn, cannot decide: a turn another transaction holds, an agent session's user
-without a machine (Linear is told), a user whose machines differ (the repository is asked first),
-an agent session nobody holds yet or behind a start still waiting to be routed.
+the group commit's one statement (start, follow-up) never wait for a turn; what they cannot decide
+is decided by their kind's transaction, waiting for the turn: an issue's start with something
+undelivered as a re-assignment is (`_cancel_and_start`), anything else by the intake transaction (a
+turn another transaction holds, an agent session's user without a machine, a user whose machines
+differ, an agent session nobody holds yet or behind a start still waiting to be routed).
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,

@@ -613,9 +613,10 @@ SELECT id FROM cancelled;
 -- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
 -- (`shared.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
 -- only when that statement recorded the delivery and the delivery does something
--- (`devpilot.verdict_<n>` 'go', `n` its element). With `finish`, the same statement writes what the delivery did:
--- `cancelled`, with the first of the sessions cancelled (the first row returned), or `ignored`
--- (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
+-- (`devpilot.verdict_<n>` 'go', `n` its element). With `finish`, the same statement writes what the
+-- delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
+-- `ignored` (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
+-- Same lock order as `cancel_open_issue`.
 WITH removed AS (
     DELETE FROM dispatch_queue dq
     USING dispatch_sessions s
@@ -636,12 +637,12 @@ SELECT id FROM cancelled ORDER BY id::text;
 
 -- name: enqueue_routed_for_delivery
 -- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` in its transaction
--- (`shared.db.together`): for the machine that statement chose (`devpilot.routed_<n>`; none, or a user
--- whose machines differ: nothing is written), only when the delivery does something
--- (`devpilot.verdict_<n>` 'go', `n` its element). The machine's row is read FOR KEY SHARE if it is still active, as
--- `enqueue`'s `target`: no row returned while `devpilot.routed_<n>` names a machine means it was revoked
--- meanwhile, and the caller rolls the transaction back and decides again. The delivery is
--- recorded as dispatched to the new session by the same statement.
+-- (`shared.db.together`): for the machine that statement chose (`devpilot.routed_<n>`, `n` its
+-- element; none, or a user whose machines differ: nothing is written), only when the delivery does
+-- something (`devpilot.verdict_<n>` 'go'). The machine's row is read FOR KEY SHARE if it is still
+-- active, as `enqueue`'s `target`: no row returned while `devpilot.routed_<n>` names a machine means
+-- it was revoked meanwhile, and the caller rolls the transaction back and decides again. The
+-- delivery is recorded as dispatched to the new session by the same statement.
 WITH target AS (
     SELECT id, name, listening_until > now() AS listening
     FROM orchestrators
