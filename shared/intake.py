@@ -223,9 +223,10 @@ def _cancel(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str)
 
 
 def _cancel_and_start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """An existing issue assigned or re-assigned: its undelivered assignment dispatch cancelled and
-    a start queued for the assignee's machine, through the pool's group commit of assignment
-    changes (`_assignment_changes`). A machine revoked meanwhile: nothing written, tried again."""
+    """An issue re-assigned (or assigned with a dispatch still undelivered, `_start`): its
+    undelivered assignment dispatch cancelled and a start queued for the assignee's machine,
+    through the pool's group commit of assignment changes (`_assignment_changes`). A machine
+    revoked meanwhile: nothing written, tried again."""
     org, issue, user = hook.org_id, plan.issue, plan.user_id
     assert org is not None and issue is not None and user is not None
     message = DispatchPayload(issue=issue, agent_session_id=None, kind="start", prompt=plan.prompt)
@@ -308,7 +309,7 @@ def _changed(
     start: psycopg.Cursor[DictRow] | None,
 ) -> Received | None:
     """What one change of `_change_issues` did, from its statements' rows. `tx`: its transaction,
-    still open (for a change with a start), for what a delivery did when the start did not write it."""
+    still open when a change has a start, for what the delivery did when the start did not write it."""
     recorded = turns.fetchone()
     if recorded is None:
         return None
@@ -328,16 +329,16 @@ def _changed(
         if change.start is not None and recorded["routed"] is not None:
             if not recorded["mixed"]:
                 raise MachineRevoked(f"orchestrator {recorded['routed']} is not active")
-            assert (
-                tx is not None
-            )  # which of the user's machines depends on the repository: Linear is asked first
+            # which of the user's machines depends on the repository: Linear is asked first
+            assert tx is not None
             received = _route_later_start(tx, change, cancelled)
         elif cancelled:
             received = Received({"status": "cancelled", "sessionId": str(cancelled[0])})
         else:
             reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
             received = Received({"status": "ignored", "reason": reason})
-    if tx is not None:  # (else the cancel's statement wrote it: `finish`)
+    if change.start is not None:  # (a cancel alone: its statement wrote it, `finish`)
+        assert tx is not None
         _finish(tx, change.record["key"], received)
     return received
 
