@@ -15,7 +15,7 @@ import json
 import select
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from time import monotonic
 from typing import Any, LiteralString, Self, cast
 
@@ -122,18 +122,19 @@ class Tx:
     """An open transaction on one connection. Made only by `transaction()` or `statement()`; dead
     once it ends."""
 
-    __slots__ = ("_active", "_conn", "_single")
+    __slots__ = ("_active", "_conn", "_single", "_together")
 
-    def __init__(self, conn: Conn, _token: object, *, single: bool = False) -> None:
+    def __init__(self, conn: Conn, _token: object, *, single: bool = False, together: bool = False) -> None:
         if _token is not _MINT:
             raise TypeError("Tx is made by shared.db.transaction(), not constructed directly")
         self._conn = conn
         self._active = True
         self._single = single  # `statement()`: the transaction is its one statement
+        self._together = together  # `together()`: its statements sent in a pipeline
 
     @property
     def active(self) -> bool:
-        if self._single:
+        if self._single or self._together:  # (in a pipeline the server reports no state until a sync)
             return self._active
         return self._active and self._conn.info.transaction_status == TransactionStatus.INTRANS
 
@@ -253,6 +254,46 @@ def statement(pool: Pool) -> Iterator[Tx]:
             yield tx
         finally:
             tx._active = False
+
+
+@contextmanager
+def together(pool: Pool) -> Iterator[Tx]:
+    """A transaction whose statements are sent as they are given, and waited for only when one's
+    rows are read (psycopg's pipeline mode): BEGIN goes with the first statement, and COMMIT with
+    the statements after the last read, so a transaction whose later statements depend on the
+    earlier ones in SQL alone (not on a decision made here between them) is one round trip, and each
+    read before the commit one more. (psycopg's own `transaction()` in a pipeline waits for BEGIN,
+    and for the statements before COMMIT, each on its own round trip.) Rows are read from a
+    statement's cursor (`Tx.execute`), also after the block. Commits when the block ends normally;
+    on an exception, or a statement that failed, nothing is committed (rolled back)."""
+    settings = _POOL_SETTINGS.get(pool)
+    with lend(pool) as conn:
+        tx = Tx(conn, _MINT, together=True)
+        try:
+            with conn.pipeline():  # (its end sends what is left, COMMIT too, and waits for it all)
+                conn.execute("BEGIN")
+                if settings is not None and settings.database_transaction_pooler:
+                    conn.execute(query("set_local_settings"), _limits(settings))
+                yield tx
+                tx._active = False
+                conn.execute("COMMIT")
+        except BaseException:
+            tx._active = False
+            _roll_back(conn)
+            raise
+
+
+def _roll_back(conn: Conn) -> None:
+    """End a transaction `together` left open (a statement failed, or its block raised). A
+    connection that cannot is left to `lend`, which closes it: the server rolls back a transaction
+    whose connection went away."""
+    if conn.closed or conn.pgconn.transaction_status not in (
+        TransactionStatus.INTRANS,
+        TransactionStatus.INERROR,
+    ):
+        return
+    with suppress(psycopg.Error):
+        conn.execute("ROLLBACK")
 
 
 @contextmanager

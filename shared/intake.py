@@ -1,13 +1,44 @@
-"""Webhook intake: one transaction records the delivery with everything it causes.
+"""Webhook intake: what an event asks for is decided once, from the event alone
+(`shared.linear.what_it_asks`), and each kind is carried out one way (`CARRIED_OUT_BY`):
 
-Either all of it commits (the delivery's keys, cancelled sessions, the new message's session and
-queue row, the Linear notice that says so) or none of it does, so a crash mid-request leaves
-Linear's retry to find nothing recorded and try again. A start with nothing to cancel first (an
-issue created with an assignee, an existing issue assigned with nothing undelivered, an agent
-session `created`) is first tried as one statement that is a transaction of its own: one round trip
-instead of four (through the group commit, several in one statement). So is an event that does nothing
-(an issue edited without its assignee changing: Linear sends an update for every change to an
-issue), whose delivery alone is recorded.
+  kind of event                           what it asks        carried out by
+  --------------------------------------  ------------------  -------------------------------------------
+  issue edited (assignee unchanged),      nothing             `record_ignored`, through the group commit
+  another type, another app uninstalled
+  agent session `created` with no issue   tell_unroutable     the intake transaction: an `error` for Linear
+  our app uninstalled (OAuthApp revoked)  disconnect          the intake transaction: the org disconnected
+  issue created with an assignee, or      start               `route_and_enqueue_many_for_delivery` /
+  assigned with nobody before; agent                          `route_and_start_agent_sessions_many_for_
+  session `created` by a person                               delivery`, through the group commit
+  agent session `created` by automation   start_for_assignee  the intake transaction: a routing request,
+                                                              routed after commit (Linear names the assignee)
+  issue unassigned or removed             cancel              `take_turns` + `cancel_open_issue_for_
+                                                              delivery`, together (`_change_issues`,
+                                                              through the group commit)
+  issue re-assigned (from someone)        cancel_and_start    `take_turns` + `cancel_open_issue_for_delivery`
+                                                              + `enqueue_routed_for_delivery`, together
+                                                              (`_change_issues`, through the group commit)
+  `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
+                                                              group commit
+  `prompted` with the `select` signal     answer              the intake transaction
+  `prompted` with the stop signal         stop                the intake transaction
+
+Every way records the delivery with everything it causes in one transaction (a statement that is
+its own, or `shared.db.together`'s, or the intake transaction): the delivery's keys, cancelled
+sessions, the new message's session and queue row, the Linear notice that says so. Either all of it
+commits or none of it does, so a crash mid-request leaves Linear's retry to find nothing recorded
+and try again. "Together" sends a transaction's statements at once (`shared.db.together`): the
+first, `take_turns`, records the delivery and takes its issue's turn, and the ones after read its
+verdict in SQL, so nothing waits for a decision made here between them.
+
+What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
+statement finds it under the turn), no machine for the user, a machine revoked meanwhile (the way
+is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). The two ways through
+the group commit's one statement (start, follow-up) never wait for a turn; what they cannot decide
+is decided by their kind's transaction, waiting for the turn: an issue's start with something
+undelivered as a re-assignment is (`_cancel_and_start`), anything else by the intake transaction (a
+turn another transaction holds, an agent session's user without a machine, a user whose machines
+differ, an agent session nobody holds yet or behind a start still waiting to be routed).
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
@@ -33,16 +64,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
+import psycopg
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from shared import linear_auth, notices, routing
 from shared.batching import Combiner, firsts
-from shared.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, transaction
+from shared.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, together
 from shared.in_order import InOrder
-from shared.linear import Intent, Webhook, intent
+from shared.linear import Asks, Intent, Webhook, what_it_asks
 from shared.models import DispatchPayload, Enqueued
 from shared.queue import (
     NO_MACHINE,
@@ -52,11 +85,12 @@ from shared.queue import (
     Routed,
     RouteOutcome,
     Start,
-    cancel_issue,
     enqueue_dispatch,
     prompt_holders,
     route_and_enqueue,
     route_and_enqueue_many,
+    send_cancel_issue,
+    send_start_routed,
 )
 from shared.settings import Settings
 from shared.sql import query
@@ -75,28 +109,17 @@ class Received:
 
 
 def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str | None = None) -> Received:
-    """Apply one verified, fresh webhook in one transaction. `delivery` is Linear-Delivery;
-    `own_client_id`, this service's Linear OAuth client (LINEAR_CLIENT_ID).
-
-    The machine it chose can be revoked while the transaction runs: the enqueue then writes nothing
-    (MachineRevoked), the transaction rolls back whole, and the webhook is decided again, now seeing
-    the revoke (another machine of the user, or no machine). Each round needs a revoke committed
-    during it, so a few rounds end it; the last round's MachineRevoked reaches the caller, with
-    nothing written, and the route answers 503: Linear retries the delivery.
-
-    A start that may have nothing to cancel first (an issue created with an assignee or assigned,
-    an agent session `created`) is first tried as one statement that is its own transaction
-    (`_start_at_once`): its first round. Only when that writes nothing (an issue with an undelivered
-    dispatch to cancel, among other reasons) is it decided in the transaction. A follow-up in an
-    agent session a machine holds is tried the same way (`_prompt_at_once`).
+    """Apply one verified, fresh webhook: what it asks (`what_it_asks`), carried out by the one way
+    of that kind (`CARRIED_OUT_BY`). `delivery` is Linear-Delivery; `own_client_id`, this service's
+    Linear OAuth client (LINEAR_CLIENT_ID).
 
     Webhooks of one issue, or of one agent session, are handled one at a time in arrival order in
     this process (`shared.in_order`): one waiting in a group commit's line holds no turn yet, and a
     later one of the same key must not overtake it."""
-    plan = intent(hook, own_client_id)
+    ask = what_it_asks(hook, own_client_id)
     key, content_key = hook.delivery_keys(delivery)
-    with IN_ORDER.place(_order_key(hook, plan)):
-        return _receive_in_order(pool, hook, plan, key, content_key)
+    with IN_ORDER.place(_order_key(hook, ask.plan)):
+        return CARRIED_OUT_BY[ask.kind](pool, hook, ask.plan, key, content_key)
 
 
 # Within this process, webhooks of one issue or agent session in arrival order (`shared.in_order`).
@@ -114,50 +137,262 @@ def _order_key(hook: Webhook, plan: Intent) -> tuple[str, str, str] | None:
     return None if issue is None else (hook.org_id, "issue", issue)
 
 
-def _receive_in_order(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    if _does_nothing(hook, plan):
-        ignored = _ignore_at_once(pool, plan, key, content_key)
-        if ignored is not None:
-            return ignored
-        # (Seen before: the transaction below answers `duplicate`, with the session it made.)
-    rounds = ROUNDS
-    start = _start_alone(hook, plan, key, content_key)
-    if start is not None:
-        done = _start_at_once(pool, start)
-        if done is not None:
-            return done
-        rounds -= 1  # (a round that wrote nothing; `_start_at_once` says when)
-    elif _prompt_alone(hook, plan):
-        done = _prompt_at_once(pool, hook, plan, key, content_key)
-        if done is not None:
-            return done
-        # (Not a round: it wrote nothing mostly because nobody holds the agent session yet.)
-    for _ in range(rounds - 1):
-        try:
-            return _receive(pool, hook, plan, key, content_key)
-        except MachineRevoked:
-            continue
-    return _receive(pool, hook, plan, key, content_key)
+# A way: (pool, hook, plan, delivery key, content key) -> the answer, everything written.
+Way = Callable[[Pool, Webhook, Intent, str, str], Received]
 
-
+# The machine chosen can be revoked while a way runs: its enqueue then writes nothing
+# (MachineRevoked), its transaction rolls back whole, and the way is tried again, now seeing the
+# revoke (another machine of the user, or no machine). Each round needs a revoke committed during
+# it, so a few rounds end it; the last round's MachineRevoked reaches the caller, with nothing
+# written, and the route answers 503: Linear retries the delivery.
 ROUNDS = 3
 
 
-def _prompt_alone(hook: Webhook, plan: Intent) -> bool:
-    """A follow-up (`prompted`, not a stop) that may go straight to the machine holding its agent
-    session: its one statement finds out, and writes nothing when it cannot."""
-    return (
-        plan.kind == "prompt"
-        and hook.org_id is not None
-        and plan.agent_session_id is not None
-        and plan.issue is not None
+def _in_rounds(way: Callable[[], Received], rounds: int = ROUNDS) -> Received:
+    for _ in range(rounds - 1):
+        try:
+            return way()
+        except MachineRevoked:
+            continue
+    return way()
+
+
+def _nothing(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """An event that does nothing (an issue edited without its assignee changing: Linear sends an
+    update for every change to an issue): its delivery recorded as ignored, through the pool's
+    group commit of such deliveries; seen before, answered `duplicate`."""
+    if _ignored_deliveries(pool).submit((key, content_key)):
+        return Received(_ignored(plan), recorded=True)
+    return _duplicate(pool, key, content_key)
+
+
+def _duplicate(pool: Pool, key: str, content_key: str) -> Received:
+    """A delivery seen before, which wrote nothing: the session the first one made."""
+    with statement(pool) as tx:
+        seen = tx.one(query("delivery_session"), {"key": key, "content_key": content_key})
+    sid = seen["session_id"] if seen else None
+    return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
+
+
+def _transaction(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """The intake transaction (`_receive`), in rounds: the way of the kinds that need decisions
+    made between its statements (a stop, an answer, a start Linear must route, an unroutable agent
+    session, the app uninstalled)."""
+    return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key))
+
+
+def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """A start for a person's machine that usually has nothing to cancel first (an issue created
+    with an assignee, or assigned with nobody before; an agent session `created` by a person): its
+    statement through the pool's group commit of starts (`_start_at_once`). What that statement,
+    which never waits for a turn, leaves is decided waiting for the turn: an issue's assignment as
+    a re-assignment is (`_cancel_and_start`), anything else by the intake transaction."""
+    assert hook.org_id is not None and plan.issue is not None and plan.user_id is not None
+    message = DispatchPayload(
+        issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
     )
+    start = Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
+    done = _start_at_once(pool, start)
+    if done is not None:
+        return done
+    if plan.cancel_issue_id is not None:
+        return _cancel_and_start(pool, hook, plan, key, content_key)
+    # (its statement was the first round)
+    return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key), ROUNDS - 1)
+
+
+def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """A follow-up (`prompted`): its statement through the pool's group commit of follow-ups, for
+    the machine holding its agent session (`_prompt_at_once`); what that statement leaves (nobody
+    holds the agent session yet, a start of it waiting to be routed, its turn held), the intake
+    transaction decides."""
+    if plan.issue is not None:
+        done = _prompt_at_once(pool, hook, plan, key, content_key)
+        if done is not None:
+            return done
+    return _transaction(pool, hook, plan, key, content_key)
+
+
+def _cancel(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """An issue unassigned or removed: its undelivered assignment dispatch cancelled, through the
+    pool's group commit of assignment changes (`_assignment_changes`)."""
+    assert hook.org_id is not None and plan.cancel_issue_id is not None
+    params = _record_params(hook, plan, key, content_key)
+    change = Change(hook.org_id, plan.cancel_issue_id, _why(hook), params, None, None)
+    return _change(pool, change)
+
+
+def _cancel_and_start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """An issue re-assigned (or assigned with a dispatch still undelivered, `_start`): its
+    undelivered assignment dispatch cancelled and a start queued for the assignee's machine,
+    through the pool's group commit of assignment changes (`_assignment_changes`). A machine
+    revoked meanwhile: nothing written, tried again."""
+    org, issue, user = hook.org_id, plan.issue, plan.user_id
+    assert org is not None and issue is not None and user is not None
+    message = DispatchPayload(issue=issue, agent_session_id=None, kind="start", prompt=plan.prompt)
+    change = Change(org, issue.id, _why(hook), _record_params(hook, plan, key, content_key), message, user)
+    return _in_rounds(lambda: _change(pool, change))
+
+
+class Change(NamedTuple):
+    """An issue's assignment change as one webhook asks for it (`_change_issues`): the cancel of
+    the issue's undelivered assignment dispatch (`reason`), and a start for `user` (`start`, or
+    None: the cancel alone). `record`: the delivery's `record_delivery` parameters."""
+
+    org_id: str
+    issue_id: str
+    reason: str
+    record: dict[str, Any]
+    start: DispatchPayload | None
+    user: str | None
+
+
+def _change(pool: Pool, change: Change) -> Received:
+    received = _assignment_changes(pool).submit(change)
+    if received is None:
+        return _duplicate(pool, change.record["key"], change.record["content_key"])
+    return received
+
+
+def _assignment_changes(pool: Pool) -> Combiner[Change, Received | None]:
+    """The pool's group commit of issues' assignment changes (unassigned, removed, assigned,
+    re-assigned): several written in one transaction (`_change_issues`)."""
+    return _combiner(pool, "assignment_changes", _change_issues)
+
+
+def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
+    """Issues' assignment changes written in one transaction, its statements sent together
+    (`shared.db.together`): first each change's `take_turns` (its delivery recorded, its issue's
+    turn taken, waiting, and its assignee's machine chosen), in the order of their issues, so two
+    such transactions never wait for each other's turns in a circle, and no turn is waited for
+    while a row lock is held; then each one's cancel of its issue's undelivered assignment dispatch
+    and start, which read its verdict (`take_turns`). One round trip for cancels alone; with a
+    start, the rows are read, and the commit is a second, with what a delivery did when its start
+    did not write it (no machine, or the user's machines differ, so the repository is asked
+    first). A machine revoked meanwhile (MachineRevoked): nothing is committed, and the group
+    commit tries each change again alone (each, in its caller's rounds, seeing the revoke). One
+    answer per change, in order; None: the delivery was seen before, and nothing was written."""
+    order = sorted(range(len(changes)), key=lambda i: (changes[i].org_id, changes[i].issue_id))
+    starts = any(c.start is not None for c in changes)
+    with together(pool) as tx:
+        turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
+        cancels, started = {}, {}
+        for i in order:
+            c = changes[i]
+            key = c.record["key"]
+            cancels[i] = send_cancel_issue(
+                tx,
+                org_id=c.org_id,
+                issue_id=c.issue_id,
+                reason=c.reason,
+                key=key,
+                finish=c.start is None,
+                n=i,
+            )
+            if c.start is not None:
+                assert c.user is not None
+                started[i] = send_start_routed(
+                    tx, org_id=c.org_id, linear_user_id=c.user, message=c.start, delivery_key=key, n=i
+                )
+        if starts:  # (read before the commit: one may need a statement more, or a rollback)
+            out = [_changed(tx, c, turns[i], cancels[i], started.get(i)) for i, c in enumerate(changes)]
+    if not starts:
+        out = [_changed(None, c, turns[i], cancels[i], None) for i, c in enumerate(changes)]
+    return out
+
+
+def _changed(
+    tx: Tx | None,
+    change: Change,
+    turns: psycopg.Cursor[DictRow],
+    cancel: psycopg.Cursor[DictRow],
+    start: psycopg.Cursor[DictRow] | None,
+) -> Received | None:
+    """What one change of `_change_issues` did, from its statements' rows. `tx`: its transaction,
+    still open when a change has a start, for what the delivery did when the start did not write it."""
+    recorded = turns.fetchone()
+    if recorded is None:
+        return None
+    if recorded["verdict"] != "go":
+        received = _not_taken(recorded)
+    else:
+        cancelled = [r["id"] for r in cancel.fetchall()]
+        enq = start.fetchone() if start is not None else None
+        if enq is not None:
+            enqueued = Enqueued(
+                session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
+            )
+            answer = _dispatched(enqueued, enq["orchestrator_id"], None)
+            if cancelled:
+                answer["cancelledSessionId"] = str(cancelled[0])
+            return Received(answer, recorded=True)
+        if change.start is not None and recorded["routed"] is not None:
+            if not recorded["mixed"]:
+                raise MachineRevoked(f"orchestrator {recorded['routed']} is not active")
+            # which of the user's machines depends on the repository: Linear is asked first
+            assert tx is not None
+            received = _route_later_start(tx, change, cancelled)
+        elif cancelled:
+            received = Received({"status": "cancelled", "sessionId": str(cancelled[0])})
+        else:
+            reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
+            received = Received({"status": "ignored", "reason": reason})
+    if change.start is not None:  # (a cancel alone: its statement wrote it, `finish`)
+        assert tx is not None
+        _finish(tx, change.record["key"], received)
+    return received
+
+
+def _route_later_start(tx: Tx, change: Change, cancelled: list[UUID]) -> Received:
+    """A change's start whose user's machines differ: a routing request, asked of Linear after the
+    commit (as `_route_later`)."""
+    assert change.start is not None
+    rid = routing.request(
+        tx,
+        org_id=change.org_id,
+        message=change.start,
+        delivery_key=change.record["key"],
+        need="repository",
+        linear_user_id=change.user,
+    )
+    answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
+    if cancelled:
+        answer["cancelledSessionId"] = str(cancelled[0])
+    return Received(answer, route_ids=[rid])
+
+
+def _why(hook: Webhook) -> str:
+    """The reason a cancelled assignment dispatch gives."""
+    return f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed"
+
+
+def _not_taken(recorded: DictRow) -> Received:
+    """A delivery recorded that does nothing: handled after a later change it would undo (Linear's
+    retry of a delivery that failed, or one that reached another instance first): an assignment
+    older than a change of its issue handled already, an agent session `created` after its stop or
+    its first follow-up, or a follow-up written before a stop of its agent session."""
+    if recorded["superseded"]:
+        return Received({"status": "ignored", "reason": "assignment_superseded"})
+    return Received({"status": "ignored", "reason": f"agent_session_{recorded['seen']}"})
+
+
+CARRIED_OUT_BY: dict[Asks, Way] = {
+    "nothing": _nothing,
+    "tell_unroutable": _transaction,
+    "disconnect": _transaction,
+    "start": _start,
+    "start_for_assignee": _transaction,
+    "cancel": _cancel,
+    "cancel_and_start": _cancel_and_start,
+    "follow_up": _follow_up,
+    "answer": _transaction,
+    "stop": _transaction,
+}
 
 
 def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received | None:
     """The follow-up as one statement, its own transaction (`prompt_holders`), through the pool's
-    group commit of follow-ups: one round trip where the transaction below takes four. None: it
-    wrote nothing (see `prompt_holders`)."""
+    group commit of follow-ups. None: it wrote nothing (see `prompt_holders`)."""
     assert hook.org_id is not None and plan.issue is not None
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="prompt", prompt=plan.prompt
@@ -169,26 +404,12 @@ def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_k
     return Received(_dispatched(routed.enqueued, routed.orchestrator_id, "prompt"), recorded=True)
 
 
-def _start_alone(hook: Webhook, plan: Intent, key: str, content_key: str) -> Start | None:
-    """A start for a user's machine that may have nothing to cancel first: an issue created with an
-    assignee or assigned (its one statement finds out, and writes nothing when it has), or an agent
-    session `created`. None for any other event."""
-    if plan.kind != "dispatch" or hook.org_id is None or plan.issue is None or plan.user_id is None:
-        return None
-    if plan.cancel_issue_id not in (None, plan.issue.id):
-        return None
-    message = DispatchPayload(
-        issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
-    )
-    return Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
-
-
 def _start_at_once(pool: Pool, start: Start) -> Received | None:
     """The start as one statement, its own transaction: the delivery recorded, the agent session's
-    turn taken, the machine chosen and the message queued (with Linear's first notice) in one round
-    trip, where the transaction below takes four. None: it wrote nothing (a delivery seen before,
-    the machine chosen revoked meanwhile, an agent session's user without a machine, or an issue
-    with an undelivered dispatch to cancel first or whose turn another transaction has).
+    or the issue's turn taken, the machine chosen and the message queued (with Linear's first
+    notice) in one round trip. None: it wrote nothing (a delivery seen before, the machine chosen
+    revoked meanwhile, an agent session's user without a machine, a user whose machines differ, or
+    a turn another transaction has).
 
     Starts go through the pool's group commit (`_group_commit`): starts that arrive while another
     batch is being written are written together, in one statement and one commit (issues with
@@ -197,8 +418,8 @@ def _start_at_once(pool: Pool, start: Start) -> Received | None:
     if routed is None:
         return None
     if routed == NO_MACHINE:
-        # As the transaction below answers it: most assignments in a workspace go to people
-        # without a machine, and Linear is not told about a plain issue.
+        # As the transaction answers it: most assignments in a workspace go to people without a
+        # machine, and Linear is not told about a plain issue.
         return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)
     enq = routed.enqueued
     answer = _dispatched(enq, routed.orchestrator_id, "start" if start.message.agent_session_id else None)
@@ -206,13 +427,12 @@ def _start_at_once(pool: Pool, start: Start) -> Received | None:
 
 
 BATCH = 64  # the most webhooks written in one statement
-# Batches of one kind (issues' starts, agent sessions' starts, follow-ups, edits) written at once.
-# With one, every caller waited for the batch ahead of it to commit (its WAL flush) while the cores
-# idled; with two, the next batch is written meanwhile (+26 % existing issues assigned, median of 8
-# alternating pairs; three or four were no faster). Two batches holding one issue, or one agent
-# session, are kept apart by its turn, which each statement tries without waiting
-# (`devpilot_issue_turn_free`; `free` in the agent sessions'; `devpilot_agent_session_holder` for
-# the follow-ups').
+# Batches of one kind (issues' starts, agent sessions' starts, follow-ups, edits) written at once:
+# with one, every caller waited for the batch ahead of it to commit (its WAL flush) while the cores
+# idled; with two, the next batch is written meanwhile (bench/README.md, "What was tried"). Two
+# batches holding one issue, or one agent session, are kept apart by its turn, which each statement
+# tries without waiting (`devpilot_issue_turn_free`; `free` in the agent sessions';
+# `devpilot_agent_session_holder` for the follow-ups').
 LANES = 2
 _COMBINERS: weakref.WeakKeyDictionary[Pool, dict[str, Combiner[Any, Any]]] = weakref.WeakKeyDictionary()
 _COMBINERS_LOCK = threading.Lock()
@@ -275,21 +495,6 @@ def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
         )
 
 
-def _does_nothing(hook: Webhook, plan: Intent) -> bool:
-    """The event is ignored and Linear is not told (`_apply`'s first branch, less an agent session
-    that nothing can take, which Linear hears about)."""
-    return plan.kind == "ignore" and not (hook.org_id and plan.unroutable_notice and plan.agent_session_id)
-
-
-def _ignore_at_once(pool: Pool, plan: Intent, key: str, content_key: str) -> Received | None:
-    """The delivery recorded as ignored in one statement that is its own transaction (through the
-    pool's group commit of such deliveries), where the transaction below takes four round trips
-    (BEGIN, record, its outcome, COMMIT). None: it was seen before, and nothing was written."""
-    if not _ignored_deliveries(pool).submit((key, content_key)):
-        return None
-    return Received(_ignored(plan), recorded=True)
-
-
 def _ignored_deliveries(pool: Pool) -> Combiner[tuple[str, str], bool]:
     """The pool's group commit of deliveries that do nothing: each recorded (True) or seen before."""
     return _combiner(pool, "ignored", record_ignored)
@@ -333,8 +538,8 @@ def _notices(enq: Enqueued) -> list[UUID]:
     return [] if enq.notice_id is None else [enq.notice_id]
 
 
-def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    keys = {"key": key, "content_key": content_key}
+def _record_params(hook: Webhook, plan: Intent, key: str, content_key: str) -> dict[str, Any]:
+    """The parameters of `record_delivery` (and `take_turns`) for this event."""
     routing = plan.kind in ("dispatch", "prompt") and plan.issue is not None and hook.org_id is not None
     # The events of one agent session that do something take turns (`agent_session_turn`), and so
     # do the assignment events of one issue (`issue_turn`: a cancel is decided, and the group
@@ -343,46 +548,47 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
     # (an issue's assignment event, ordered by Linear's time of the change: its issue's turn)
     issue = plan.issue.id if plan.event_at is not None and plan.issue is not None else plan.cancel_issue_id
     issue_turn = issue if turn and plan.agent_session_id is None else None
-    with transaction(pool) as tx:
-        recorded = tx.one(
-            query("record_delivery"),
-            {
-                **keys,
-                "org_id": hook.org_id,
-                "route_user": plan.user_id if routing else None,
-                "agent_session_id": plan.agent_session_id if turn else None,
-                "issue_id": issue_turn,
-                "event_at": plan.event_at if issue_turn is not None else None,
-                # (an agent session `created`: may it still start?)
-                "created": turn and plan.kind == "dispatch" and plan.agent_session_id is not None,
-                # (a follow-up: was it written before a stop of its agent session?)
-                "prompt_at": plan.activity_at if turn and plan.kind == "prompt" else None,
-            },
-        )
+    return {
+        "key": key,
+        "content_key": content_key,
+        "org_id": hook.org_id,
+        "route_user": plan.user_id if routing else None,
+        "agent_session_id": plan.agent_session_id if turn else None,
+        "issue_id": issue_turn,
+        "event_at": plan.event_at if issue_turn is not None else None,
+        # (an agent session `created`: may it still start?)
+        "created": turn and plan.kind == "dispatch" and plan.agent_session_id is not None,
+        # (a follow-up: was it written before a stop of its agent session?)
+        "prompt_at": plan.activity_at if turn and plan.kind == "prompt" else None,
+    }
+
+
+def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """The intake transaction: the delivery recorded (its turn taken, `record_delivery`), then what
+    it does decided and written (`_apply`), its outcome with it. Its statements go in a pipeline
+    (`shared.db.together`): the ones whose rows decide nothing go with the next that does, or with
+    the commit."""
+    with together(pool) as tx:
+        recorded = tx.one(query("record_delivery"), _record_params(hook, plan, key, content_key))
         if recorded is None:
-            seen = tx.one(query("delivery_session"), keys)
+            seen = tx.one(query("delivery_session"), {"key": key, "content_key": content_key})
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
-        # Handled after a later change it would undo (Linear's retry of a delivery that failed, or
-        # one that reached another instance first): an assignment older than a change of its issue
-        # handled already, an agent session `created` after its stop or its first follow-up, or a
-        # follow-up written before a stop of its agent session.
-        if recorded["superseded"]:
-            received = Received({"status": "ignored", "reason": "assignment_superseded"})
-        elif recorded["seen"] is not None:
-            received = Received({"status": "ignored", "reason": f"agent_session_{recorded['seen']}"})
+        if recorded["superseded"] or recorded["seen"] is not None:
+            received = _not_taken(recorded)
         else:
             received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
         if not received.recorded:
-            tx.execute(
-                query("finish_delivery"),
-                {
-                    **keys,
-                    "session_id": received.answer.get("sessionId"),
-                    "outcome": received.answer["status"],
-                },
-            )
+            _finish(tx, key, received)
         return received
+
+
+def _finish(tx: Tx, key: str, received: Received) -> None:
+    """What the delivery did, written with it (sent, not waited for: it goes with the commit)."""
+    tx.execute(
+        query("finish_delivery"),
+        {"key": key, "session_id": received.answer.get("sessionId"), "outcome": received.answer["status"]},
+    )
 
 
 def _apply(
@@ -413,7 +619,6 @@ def _apply(
                 holder.orchestrator_id,
                 plan.issue or holder.issue,
                 "prompt",
-                [],
                 key,
                 speaks_as=holder.speaks_as,
             )
@@ -430,22 +635,11 @@ def _apply(
         # conversation is still waiting for that answer: routed after the commit, in order.
         return _route_later(tx, org, plan, key, "assignee" if plan.user_id is None else "repository")
 
-    cancelled: list[UUID] = []
-    if plan.cancel_issue_id:
-        cancelled = cancel_issue(
-            tx,
-            org_id=org,
-            issue_id=plan.cancel_issue_id,
-            reason=f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed",
-        )
+    # (An issue's cancel is not decided here: `_cancel`, `_cancel_and_start`.)
     if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id and routed is not None:
         if mixed:  # which of the user's machines depends on the repository: Linear is asked first
-            return _route_later(tx, org, plan, key, "repository", cancelled)
-        return _dispatch(tx, org, plan, routed, plan.issue, "start", cancelled, key)
-    if cancelled:
-        return Received({"status": "cancelled", "sessionId": str(cancelled[0])})
-    if plan.kind == "cancel":
-        return Received({"status": "ignored", "reason": "nothing_to_cancel"})
+            return _route_later(tx, org, plan, key, "repository")
+        return _dispatch(tx, org, plan, routed, plan.issue, "start", key)
     # Unroutable. A plain assignment to someone without a machine is most assignments in a
     # workspace: nothing is posted. An agent session is waiting on us: Linear hears why.
     told = (
@@ -461,7 +655,6 @@ def _dispatch(
     orch: UUID,
     issue: IssueRef,
     kind: MessageKind,
-    cancelled: list[UUID],
     delivery_key: str | None,
     *,
     speaks_as: str | None = None,
@@ -484,8 +677,6 @@ def _dispatch(
         speaks_as=speaks_as,
     )
     answer = _dispatched(enq, orch, kind if plan.agent_session_id else None)
-    if cancelled:
-        answer["cancelledSessionId"] = str(cancelled[0])
     return Received(answer, _notices(enq), recorded=delivery_key is not None)
 
 
@@ -528,12 +719,12 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
     """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
     waiting to be routed), and tell the machine that has it."""
     assert plan.agent_session_id is not None
+    # (Sent one after another, and waited for once, with the holder's read.)
     routing.cancel(tx, org, plan.agent_session_id)
-    rows = tx.all(
+    cancels = tx.execute(
         query("cancel_agent_session"),
         {"org_id": org, "agent_session_id": plan.agent_session_id, "reason": "stopped in Linear"},
     )
-    cancelled = [str(r["id"]) for r in rows]
     # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
     # (a follow-up's, without the turn) held that row, the cancel waited for it, and this statement,
     # with a snapshot taken after, marks its dead letter too (`record_stop`).
@@ -542,6 +733,7 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
         {"org_id": org, "agent_session_id": plan.agent_session_id, "at": plan.activity_at},
     )
     holder = _holder(tx, org, plan.agent_session_id, delivered_only=True)
+    cancelled = [str(r["id"]) for r in cancels.fetchall()]
     if holder is None:
         told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)
         return Received({"status": "stopped", "cancelledSessionIds": cancelled, "stopSessionId": None}, told)
@@ -552,7 +744,6 @@ def _stop(tx: Tx, org: str, plan: Intent) -> Received:
         holder.orchestrator_id,
         plan.issue or holder.issue,
         "stop",
-        [],
         None,
         speaks_as=holder.speaks_as,
     )

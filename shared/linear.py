@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from shared import jsoninput
 from shared.wire.messages import IssueRef, Prompt
@@ -239,6 +239,56 @@ def _agent_intent(hook: Webhook) -> Intent:
             activity_at=at,
         )
     return Intent("ignore", f"agent_session_{hook.action}")
+
+
+# What an event asks for, decided once from the event alone (`what_it_asks`); each has one way to be
+# carried out (`shared.intake.CARRIED_OUT_BY`).
+Asks = Literal[
+    "nothing",  # recorded as ignored; Linear is not told
+    "tell_unroutable",  # an agent session nothing can take (no issue): Linear is told why
+    "disconnect",  # our app uninstalled from the workspace
+    "start",  # an issue created with an assignee or assigned, an agent session started by a person
+    "start_for_assignee",  # an agent session started by an automation: Linear must name the assignee
+    "cancel",  # an issue unassigned or removed: its undelivered dispatch cancelled
+    "cancel_and_start",  # an issue re-assigned: the cancel, then a start for the new assignee
+    "follow_up",  # `prompted` in an agent session
+    "answer",  # `prompted` with the `select` signal: maybe the answer to a repository question
+    "stop",  # `prompted` with the stop signal
+]
+ASKS: tuple[Asks, ...] = get_args(Asks)  # (every kind, for the intake's table and its test)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one event asks for (`kind`) and its particulars (`plan`)."""
+
+    kind: Asks
+    plan: Intent
+
+
+def what_it_asks(hook: Webhook, own_client_id: str | None = None) -> Ask:
+    """The event's kind, by a pure function of the event (no database): what the database decides
+    (a dispatch to cancel, a holder, a machine, a question waiting) is decided by the one way of
+    that kind. `own_client_id`: as `intent`."""
+    plan = intent(hook, own_client_id)
+    return Ask(_kind(hook, plan), plan)
+
+
+def _kind(hook: Webhook, plan: Intent) -> Asks:
+    if plan.kind == "ignore":
+        return "tell_unroutable" if plan.unroutable_notice and plan.agent_session_id else "nothing"
+    if plan.kind == "disconnect" or plan.kind == "stop":
+        return plan.kind
+    if plan.kind == "cancel":
+        return "cancel"
+    if plan.kind == "prompt":
+        return "answer" if plan.prompt is not None and plan.prompt.signal == "select" else "follow_up"
+    if plan.agent_session_id is not None:  # (an agent session `created`)
+        return "start" if plan.user_id is not None else "start_for_assignee"
+    # An issue created with an assignee, or assigned with nobody before (`updatedFrom.assigneeId`
+    # null): usually nothing to cancel, a start; re-assigned from someone: the cancel, then a start.
+    before = _dict(hook.raw, "updatedFrom").get("assigneeId")
+    return "start" if plan.cancel_issue_id is None or before is None else "cancel_and_start"
 
 
 def _event_at(data: dict[str, Any]) -> datetime | None:

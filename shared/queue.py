@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any, Final, Literal, NamedTuple
 from uuid import UUID, uuid4
 
+import psycopg
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
@@ -688,6 +689,41 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
             query("record_sweep"), {"requeued": requeued, "dead_lettered": dead, "kept": SWEEP_RUNS_KEPT}
         )
     return SweepResult(requeued, dead, rerouted, rescued)
+
+
+def send_cancel_issue(
+    tx: Tx, *, org_id: str, issue_id: str, reason: str, key: str, finish: bool, n: int = 0
+) -> psycopg.Cursor[DictRow]:
+    """The webhook intake's cancel of the issue's undelivered dispatch, sent after `take_turns` in
+    its transaction (`cancel_open_issue_for_delivery`: only for a delivery that transaction recorded
+    and that does something, `n` its element there; with `finish`, what the delivery `key` did
+    written by the same statement). Sent, not waited for (`shared.db.together`): its rows, the cancelled session ids,
+    the one recorded first, are read from the cursor."""
+    tx = require_tx(tx, "send_cancel_issue")
+    params = {"org_id": org_id, "issue_id": issue_id, "reason": reason, "key": key, "finish": finish, "n": n}
+    return tx.execute(query("cancel_open_issue_for_delivery"), params)
+
+
+def send_start_routed(
+    tx: Tx, *, org_id: str, linear_user_id: str, message: DispatchPayload, delivery_key: str, n: int = 0
+) -> psycopg.Cursor[DictRow]:
+    """The webhook intake's start for the machine `take_turns` chose, sent after it in its
+    transaction (`enqueue_routed_for_delivery`; `n` its element there), the delivery recorded as
+    dispatched to it. Sent,
+    not waited for (`shared.db.together`): its row (session_id, queue_id, message_id,
+    orchestrator_id) is read from the cursor; none while a machine was chosen means it was revoked
+    meanwhile (the caller rolls back: `MachineRevoked`)."""
+    tx = require_tx(tx, "send_start_routed")
+    if message.kind != "start" or message.agent_session_id is not None:
+        raise ValueError("send_start_routed is for an issue's start")
+    params = {
+        **_session_params(message, None, None),
+        "org_id": org_id,
+        "linear_user_id": linear_user_id,
+        "delivery_key": delivery_key,
+        "n": n,
+    }
+    return tx.execute(query("enqueue_routed_for_delivery"), params)
 
 
 def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:

@@ -104,12 +104,12 @@ def waiting(tx: Tx, org_id: str, agent_session_id: str) -> bool:
     return bool(row and row["open"])
 
 
-def cancel(tx: Tx, org_id: str, agent_session_id: str) -> int:
-    """In a stop's transaction (after the agent session's turn): its open requests are done."""
-    rows = require_tx(tx, "routing.cancel").all(
+def cancel(tx: Tx, org_id: str, agent_session_id: str) -> None:
+    """In a stop's transaction (after the agent session's turn): its open requests are done. Sent,
+    not waited for: in a pipeline (`shared.db.together`) it goes with the stop's next statements."""
+    require_tx(tx, "routing.cancel").execute(
         query("routing_cancel_agent_session"), {"org_id": org_id, "agent_session_id": agent_session_id}
     )
-    return len(rows)
 
 
 def release_elsewhere(

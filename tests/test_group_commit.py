@@ -325,15 +325,20 @@ def test_existing_issues_assigned_together_commit_together_and_a_reassignment_ca
     api: Api, db_url: str
 ) -> None:
     """Existing issues assigned (nothing to cancel) take the group commit as creations do: one
-    statement. Re-assigned in the same pile-up, an issue with an undelivered start goes to its
-    transaction: the old machine's start is cancelled and the new assignee's machine gets one."""
+    statement. Re-assigned meanwhile (not in the starts' line: a re-assignment is its own kind,
+    `cancel_and_start`), an issue with an undelivered start: the old machine's start is cancelled
+    and the new assignee's machine gets one."""
     laptop, _ = api.register(user="user-1")
     other, _ = api.register(user="user-2", name="other")
     first = api.webhook(issue_event(issue_id="iss-re"), "d-re-0").json()  # created, assigned to user-1
     assert first["status"] == "dispatched" and first["orchestratorId"] == laptop
     bodies = [(assigned(f"iss-{i}", "user-1"), f"d-{i}") for i in range(12)]
-    bodies.append((assigned("iss-re", "user-2", "user-1"), "d-re-1"))
-    answers = [a.json() for a in _pile_up(api, db_url, laptop, bodies)]
+    reassigned = (assigned("iss-re", "user-2", "user-1"), "d-re-1")
+    with ThreadPoolExecutor(1) as ex:
+        moved = ex.submit(api.webhook, *reassigned)
+        answers = [a.json() for a in _pile_up(api, db_url, laptop, bodies)]
+        answers.append(moved.result(30).json())
+    bodies.append(reassigned)
     assert [a["status"] for a in answers] == ["dispatched"] * 13
     assert answers[-1]["orchestratorId"] == other and answers[-1]["cancelledSessionId"] == first["sessionId"]
     assert "cancelledSessionId" not in answers[0]
@@ -678,3 +683,55 @@ def test_an_unassignment_never_overtakes_the_assignment_waiting_in_line_before_i
     assert started["status"] == "dispatched"
     assert cancelled == {"status": "cancelled", "sessionId": started["sessionId"]}
     assert api.post_as(token, "/claim", {"max": 100}).json()["messages"] == []
+
+
+def _hold_turns(db_url: str, issue_ids: list[str]) -> psycopg.Connection[Any]:
+    """Holds the turns of these issues (org-a's), so an assignment change of one of them waits."""
+    conn = psycopg.connect(db_url)
+    for issue_id in issue_ids:
+        conn.execute("SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (issue_id,))
+    return conn
+
+
+def test_assignment_changes_that_arrive_together_commit_together_each_answered_as_alone(
+    api: Api, db_url: str
+) -> None:
+    """Re-assignments and unassignments (`cancel_and_start`, `cancel`) that arrive while others are
+    being written are written together: one transaction, every change's turn taken first, then each
+    one's cancel and start. Each is answered as it would be alone: the start it cancelled, the new
+    assignee's machine, nothing to cancel, or no machine; and its retry is a duplicate."""
+    laptop, _ = api.register(user="user-1")
+    desk, _ = api.register(user="user-2", name="desk")
+    for i in range(8):  # each issue's start, on the laptop
+        assert api.webhook(issue_event(issue_id=f"iss-{i}"), f"d-start-{i}").json()["status"] == "dispatched"
+    bodies = [(assigned(f"iss-{i}", None, "user-1"), f"d-un-{i}") for i in range(4)]  # unassigned
+    bodies += [(assigned(f"iss-{i}", "user-2", "user-1"), f"d-re-{i}") for i in range(4, 8)]  # to desk
+    bodies.append((assigned("iss-none", "user-9", "user-1"), "d-nobody"))  # nobody's machine
+    bodies.append((assigned("iss-nothing", None, "user-1"), "d-nothing"))  # nothing to cancel
+    # The leaders (one for each lane) wait for their issues' turns; the rest wait in line.
+    holder = _hold_turns(db_url, ["iss-0", "iss-4"])
+    leaders = [bodies[0], bodies[4]]
+    rest = [b for b in bodies if b not in leaders]
+    answers = _pile_up(api, db_url, None, leaders + rest, intake._assignment_changes(api.pool), holder)
+    got = dict(zip([d for _, d in leaders + rest], [a.json() for a in answers], strict=True))
+    for i in range(4):
+        assert got[f"d-un-{i}"]["status"] == "cancelled"
+        assert open_dispatches(api.pool, f"iss-{i}") == []
+    for i in range(4, 8):
+        moved = got[f"d-re-{i}"]
+        assert (
+            moved["status"] == "dispatched"
+            and moved["orchestratorId"] == desk
+            and moved["cancelledSessionId"]
+        )
+        assert open_dispatches(api.pool, f"iss-{i}") == [uuid.UUID(desk)]
+    assert got["d-nobody"] == {"status": "ignored", "reason": "no_orchestrator"}
+    assert got["d-nothing"] == {"status": "ignored", "reason": "nothing_to_cancel"}
+    assert laptop not in {a.get("orchestratorId") for a in got.values()}
+    # The leaders alone, then the rest of the ten in one transaction (one now() for its deliveries).
+    changes = "delivery_key NOT LIKE 'delivery:d-start-%'"
+    assert commit_sizes(api.pool, changes, "webhook_deliveries") == [1] * intake.LANES + [10 - intake.LANES]
+    for body, delivery in leaders + rest:  # retries: duplicates, with the session each made or cancelled
+        again = api.webhook(body, delivery).json()
+        assert again["status"] == "duplicate"
+        assert again["sessionId"] == got[delivery].get("sessionId")

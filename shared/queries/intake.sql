@@ -22,6 +22,12 @@
 -- session was stopped at or after that time (`devpilot_agent_session_stopped_since`, migration
 -- 0016, read after the turn too).
 -- `mixed`: the user's machines differ in what they have (`route`): the start needs its repository.
+-- include: record_delivery_rows
+;
+
+-- name: record_delivery_rows
+-- A fragment, the statement of `record_delivery` (see there) without its end, to be wrapped by
+-- `take_turns`.
 WITH turn AS (
 -- include: agent_session_turn
 ), issue AS (
@@ -42,7 +48,31 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
           CASE WHEN %(created)s THEN devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true)
                WHEN %(prompt_at)s::timestamptz IS NOT NULL
                     AND devpilot_agent_session_stopped_since(%(org_id)s, %(agent_session_id)s, %(prompt_at)s)
-               THEN 'stopped' END AS seen;
+               THEN 'stopped' END AS seen
+
+-- name: take_turns
+-- `record_delivery` (the delivery recorded, its turn taken, the routing choice made), and its
+-- verdict kept for the statements sent after it in the same transaction (`shared.db.together`):
+-- they read it, in SQL, rather than waiting here for a decision between them, so the whole
+-- transaction is sent at once. Each statement after it reads a snapshot taken after the turn was
+-- granted, as in the intake transaction. Kept under the transaction's element `n` (several
+-- webhooks written in one transaction each have their own), local to the transaction:
+-- * `devpilot.verdict_<n>`: 'go' when this transaction recorded the delivery and it does something;
+--   'no' when it recorded it and it does nothing (an assignment superseded, an agent session's
+--   event it may no longer take: `superseded`, `seen`); unset (NULL or '') when the delivery was
+--   seen before: this transaction recorded nothing, and a statement reading the verdict writes
+--   nothing, the delivery's record included.
+-- * `devpilot.routed_<n>`: the machine the routing policy chose for `route_user`; '' for none, or
+--   when the user's machines differ (`mixed`: the start needs its repository first).
+WITH recorded AS (
+-- include: record_delivery_rows
+)
+SELECT r.*,
+       set_config('devpilot.verdict_' || %(n)s,
+                  CASE WHEN r.superseded OR r.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict,
+       set_config('devpilot.routed_' || %(n)s,
+                  CASE WHEN r.mixed THEN '' ELSE coalesce(r.routed::text, '') END, true) AS routed_machine
+FROM recorded r;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).

@@ -611,6 +611,54 @@ WITH removed AS (
 -- include: cancel_removed
 SELECT id FROM cancelled;
 
+-- name: cancel_open_issue_for_delivery
+-- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
+-- (`shared.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
+-- only when that statement recorded the delivery and the delivery does something
+-- (`devpilot.verdict_<n>` 'go', `n` its element). With `finish`, the same statement writes what the
+-- delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
+-- `ignored` (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
+-- Same lock order as `cancel_open_issue`.
+WITH removed AS (
+    DELETE FROM dispatch_queue dq
+    USING dispatch_sessions s
+    WHERE dq.session_id = s.id
+      AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
+      AND s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
+      AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+    RETURNING dq.session_id
+),
+-- include: cancel_removed
+, finished AS (
+    UPDATE webhook_deliveries
+    SET session_id = (SELECT min(id::text)::uuid FROM cancelled),
+        outcome = CASE WHEN EXISTS (SELECT FROM cancelled) THEN 'cancelled' ELSE 'ignored' END
+    WHERE delivery_key = %(key)s AND %(finish)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
+)
+SELECT id FROM cancelled ORDER BY id::text;
+
+-- name: enqueue_routed_for_delivery
+-- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` in its transaction
+-- (`shared.db.together`): for the machine that statement chose (`devpilot.routed_<n>`, `n` its
+-- element; none, or a user whose machines differ: nothing is written), only when the delivery does
+-- something (`devpilot.verdict_<n>` 'go'). The machine's row is read FOR KEY SHARE if it is still
+-- active, as `enqueue`'s `target`: no row returned while `devpilot.routed_<n>` names a machine means
+-- it was revoked meanwhile, and the caller rolls the transaction back and decides again. The
+-- delivery is recorded as dispatched to the new session by the same statement.
+WITH target AS (
+    SELECT id, name, listening_until > now() AS listening
+    FROM orchestrators
+    WHERE id = nullif(current_setting('devpilot.routed_' || %(n)s, true), '')::uuid AND revoked_at IS NULL
+      AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+    FOR KEY SHARE
+),
+-- include: enqueue_session_rows
+,
+-- include: delivery_dispatched
+SELECT q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
+FROM q;
+
 -- name: cancel_agent_session
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
 -- undelivered message of one agent session (Linear's stop). Same lock order as cancel_open_issue,

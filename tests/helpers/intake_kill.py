@@ -1,4 +1,5 @@
-"""Runs one webhook intake and SIGKILLs itself right after the K-th statement of its transaction.
+"""Runs one webhook intake and SIGKILLs itself right after the K-th statement of its transaction
+(run by the server: one sent in a pipeline is waited for first).
 
 Test-only instrumentation from outside: it wraps `Tx.execute` in this child process alone; the
 product has no hook that could be switched on in production.
@@ -28,6 +29,11 @@ def main() -> None:
         result = original(self, query, params)
         count[0] += 1
         if count[0] == k:
+            # In a pipeline (`shared.db.together`) the statement is only queued: have the server run
+            # it (and every one before it) first, so the kill lands inside the open transaction.
+            pipeline = self.conn._pipeline
+            if pipeline is not None:
+                pipeline.sync()
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 
