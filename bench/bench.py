@@ -280,8 +280,8 @@ def paired_table(p: dict[str, Any]) -> str:
 
 def cold_start(s: BenchServer, repeats: int) -> dict[str, Any]:
     from bench.core import SETTINGS
-    from shared.db import open_pool
-    from shared.orchestrators import register
+    from shared.fleet.orchestrators import register
+    from shared.plumbing.db import open_pool
 
     url = s.fresh("cold")
     pool = open_pool(url, SETTINGS, max_size=2)

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import assignment
-from shared.linear import sign
+from shared.linear.webhooks import sign
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN, SECRET = "bench-admin", "bench-secret"

@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 
 from bench import cpu
-from shared.db import Pool, lend, open_pool, statement, transaction
-from shared.models import DispatchPayload
-from shared.orchestrators import register
-from shared.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
-from shared.settings import Settings
-from shared.sql import query, query_with_limit
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import AckItem, ack_many, claim, enqueue_dispatch, sweep
+from shared.fleet.orchestrators import register
+from shared.plumbing.db import Pool, lend, open_pool, statement, transaction
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query, query_with_limit
 from shared.wire.messages import IssueRef
 
 SETTINGS = Settings(DEVPILOT_POOL_MAX=40)

@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from shared.migrate import migrate
+from shared.plumbing.migrate import migrate
 
 
 class BenchServer:

@@ -25,11 +25,19 @@ from bench import cpu
 from bench import loadgen as lg
 from bench.core import FILL_SETTINGS
 from bench.loadgen import assignment, edit
-from shared.db import open_pool, statement, transaction
-from shared.linear import sign
-from shared.models import DispatchPayload
-from shared.queue import AckItem, Routed, Start, ack_many, claim, enqueue_dispatch, route_and_enqueue_many
-from shared.sql import query
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import (
+    AckItem,
+    Routed,
+    Start,
+    ack_many,
+    claim,
+    enqueue_dispatch,
+    route_and_enqueue_many,
+)
+from shared.linear.webhooks import sign
+from shared.plumbing.db import open_pool, statement, transaction
+from shared.plumbing.sql import query
 from shared.wire.messages import IssueRef
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -46,8 +46,8 @@ def available() -> bool:
 def per_request(db_url: str, n: int) -> dict[str, int]:
     """Instructions per request of each mode, on `db_url` (a migrated database this may write to)."""
     from bench.core import SETTINGS
-    from shared.db import open_pool
-    from shared.orchestrators import register
+    from shared.fleet.orchestrators import register
+    from shared.plumbing.db import open_pool
 
     pool = open_pool(db_url, SETTINGS, max_size=2)
     try:
@@ -113,7 +113,7 @@ def _served(mode: str) -> Callable[[], None]:
     import logging
 
     from functions.app import wsgi
-    from shared.linear import sign
+    from shared.linear.webhooks import sign
 
     logging.disable(logging.INFO)  # the request log's lines are not what is counted
     token = os.environ["BENCH_POLLER_TOKEN"]
@@ -158,7 +158,7 @@ def _served(mode: str) -> Callable[[], None]:
 
 def _enqueue(_mode: str) -> Callable[[], None]:
     from bench.core import SETTINGS, enqueuer
-    from shared.db import open_pool
+    from shared.plumbing.db import open_pool
 
     pool = open_pool(os.environ["DATABASE_URL"], SETTINGS, max_size=1)
     return enqueuer(pool, f"enqueue-{uuid.uuid4()}")

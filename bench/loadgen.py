@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from shared.linear import sign
+from shared.linear.webhooks import sign
 
 # The Linear users of the bench's two machines: every dispatch goes to A's machine, except a
 # re-assignment, which moves the work between A's and B's.

@@ -40,11 +40,11 @@ from bench import cpu
 from bench.db import BenchServer
 from bench.http import ADMIN, ROOT, SECRET, Serve
 from bench.loadgen import assignment
-from shared import sql as named
-from shared.db import open_pool, statement
-from shared.linear import sign
-from shared.settings import Settings
-from shared.sql import query
+from shared.linear.webhooks import sign
+from shared.plumbing import sql as named
+from shared.plumbing.db import open_pool, statement
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query
 
 BASE = "e1de21c"  # the commit before routing by repository
 KEY = "dGVzdHMtb25seS1lbmNyeXB0aW9uLWtleS0zMmJ5dGU="  # a Fernet key for the bench's throw-away data
@@ -69,8 +69,8 @@ def base_statement(name: str) -> str:
 def one_statement(db_url: str, rounds: int, n: int) -> dict[str, Any]:
     """Mean µs per start of each version of the statement, alternating, for one machine and two
     alike. The same database: each version writes its own rows."""
-    from shared.machines import Repository, describe
-    from shared.orchestrators import register
+    from shared.fleet.machines import Repository, describe
+    from shared.fleet.orchestrators import register
 
     settings = Settings()
     versions = {

@@ -34,12 +34,14 @@ import psycopg
 from bench import core
 from bench.db import BenchServer
 from bench.loadgen import assignment, edit
-from shared import intake, linear, queue, status
-from shared.db import open_pool
-from shared.orchestrators import hash_token, register
-from shared.queue import AckItem, revoke
-from shared.settings import Settings
-from shared.sql import load, query_with_limit
+from shared.delivery import intake, queue
+from shared.delivery.queue import AckItem, revoke
+from shared.fleet.orchestrators import hash_token, register
+from shared.linear import webhooks as linear
+from shared.operators import status
+from shared.plumbing.db import open_pool
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import load, query_with_limit
 
 # The service's settings with the server's limits and the client's deadlines out of the way.
 UNBOUND = Settings(
@@ -139,7 +141,7 @@ def run(url: str, rows: int) -> list[dict[str, Any]]:
 def run_year(url: str, sessions: int) -> dict[str, Any]:
     """A year of kept sessions (seeded unless the database has them), then the workload, timed."""
     from bench import year
-    from shared.migrate import migrate
+    from shared.plumbing.migrate import migrate
 
     settings = UNBOUND.replace(
         linear_api_url="http://127.0.0.1:9/graphql",  # (nothing listens: each post fails at once)

@@ -23,12 +23,15 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from bench.loadgen import agent_created, assignment, edit, prompted, reassigned
-from shared import linear, linear_auth, queue, sessions, status
-from shared.db import Pool, transaction
+from shared.delivery import queue
+from shared.delivery.queue import AckItem
 from shared.dispatch import Dispatch
-from shared.orchestrators import Orchestrator, hash_token, register
-from shared.queue import AckItem
-from shared.settings import Settings
+from shared.fleet.orchestrators import Orchestrator, hash_token, register
+from shared.linear import auth as linear_auth
+from shared.linear import webhooks as linear
+from shared.operators import sessions, status
+from shared.plumbing.db import Pool, transaction
+from shared.plumbing.settings import Settings
 
 ORG = "bench"
 MACHINES = 100

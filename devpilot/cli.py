@@ -6,12 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from shared.embedded import resolve
-from shared.settings import SettingsError, load_settings
+from shared.plumbing.embedded import resolve
+from shared.plumbing.settings import SettingsError, load_settings
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from shared.migrate import migrate
+    from shared.plumbing.migrate import migrate
 
     settings = load_settings()
     db = resolve(settings.database_url)
@@ -37,8 +37,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from psycopg.errors import UndefinedTable
 
     from devpilot.status_view import show
-    from shared.db import open_pool
-    from shared.status import snapshot
+    from shared.operators.status import snapshot
+    from shared.plumbing.db import open_pool
 
     settings = load_settings()
     db = resolve(settings.database_url)
@@ -58,8 +58,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_linear_token(args: argparse.Namespace) -> int:
-    from shared.db import open_pool
-    from shared.linear_auth import store_static
+    from shared.linear.auth import store_static
+    from shared.plumbing.db import open_pool
 
     token = sys.stdin.readline().strip()
     if not token:
@@ -84,9 +84,9 @@ def _cmd_sessions(args: argparse.Namespace) -> int:
     import socket
     from uuid import UUID
 
-    from shared import sessions
-    from shared.db import open_pool
     from shared.dispatch import Dispatch
+    from shared.operators import sessions
+    from shared.plumbing.db import open_pool
 
     try:
         session_id = UUID(args.session_id)
@@ -106,7 +106,7 @@ def _cmd_sessions(args: argparse.Namespace) -> int:
             session_id, args.action, f"cli {getpass.getuser()}@{socket.gethostname()}", target
         )
         if acted.notice_ids:  # Linear hears it before the process ends (the sweep would send it later)
-            from shared import notices
+            from shared.linear import notices
 
             notices.send_pending(pool, settings, ids=acted.notice_ids)
     except sessions.NotFound:

@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 import httpx
 
 from devpilot.demo_events import prompted
-from shared.linear import sign
+from shared.linear.webhooks import sign
 
 SAMPLE_AGENT = """
 import json, os, subprocess, sys, time

@@ -27,7 +27,7 @@ from devpilot.agent_clis import CLAUDE, CODEX, Pinned
 from devpilot.demo_events import prompted
 from devpilot.scripted_model import Block, ScriptedModel, Text, ToolUse
 from devpilot.scripted_responses import Call, Message, Reasoning, Reply, ScriptedResponses, codex_config, step
-from shared.linear import sign
+from shared.linear.webhooks import sign
 
 AGENT_SESSION = "demo-agent-session"
 CHANGELOG = "printf 'Fixed: the login redirect keeps ?next=.\\n' >> CHANGELOG.md"

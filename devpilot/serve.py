@@ -28,12 +28,12 @@ from functions import runtime
 from functions.app import wsgi
 from functions.logs import flush_logs, setup_logging
 from functions.sweep import run_sweep
-from shared import crypto, local_secrets
-from shared.db import open_pool
-from shared.embedded import resolve
-from shared.migrate import migrate
-from shared.settings import Settings, get_settings
-from shared.wakeups import Wakeups
+from shared.delivery.wakeups import Wakeups
+from shared.plumbing import crypto, local_secrets
+from shared.plumbing.db import open_pool
+from shared.plumbing.embedded import resolve
+from shared.plumbing.migrate import migrate
+from shared.plumbing.settings import Settings, get_settings
 
 log = logging.getLogger("devpilot.serve")
 

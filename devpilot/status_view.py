@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from shared.status import Snapshot, format_age, pace_text
+from shared.operators.status import Snapshot, format_age, pace_text
 
 
 def _age(at: datetime | None, now: datetime) -> str:

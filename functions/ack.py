@@ -16,7 +16,7 @@ from functions.web import ApiError, Call, bearer, note, reply, require_orchestra
 from shared.dispatch import NOT_FOUND, NOT_LATEST, AckItem, Refused
 
 STATUS = {"acked": 200, "claim_superseded": 409, "not_found": 404}
-# What a release that missed is told (an ack is told more: shared.queue judges each item).
+# What a release that missed is told (an ack is told more: shared.delivery.queue judges each item).
 DETAIL = {"claim_superseded": NOT_LATEST, "not_found": NOT_FOUND}
 
 

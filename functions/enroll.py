@@ -1,4 +1,4 @@
-"""`enroll` (public): people connect their own machines by signing in with Linear (shared.enroll).
+"""`enroll` (public): people connect their own machines by signing in with Linear (shared.fleet.enroll).
 
 POST /enroll/sessions (the machine asks; rate-limited per client) -> the start link, or a code;
 GET /enroll/start?enroll=ID -> Linear's authorize page (a loopback enrollment's link);

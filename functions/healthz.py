@@ -1,6 +1,6 @@
 """`healthz` (GET /healthz): 200 when the database answers, 503 with Retry-After when not, within
 DEVPILOT_HEALTHZ_DEADLINE_SECONDS whatever the database does (its own connection, never the
-pool's: `shared.health`)."""
+pool's: `shared.plumbing.health`)."""
 
 from __future__ import annotations
 

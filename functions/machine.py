@@ -1,7 +1,7 @@
 """`machine` (POST /machine): what a machine has, the repositories checked out on it and its labels.
 
 Sent by the orchestrator every time it starts; it replaces what the machine said before, so a
-change needs no admin. Routing reads it (`shared.machines`, `shared.repository_choice`).
+change needs no admin. Routing reads it (`shared.fleet.machines`, `shared.delivery.repository_choice`).
 """
 
 from __future__ import annotations

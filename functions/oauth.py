@@ -1,7 +1,7 @@
 """`oauth` (public): connect a Linear workspace with OAuth (actor=app).
 
 GET /oauth/install -> 302 to Linear's authorize page; GET /oauth/callback?code&state -> the code
-exchanged, the tokens stored encrypted for the workspace (shared.linear_auth), a small page naming
+exchanged, the tokens stored encrypted for the workspace (shared.linear.auth), a small page naming
 it. A bad or expired state is 400 and nothing is sent to Linear; a refused exchange is 502 and
 nothing is stored. Off (404 oauth_disabled) until LINEAR_CLIENT_ID, LINEAR_CLIENT_SECRET and
 DEVPILOT_PUBLIC_URL are set.

@@ -173,7 +173,7 @@ def render(data: Page, who: Viewer, message: str = "") -> str:
     )
     missing = _linear_missing(s)
     linear = f'<tr><th>Linear</th><td class="bad" id="linear">{missing}</td></tr>' if missing else ""
-    # The workspace's posts wait for Linear's rate limit (shared/pace.py): none is lost or given up.
+    # The workspace's posts wait for Linear's rate limit (shared/linear/pace.py): none is lost or given up.
     pace = (
         f'<tr><th>Linear</th><td class="bad" id="linear-pace">waiting for Linear\'s rate limit until '
         f"{_t(s['paced_until'])} ({escape(s['ratelimit_budget'] or 'budget')} spent): this workspace's "

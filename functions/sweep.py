@@ -2,7 +2,7 @@
 Linear notices still unsent, forget webhook deliveries past their retention.
 
 Also the scheduled entry point: `run_sweep()` is what `devpilot serve`'s timer and EventBridge end
-up calling. Safe to run concurrently and repeatedly (see shared.queue.sweep).
+up calling. Safe to run concurrently and repeatedly (see shared.delivery.queue.sweep).
 """
 
 from __future__ import annotations

@@ -23,18 +23,27 @@ from uuid import UUID, uuid4
 
 from psycopg.types.json import Jsonb
 
-from shared import deadline, orchestrators, queue
-from shared.db import Pool, Tx, open_pool, transaction
-from shared.orchestrators import UNAUTHORIZED, Orchestrator, authenticate, authenticate_agent, hash_token
-from shared.queue import NOT_FOUND, NOT_LATEST, AckItem
-from shared.settings import Settings, SettingsError, get_settings
-from shared.sql import query
-from shared.wakeups import Wakeups
+from shared.delivery import queue
+from shared.delivery.queue import NOT_FOUND, NOT_LATEST, AckItem
+from shared.delivery.wakeups import Wakeups
+from shared.fleet import orchestrators
+from shared.fleet.orchestrators import (
+    UNAUTHORIZED,
+    Orchestrator,
+    authenticate,
+    authenticate_agent,
+    hash_token,
+)
+from shared.plumbing import deadline
+from shared.plumbing.db import Pool, Tx, open_pool, transaction
+from shared.plumbing.settings import Settings, SettingsError, get_settings
+from shared.plumbing.sql import query
 from shared.wire.messages import REPOSITORY_MISSING, TaskDispatchMessage
 
 if TYPE_CHECKING:  # (the webhook's modules load with the webhook route, not with every route)
-    from shared import linear_auth, sessions
-    from shared.linear import Webhook
+    from shared.linear import auth as linear_auth
+    from shared.linear.webhooks import Webhook
+    from shared.operators import sessions
 
 log = logging.getLogger("devpilot.dispatch")
 
@@ -66,17 +75,17 @@ class Dispatch:
         if notice_ids is not None and not notice_ids:
             return None
 
-        from shared import notices  # (loaded when a notice is due, not by every target's cold start)
+        from shared.linear import notices  # (loaded when a notice is due, not by every target's cold start)
 
         return self._in_background(lambda: notices.send_pending(self.pool, self.settings, ids=notice_ids))
 
     def _route_after_commit(self, route_ids: list[UUID]) -> Future[object] | None:
-        """Route what a committed webhook left to route once Linear is asked (`shared.routing`),
+        """Route what a committed webhook left to route once Linear is asked (`shared.delivery.routing`),
         now, off the request path, so Linear hears within its 10 s."""
         if not route_ids:
             return None
 
-        from shared import routing
+        from shared.delivery import routing
 
         return self._in_background(lambda: routing.run(self.pool, self.settings, ids=route_ids))
 
@@ -96,7 +105,7 @@ class Dispatch:
     def receive_webhook(self, hook: Webhook, delivery: str | None) -> dict[str, object]:
         """One verified, fresh Linear webhook (`delivery`: its Linear-Delivery header): its one
         intake transaction, then its notices."""
-        from shared import intake
+        from shared.delivery import intake
 
         try:
             received = intake.receive(self.pool, hook, delivery, self.settings.linear_client_id)
@@ -184,7 +193,7 @@ class Dispatch:
         names (reason `repository_missing…`) is routed again, after the commit; any other release is
         a failed attempt, retried after the backoff."""
         if reason is not None and reason.startswith(REPOSITORY_MISSING):
-            from shared import routing
+            from shared.delivery import routing
 
             again = routing.release_elsewhere(self.pool, orchestrator_id, queue_id, claim_token, reason)
             if again is not None:
@@ -200,7 +209,10 @@ class Dispatch:
         """Re-queue expired leases and dead-letter at the limit, then send every Linear notice still
         unsent (Linear was down, or an instance died between a commit and its send), and forget
         webhook deliveries and finished conversations past their retention."""
-        from shared import enroll, intake, notices, retention, routing
+        from shared.delivery import intake, routing
+        from shared.fleet import enroll
+        from shared.linear import notices
+        from shared.operators import retention
 
         # The sweep's deadline is its own (DEVPILOT_SWEEP_DEADLINE_SECONDS), for each of its
         # database steps, whether a scheduler's request or `devpilot serve`'s timer runs it. The
@@ -245,7 +257,7 @@ class Dispatch:
         anyone else learns nothing (not_found). A plain assignment's machine names its conversation
         `devpilot:<sessionId>` (the message carries no agent session): that is the agent session
         the service opened for it once Linear has answered, the alias until then."""
-        from shared import linear_actions
+        from shared.linear import actions as linear_actions
 
         params: dict[str, object] = {
             "org_id": orch.org_id,
@@ -301,7 +313,7 @@ class Dispatch:
             "signal": signal,
             "signal_metadata": Jsonb(signal_metadata) if signal_metadata is not None else None,
         }
-        from shared import notices
+        from shared.linear import notices
 
         with transaction(self.pool) as tx:
             params["agent_session_id"] = self._speaks_in(tx, orch, agent_session_id)
@@ -319,7 +331,7 @@ class Dispatch:
             "body": "; ".join(f"{s['content']} ({s['status']})" for s in plan)[:2000],
             "content": Jsonb({"plan": plan}),
         }
-        from shared import notices
+        from shared.linear import notices
 
         with transaction(self.pool) as tx:
             params["agent_session_id"] = self._speaks_in(tx, orch, agent_session_id)
@@ -343,9 +355,9 @@ class Dispatch:
     def act_on_session(
         self, session_id: UUID, action: str, actor: str, target: UUID | None = None
     ) -> sessions.Acted:
-        """An operator's retry, cancel or move (`shared.sessions`): one transaction, recorded with
+        """An operator's retry, cancel or move (`shared.operators.sessions`): one transaction, recorded with
         who did it; then what Linear hears is posted. Raises sessions.NotAllowed / NotFound."""
-        from shared import sessions
+        from shared.operators import sessions
 
         if action == "retry":
             acted = sessions.retry(self.pool, session_id, actor)
@@ -359,7 +371,7 @@ class Dispatch:
         return acted
 
     def revoke(self, orchestrator_id: UUID) -> queue.Revoked | None:
-        """A machine revoked, its work moved or cancelled (`shared.queue.revoke`); then what Linear
+        """A machine revoked, its work moved or cancelled (`shared.delivery.queue.revoke`); then what Linear
         hears is posted."""
         revoked = queue.revoke(self.pool, orchestrator_id)
         if revoked is not None:
@@ -369,7 +381,7 @@ class Dispatch:
     def connect_linear(self, code: str, state: str) -> linear_auth.Installed:
         """The OAuth callback: tokens stored in one transaction; then whatever the org's outbox held
         while it was disconnected goes out."""
-        from shared import linear_auth
+        from shared.linear import auth as linear_auth
 
         installed = linear_auth.finish_install(self.pool, self.settings, code, state)
         self._after_commit(None)
@@ -382,65 +394,62 @@ class Dispatch:
 # --- What the handlers use besides `Dispatch` --------------------------------------------------
 # Those loaded with this module anyway are imported at the top; the rest is loaded when a handler
 # first asks for it (`__getattr__`), so that a route loads only what it uses
-# (tests/unit/test_cold_imports.py): each name, and the module that has it.
+# (tests/unit/test_cold_imports.py): the modules handed over whole (a handler's
+# `dispatch.linear_auth.x`), and single names with the module that has each.
+_LATER_MODULES = {
+    # the request's parsing and secrets
+    "jsoninput": "shared.plumbing.jsoninput",
+    "crypto": "shared.plumbing.crypto",
+    # Linear: the webhook's checks, the OAuth install, the tokens, the notices
+    "linear": "shared.linear.webhooks",
+    "linear_auth": "shared.linear.auth",
+    "notices": "shared.linear.notices",
+    "realtime": "shared.delivery.realtime",
+    # machines' own description, people and enrollment (signing in with Linear)
+    "machines": "shared.fleet.machines",
+    "enroll": "shared.fleet.enroll",
+    "people": "shared.fleet.people",
+    # operators: session pages and actions, the dashboard's sign-in
+    "sessions": "shared.operators.sessions",
+    "dashboard_signin": "shared.operators.dashboard_signin",
+}
 _LATER = {
     # the runtime's wiring
-    "Database": "shared.embedded",
-    "resolve": "shared.embedded",
-    "Health": "shared.health",
-    # the request's parsing and secrets
-    "jsoninput": "shared",
-    "crypto": "shared",
-    # Linear: the webhook's checks, the OAuth install, the tokens, the notices' kinds
-    "linear": "shared",
-    "linear_auth": "shared",
-    "notices": "shared",
-    "ACTIVITY_TYPE": "shared.notices",
-    "realtime": "shared",
-    # machines' own description, people and enrollment (signing in with Linear)
-    "machines": "shared",
-    "enroll": "shared",
-    "people": "shared",
-    "SignInFailed": "shared.signin",
-    "is_member": "shared.signin",
-    # operators: session pages and actions, the dashboard's sign-in and figures
-    "sessions": "shared",
-    "Page": "shared.sessions",
-    "dashboard_signin": "shared",
-    "Snapshot": "shared.status",
-    "snapshot": "shared.status",
-    "format_age": "shared.status",
-    "pace_text": "shared.status",
+    "Database": "shared.plumbing.embedded",
+    "resolve": "shared.plumbing.embedded",
+    "Health": "shared.plumbing.health",
+    "ACTIVITY_TYPE": "shared.linear.notices",
+    "SignInFailed": "shared.fleet.signin",
+    "is_member": "shared.fleet.signin",
+    "Page": "shared.operators.sessions",
+    "Snapshot": "shared.operators.status",
+    "snapshot": "shared.operators.status",
+    "format_age": "shared.operators.status",
+    "pace_text": "shared.operators.status",
 }
 
 if TYPE_CHECKING:
-    from shared import (
-        crypto,
-        dashboard_signin,
-        enroll,
-        jsoninput,
-        linear,
-        linear_auth,
-        machines,
-        notices,
-        people,
-        realtime,
-        sessions,
-    )
-    from shared.embedded import Database, resolve
-    from shared.health import Health
-    from shared.notices import ACTIVITY_TYPE
-    from shared.sessions import Page
-    from shared.signin import SignInFailed, is_member
-    from shared.status import Snapshot, format_age, pace_text, snapshot
+    from shared.delivery import realtime
+    from shared.fleet import enroll, machines, people
+    from shared.fleet.signin import SignInFailed, is_member
+    from shared.linear import auth as linear_auth
+    from shared.linear import notices
+    from shared.linear import webhooks as linear
+    from shared.linear.notices import ACTIVITY_TYPE
+    from shared.operators import dashboard_signin, sessions
+    from shared.operators.sessions import Page
+    from shared.operators.status import Snapshot, format_age, pace_text, snapshot
+    from shared.plumbing import crypto, jsoninput
+    from shared.plumbing.embedded import Database, resolve
+    from shared.plumbing.health import Health
 else:
 
     def __getattr__(name: str) -> object:
+        if name in _LATER_MODULES:
+            return importlib.import_module(_LATER_MODULES[name])
         where = _LATER.get(name)
         if where is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        if where == "shared":
-            return importlib.import_module(f"shared.{name}")
         return getattr(importlib.import_module(where), name)
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared.db import Pool, open_pool
-from shared.orchestrators import register
-from shared.settings import Settings
+from shared.fleet.orchestrators import register
+from shared.plumbing.db import Pool, open_pool
+from shared.plumbing.settings import Settings
 from tests.helpers import bouncer
 from tests.helpers.api import Api
 from tests.helpers.data import MakeOrch, Orch, api_settings
@@ -118,7 +118,7 @@ def repo(tmp_path: Path) -> Path:
 @pytest.fixture
 def across_instances(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if each webhook reached another instance of the service: this process's arrival order
-    (`shared.in_order`) does not hold them back, only the database's turns order them."""
-    from shared import intake
+    (`shared.plumbing.in_order`) does not hold them back, only the database's turns order them."""
+    from shared.delivery import intake
 
     monkeypatch.setattr(intake, "_order_key", lambda hook, plan: None)

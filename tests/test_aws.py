@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from functions import aws, runtime
-from shared.db import Pool
-from shared.embedded import Database
-from shared.linear import sign
-from shared.wakeups import Wakeups
+from shared.delivery.wakeups import Wakeups
+from shared.linear.webhooks import sign
+from shared.plumbing.db import Pool
+from shared.plumbing.embedded import Database
 from tests.helpers.api import ADMIN, SECRET, issue_event
 from tests.helpers.data import api_settings
 

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.db import Pool
-from shared.orchestrators import register
+from shared.fleet.orchestrators import register
+from shared.plumbing.db import Pool
 from tests.helpers.api import SECRET, Api, issue_event
 from tests.helpers.data import row_counts
 from tests.helpers.serving import free_port, raw_exchange, start_serve, wait_healthy
@@ -83,7 +83,7 @@ def test_a_nul_or_one_level_too_many_is_refused_and_what_only_looks_like_them_is
 
 
 def _sig(body: bytes) -> str:
-    from shared.linear import sign
+    from shared.linear.webhooks import sign
 
     return sign(SECRET, body)
 

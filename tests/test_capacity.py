@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.db import Pool
-from shared.linear import sign
-from shared.orchestrators import register
+from shared.fleet.orchestrators import register
+from shared.linear.webhooks import sign
+from shared.plumbing.db import Pool
 from tests.helpers.api import SECRET, issue_event
 from tests.helpers.serving import free_port, start_serve, wait_healthy
 

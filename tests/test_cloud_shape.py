@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.db import Pool
-from shared.linear import sign
+from shared.linear.webhooks import sign
+from shared.plumbing.db import Pool
 from tests.helpers.api import ADMIN, SECRET, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one
 from tests.helpers.fresh_python import run_json

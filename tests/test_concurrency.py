@@ -18,11 +18,11 @@ from uuid import UUID
 
 import pytest
 
-from shared.db import Pool, Tx, open_pool, transaction
-from shared.migrate import migrate
-from shared.models import DispatchPayload
-from shared.queue import AckItem, _ack_params, _session_params, ack, claim, enqueue_dispatch, sweep
-from shared.settings import Settings
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import AckItem, _ack_params, _session_params, ack, claim, enqueue_dispatch, sweep
+from shared.plumbing.db import Pool, Tx, open_pool, transaction
+from shared.plumbing.migrate import migrate
+from shared.plumbing.settings import Settings
 from shared.wire.messages import IssueRef
 from tests.helpers.data import MakeOrch, Orch, bulk, enqueue_one, fill_queue, issue, row_counts
 from tests.helpers.pg import Server
@@ -239,13 +239,13 @@ def test_claim_plan_probes_the_claim_index(
     """With many rows of other orchestrators, both the generic plan (what a prepared claim gets after
     five runs) and the custom plan must read the partial claim index, not the table — the library's
     claim by machine id and the poll route's one statement (who is calling + claim) alike."""
-    from shared.orchestrators import hash_token
+    from shared.fleet.orchestrators import hash_token
 
     o, busy = make_orchestrator(), make_orchestrator()
     fill_queue(pool, busy, 50_000)
     with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_queue")
-    from shared.sql import query_with_limit
+    from shared.plumbing.sql import query_with_limit
 
     q = query_with_limit(statement, 10)  # (as the library sends it: the LIMIT written in)
     params = {"orchestrator_id": o.id, "token_hash": hash_token(o.token), "max": 10, "lease_seconds": 60}
@@ -269,9 +269,9 @@ def test_a_claim_is_planned_once_per_connection_not_at_every_execution(
     of a machine with a backlog) and was never kept. With the LIMIT written in, after psycopg
     prepares it and Postgres's five trial plans, each claim of a machine that drains a backlog runs
     the kept plan, and that plan probes the claim index and the queue's key, never the table."""
-    from shared.orchestrators import hash_token
-    from shared.queue import poll
-    from shared.sql import query_with_limit
+    from shared.delivery.queue import poll
+    from shared.fleet.orchestrators import hash_token
+    from shared.plumbing.sql import query_with_limit
 
     o = make_orchestrator()
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p:
@@ -358,7 +358,7 @@ def test_enqueue_reads_no_table_in_either_plan(
     primary key, to record the outcome), in both plans, even when the org has many queued
     sessions (an earlier enqueue read the session back, and a generic plan once read all of the
     org's queued sessions on every webhook)."""
-    from shared.sql import query
+    from shared.plumbing.sql import query
 
     o = make_orchestrator()
     fill_queue(pool, o, 20_000)  # and not analysed yet, as after a burst of webhooks
@@ -447,7 +447,7 @@ def test_an_agent_session_start_in_one_statement_reads_no_table_in_either_plan(
     routing index and locks it by its key, and writes the delivery, the session, its queue row and
     Linear's notice, in both plans, with thousands of machines in the org and many queued sessions.
     (An issue's start is the group commit's statement, below.)"""
-    from shared.sql import query
+    from shared.plumbing.sql import query
 
     o = _a_busy_org(pool, make_orchestrator)
 
@@ -485,7 +485,7 @@ def test_starts_written_together_read_no_table_in_either_plan(
     many queued sessions."""
     from psycopg.types.json import Jsonb
 
-    from shared.sql import query
+    from shared.plumbing.sql import query
 
     o = _a_busy_org(pool, make_orchestrator)
     users = [o.linear_user_id] * 6 + ["someone-7", "nobody"]  # (someone-7 has a machine too)
@@ -571,7 +571,7 @@ def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
     queued sessions of the same org (the holder is read by a function, below)."""
     from psycopg.types.json import Jsonb
 
-    from shared.sql import query
+    from shared.plumbing.sql import query
 
     o = _a_busy_org(pool, make_orchestrator)
 
@@ -752,8 +752,8 @@ def test_ack_plan_probes_by_key(
     """An ack reads its rows by key, never the table, in both plans: the library's ack by machine id
     and the ack route's one statement (who is calling + the acks) alike, beside 50,000 rows of
     another machine. (It acks a row it claimed, so the delete and the session update run too.)"""
-    from shared.orchestrators import hash_token
-    from shared.sql import query
+    from shared.fleet.orchestrators import hash_token
+    from shared.plumbing.sql import query
 
     o, busy = make_orchestrator(), make_orchestrator()
     fill_queue(pool, busy, 50_000)
@@ -788,7 +788,7 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
     """A stop's cancel (`cancel_agent_session`, which locks the rows in the agent session's order)
     reads them from the agent-order index in both plans, never the table, beside 50,000 messages of
     other agent sessions of its org."""
-    from shared.sql import query
+    from shared.plumbing.sql import query
 
     o = make_orchestrator()
     fill_queue(pool, o, 50_000)
@@ -818,7 +818,7 @@ def test_the_outbox_take_reads_only_connected_orgs_due_posts(mode: str, form: st
     read: read at every take, they made the sweep's round slow, and past the statement's deadline
     its sending failed for every org. Nor is the history of sent posts read, nor posts given up. (Through the
     service's own pool, whose sessions run without JIT.)"""
-    from shared.sql import query
+    from shared.plumbing.sql import query
 
     bulk(
         pool,
@@ -859,6 +859,6 @@ def test_the_outbox_take_reads_only_connected_orgs_due_posts(mode: str, form: st
     assert ("Seq Scan", "linear_notices", None) not in _relations(top["Plan"]), text
     assert top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0) < pages, text
     # Estimated far above `jit_above_cost` (its order check's guess at every row), and not compiled:
-    # the service's sessions run without JIT (`shared.db.session_options`), which here took 0.4 s.
+    # the service's sessions run without JIT (`shared.plumbing.db.session_options`), which here took 0.4 s.
     assert top["Plan"]["Total Cost"] > 100_000 or form != "any", text
     assert "JIT" not in top, text

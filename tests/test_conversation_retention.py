@@ -1,5 +1,5 @@
 """DEVPILOT_RETENTION_DAYS: the sweep forgets a finished conversation, whole, once its last change
-is older than the retention, and never a live one, whatever its age (shared/retention.py).
+is older than the retention, and never a live one, whatever its age (shared/operators/retention.py).
 
 A property test over random conversations: agent sessions of several messages (start, follow-ups)
 and plain assignments, each message queued, delivered, failed or cancelled and last changed some
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shared import retention
-from shared.db import Pool, transaction
-from shared.settings import Settings
+from shared.operators import retention
+from shared.plumbing.db import Pool, transaction
+from shared.plumbing.settings import Settings
 from tests.helpers.data import MakeOrch
 
 DAYS = 90

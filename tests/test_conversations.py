@@ -17,9 +17,9 @@ from uuid import UUID, uuid4
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared.db import Pool
-from shared.queue import AckItem, ack_many, claim
-from shared.sql import query_with_limit
+from shared.delivery.queue import AckItem, ack_many, claim
+from shared.plumbing.db import Pool
+from shared.plumbing.sql import query_with_limit
 from shared.wire import agent_tokens
 from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
 from tests.helpers.data import bulk, row_counts
@@ -405,7 +405,7 @@ def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
     SIGKILLed between (and during) the tries: every activity is in Linear exactly once, in order."""
     import httpx
 
-    from shared.orchestrators import register
+    from shared.fleet.orchestrators import register
     from tests.helpers.api import ADMIN, SECRET
     from tests.helpers.data import ENCRYPTION_KEY
     from tests.helpers.serving import free_port, start_serve, wait_healthy
@@ -426,7 +426,7 @@ def test_activities_stay_idempotent_across_retries_and_a_sigkilled_service(
             )
             assert stored.status_code == 200, stored.text
             event = json.dumps(agent_session_event(session_id="as-kill")).encode()
-            from shared.linear import sign
+            from shared.linear.webhooks import sign
 
             http.post("/webhook", content=event, headers={"Linear-Signature": sign(SECRET, event)})
             auth = {"Authorization": f"Bearer {orch.token}"}
@@ -599,8 +599,8 @@ def test_a_start_that_fails_takes_the_follow_ups_queued_behind_it(api: Api, line
     follow-up starts the conversation afresh."""
     from datetime import UTC, datetime, timedelta
 
-    from shared import notices
-    from shared.queue import sweep
+    from shared.delivery.queue import sweep
+    from shared.linear import notices
 
     oid, token = api.register(user="user-1")
     start = api.webhook(agent_session_event(session_id="as-dead")).json()

@@ -44,11 +44,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import PoolTimeout
 
-from shared import deadline
-from shared.db import Connection, Pool, lend, open_pool, transaction
-from shared.linear import sign
-from shared.orchestrators import register
-from shared.settings import Settings, SettingsError
+from shared.fleet.orchestrators import register
+from shared.linear.webhooks import sign
+from shared.plumbing import deadline
+from shared.plumbing.db import Connection, Pool, lend, open_pool, transaction
+from shared.plumbing.settings import Settings, SettingsError
 from tests.helpers.api import SECRET, issue_event
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.serving import free_port, start_serve, wait_healthy
@@ -414,8 +414,8 @@ def test_the_sweep_ends_at_its_own_deadline_while_the_database_stalls(db_url: st
     """The sweep's database steps are bounded by DEVPILOT_SWEEP_DEADLINE_SECONDS, whatever bound the
     caller had (the /sweep route's request deadline, here a longer one): with the link stalled it
     fails at that deadline, not at the caller's and not never."""
+    from shared.delivery.wakeups import Wakeups
     from shared.dispatch import Dispatch
-    from shared.wakeups import Wakeups
 
     settings = Settings(DATABASE_URL=None, DEVPILOT_SWEEP_DEADLINE_SECONDS=within)
     proxy, pool = proxied_pool(db_url, settings)
@@ -477,7 +477,7 @@ def test_a_connection_attempt_that_times_out_leaves_no_socket(db_url: str) -> No
 def test_healthz_says_unavailable_at_once_when_the_database_refuses() -> None:
     """A database that refuses connections is said at once, not at the end of the probe's deadline;
     and the probe after it tries again (one attempt at a time, off the probe's path)."""
-    from shared.health import Health
+    from shared.plumbing.health import Health
     from tests.helpers.faultproxy import free_tcp_port
 
     health = Health(f"postgresql://postgres@127.0.0.1:{free_tcp_port()}/none", 2, 0.5)

@@ -58,7 +58,7 @@ def test_zip_holds_the_code_and_migrations(code_zip: Path) -> None:
         "functions/aws.py",
         "functions/main.py",
         "shared/queries/queue.sql",
-        "shared/queue.py",
+        "shared/delivery/queue.py",
         "infra/migrations/0001_dispatch_core.sql",
         "infra/supabase/0001_realtime.sql",
         "infra/__init__.py",
@@ -82,13 +82,13 @@ def test_the_zip_runs_its_compiled_code_without_looking_at_the_sources(
     not even read."""
     task = tmp_path / "task"
     zipfile.ZipFile(code_zip).extractall(task)
-    (task / "shared" / "queue.py").write_text("raise SystemExit('compiled at start')\n")
+    (task / "shared" / "delivery" / "queue.py").write_text("raise SystemExit('compiled at start')\n")
     r = subprocess.run(
         [
             sys.executable,
             "-B",
             "-c",
-            "import functions.main as m, shared.queue as q; m.claim; print(q.__file__)",
+            "import functions.main as m, shared.delivery.queue as q; m.claim; print(q.__file__)",
         ],
         cwd=task,
         env={**os.environ, "PYTHONPATH": str(task)},
@@ -97,7 +97,7 @@ def test_the_zip_runs_its_compiled_code_without_looking_at_the_sources(
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str(task / "shared" / "queue.py")
+    assert r.stdout.strip() == str(task / "shared" / "delivery" / "queue.py")
 
 
 def test_lambda_deploy_creates_then_updates(

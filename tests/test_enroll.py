@@ -17,7 +17,7 @@ import httpx
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared.signin import s256
+from shared.fleet.signin import s256
 from tests.helpers.api import Api, app_revoked_event, issue_event
 from tests.helpers.browser import Browser, form_fields, query
 from tests.helpers.linear import LinearOAuth, person
@@ -739,7 +739,7 @@ def test_a_bad_port_or_a_redirect_of_the_clients_is_refused(api: Api, linear: Li
 
 
 def test_asking_to_enroll_is_rate_limited_per_client(api: Api, linear: LinearOAuth) -> None:
-    from shared.enroll import ENROLL_LIMIT
+    from shared.fleet.enroll import ENROLL_LIMIT
 
     for _ in range(ENROLL_LIMIT):
         ask(api)

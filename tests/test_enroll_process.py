@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 from pytest_httpserver import HTTPServer
 
-from shared.linear import sign
+from shared.linear.webhooks import sign
 from tests.helpers.api import SECRET, issue_event
 from tests.helpers.browser import Browser
 from tests.helpers.data import ENCRYPTION_KEY

@@ -13,10 +13,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from shared import intake
-from shared.db import Pool, connect, statement
-from shared.models import DispatchPayload
-from shared.queue import FollowUp, Routed, Start, prompt_holders
+from shared.delivery import intake
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import FollowUp, Routed, Start, prompt_holders
+from shared.plumbing.db import Pool, connect, statement
 from shared.wire.messages import IssueRef
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.data import MakeOrch, bulk, row_counts

@@ -1,4 +1,4 @@
-"""Issues that arrive together are written together (shared/batching.py, `route_and_enqueue_many`):
+"""Issues that arrive together are written together (shared/plumbing/batching.py, `route_and_enqueue_many`):
 each answer is what it would be alone, one bad webhook fails only itself, and nothing is answered
 before its rows commit. Real Postgres, real HTTP into the real app."""
 
@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from shared import intake
-from shared.batching import Combiner
-from shared.db import Pool, connect, statement
-from shared.models import DispatchPayload
-from shared.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
+from shared.delivery import intake
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
+from shared.plumbing.batching import Combiner
+from shared.plumbing.db import Pool, connect, statement
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.data import MakeOrch, bulk, issue, row_counts
 from tests.helpers.linear import Linear
@@ -608,7 +608,7 @@ def _one_behind_the_other(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """`first` waits in the group commit's line (every lane taken by leaders waiting on another
     user's machine); `then`, of the same issue or agent session, is sent next and must wait behind
-    it in this instance's line (`shared.in_order`); then the leaders go. Both answers."""
+    it in this instance's line (`shared.plumbing.in_order`); then the leaders go. Both answers."""
     elsewhere, _ = api.register(user="user-2", name="elsewhere")
     combiner = intake._group_commit(api.pool, agent_sessions)
     leaders = [

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared import linear_auth
-from shared.db import transaction
-from shared.routing import NO_ASSIGNEE, NOT_CONNECTED
+from shared.delivery.routing import NO_ASSIGNEE, NOT_CONNECTED
+from shared.linear import auth as linear_auth
+from shared.plumbing.db import transaction
 from tests.helpers.api import ROOT_PLACEHOLDER, SECRET, Api, agent_session_event, app_revoked_event
 from tests.helpers.data import row_counts
 from tests.helpers.linear import Linear, linear_settings

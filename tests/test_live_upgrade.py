@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from bench.year import seed
-from shared.db import open_pool
-from shared.migrate import SCHEMA, discover, migrate
+from shared.plumbing.db import open_pool
+from shared.plumbing.migrate import SCHEMA, discover, migrate
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.data import api_settings
 from tests.helpers.pg import Server
@@ -35,7 +35,12 @@ ONE_SECOND = 1.0
 
 def _old_migrate(old: Path, url: str) -> None:
     subprocess.run(
-        [sys.executable, "-c", "import sys; from shared.migrate import migrate; migrate(sys.argv[1])", url],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from shared.plumbing.migrate import migrate; migrate(sys.argv[1])",
+            url,
+        ],
         cwd=old,
         env={**os.environ, "PYTHONPATH": str(old)},
         check=True,

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from shared.linear import sign
+from shared.linear.webhooks import sign
 from tests.helpers.api import issue_event
 
 ROOT = Path(__file__).parent.parent
@@ -114,7 +114,7 @@ def test_serve_on_the_embedded_database_generates_the_admin_token_and_webhook_se
 
 
 def test_the_folder_of_the_secrets_is_its_owners_alone(tmp_path: Path, monkeypatch: Any) -> None:
-    from shared import local_secrets
+    from shared.plumbing import local_secrets
 
     monkeypatch.setenv("DEVPILOT_HOME", str(tmp_path / "home"))
     local_secrets.read_or_create("a-secret", lambda: b"x")

@@ -16,12 +16,19 @@ import httpx
 import psycopg
 import pytest
 
-from shared.db import Conn, Pool, Tx, connect, transaction
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import (
+    claim,
+    end_claim_params,
+    end_expired_claims,
+    enqueue_dispatch,
+    release,
+    sweep,
+)
 from shared.dispatch import RECHECK_SECONDS
-from shared.models import DispatchPayload
-from shared.queue import claim, end_claim_params, end_expired_claims, enqueue_dispatch, release, sweep
-from shared.settings import Settings
-from shared.sql import query
+from shared.plumbing.db import Conn, Pool, Tx, connect, transaction
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one, follow_up_in, issue, queue_of
 
@@ -349,7 +356,7 @@ def test_a_stop_waits_for_the_start_its_agent_session_is_committing(
     arrives while the session's start is still committing must wait for it and cancel it: were it
     to look first, it would find nothing to cancel, and the start would then commit after the user
     pressed stop, and run. (The stop reaches another instance of the service: the database's turn
-    orders them; within one instance they also wait in arrival order, `shared.in_order`.)"""
+    orders them; within one instance they also wait in arrival order, `shared.plumbing.in_order`.)"""
     machine, _ = api.register()
     with connect(db_url, autocommit=False) as holder:
         # Holds the start's enqueue (which reads its machine's row FOR KEY SHARE) mid-transaction.
@@ -591,7 +598,7 @@ def test_the_sweep_passes_over_a_start_whose_turn_is_held_and_sweeps_the_rest(
     """A start at the attempt limit whose agent session's turn another transaction holds is left to
     the next sweep. The sweep goes on with the other expired claims, batch after batch (here of
     one), and ends: it never picks the passed-over start again in the same run."""
-    from shared import queue
+    from shared.delivery import queue
 
     monkeypatch.setattr(queue, "SWEEP_BATCH", 1)
     api.register(user="user-1")
@@ -651,7 +658,7 @@ def test_an_operators_cancel_racing_the_ack_of_its_start_never_deadlocks(api: Ap
     queue row first), so the ack waits for it, holding nothing it needs, and then finds the start
     cancelled. Taken the other way round, each waited for the other and Postgres aborted one (the
     ack answered 503, or the operator's action failed)."""
-    from shared.sessions import _locked
+    from shared.operators.sessions import _locked
 
     oid, token = api.register(user="user-1")
     sid = api.webhook(agent_session_event(session_id="as-acked")).json()["sessionId"]

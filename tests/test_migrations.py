@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shared.migrate import SCHEMA, discover, migrate, statements
+from shared.plumbing.migrate import SCHEMA, discover, migrate, statements
 from tests.helpers.pg import Server
 from tests.helpers.plans import GROWING
 

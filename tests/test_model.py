@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from shared.db import Pool, transaction
-from shared.models import DispatchPayload
-from shared.queue import ack, claim, enqueue_dispatch, release, sweep
-from shared.settings import Settings
-from shared.sql import query
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import ack, claim, enqueue_dispatch, release, sweep
+from shared.plumbing.db import Pool, transaction
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query
 from shared.wire.messages import MessageKind
 from tests.helpers.data import MakeOrch, Orch, enqueue_one, issue
 from tests.test_reliability import assert_invariant

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from shared import intake, linear
+from shared.delivery import intake
+from shared.linear import webhooks as linear
 from tests.helpers.api import Api, agent_session_event, issue_event, now_ms
 from tests.helpers.data import row_counts, write_notice
 from tests.helpers.linear import Linear, linear_settings
@@ -177,7 +178,7 @@ def test_events_the_service_ignores_post_nothing_in_a_connected_org(api: Api, ht
 def test_sending_named_notices_sends_only_those(api: Api, httpserver: HTTPServer) -> None:
     """After a commit a request sends the notices it wrote, by id (or follows their agent sessions);
     other orgs' or sessions' due notices are left to the sweep, not posted from this request."""
-    from shared import notices as outbox
+    from shared.linear import notices as outbox
 
     stand_in = Linear(httpserver)
     store_token(api)
@@ -195,7 +196,7 @@ def test_sending_named_notices_sends_only_those(api: Api, httpserver: HTTPServer
 
 
 def test_a_disconnected_orgs_posts_wait_while_others_go(api: Api, httpserver: HTTPServer) -> None:
-    from shared import notices as outbox
+    from shared.linear import notices as outbox
 
     stand_in = Linear(httpserver)
     store_token(api, "org-a")
@@ -213,7 +214,7 @@ def test_a_disconnected_orgs_posts_wait_while_others_go(api: Api, httpserver: HT
 
 
 def test_a_failed_post_backs_off_itself_and_no_other(api: Api, httpserver: HTTPServer) -> None:
-    from shared import notices as outbox
+    from shared.linear import notices as outbox
 
     Linear(httpserver, fail=1)
     store_token(api, "org-a")
@@ -235,7 +236,7 @@ def test_a_failed_post_backs_off_itself_and_no_other(api: Api, httpserver: HTTPS
 
 
 def test_a_given_up_post_no_longer_holds_its_session_back(api: Api, httpserver: HTTPServer) -> None:
-    from shared import notices as outbox
+    from shared.linear import notices as outbox
 
     stand_in = Linear(httpserver)
     store_token(api)
@@ -259,8 +260,8 @@ def test_a_post_being_sent_is_skipped_not_waited_for(api: Api, db_url: str, http
     never that one, and does not wait for the other's transaction."""
     import threading
 
-    from shared import notices as outbox
-    from shared.db import connect
+    from shared.linear import notices as outbox
+    from shared.plumbing.db import connect
 
     stand_in = Linear(httpserver)
     store_token(api)

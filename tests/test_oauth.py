@@ -15,8 +15,8 @@ import pytest
 from cryptography.fernet import Fernet, MultiFernet
 from pytest_httpserver import HTTPServer
 
-from shared import crypto
-from shared.db import Pool
+from shared.plumbing import crypto
+from shared.plumbing.db import Pool
 from tests.helpers.api import ADMIN, Api, agent_session_event, app_revoked_event
 from tests.helpers.data import ENCRYPTION_KEY, row_counts, write_notice
 from tests.helpers.linear import LinearOAuth
@@ -160,7 +160,7 @@ def test_a_refused_refresh_disconnects_and_posts_wait_for_a_new_install(
     listed = api.http.get("/linear-credentials", headers=api.admin()).json()["orgs"]
     assert listed[0]["connected"] is False
     # operators see it: devpilot status, the dashboard, /metrics
-    from shared.status import snapshot
+    from shared.operators.status import snapshot
 
     [conn_state] = snapshot(api.pool).to_json()["linear"]
     assert conn_state["orgId"] == ORG and conn_state["connected"] is False and conn_state["disconnectReason"]
@@ -188,7 +188,7 @@ def test_a_post_put_back_to_wait_keeps_its_attempts_and_touches_no_other(
 ) -> None:
     """A post taken while its org's refresh is refused goes back to waiting: its earlier failed
     attempts still count (the limit holds), and no other org's post changes."""
-    from shared import notices as outbox
+    from shared.linear import notices as outbox
 
     install(api)
     linear.refuse_refresh = True
@@ -225,7 +225,7 @@ def test_linear_revoking_the_app_disconnects_the_org(api: Api, linear: LinearOAu
 
 
 def test_keys_rotate_and_are_never_derived_from_the_admin_token() -> None:
-    from shared.settings import Settings
+    from shared.plumbing.settings import Settings
 
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     stored = crypto.keys(Settings(DEVPILOT_ENCRYPTION_KEYS=old)).encrypt(b"lin-token")
@@ -266,7 +266,7 @@ def test_the_generated_key_is_made_once_when_threads_ask_at_once(
     """With the embedded database and no keys set, the first use generates the key file. Threads
     of one process asking at once (the start-up report and a first request, in `devpilot serve`)
     all get that one key, and none of them fails."""
-    from shared.settings import Settings
+    from shared.plumbing.settings import Settings
 
     monkeypatch.setenv("DEVPILOT_HOME", str(tmp_path))
     settings = Settings(DEVPILOT_ADMIN_TOKEN="admin")
@@ -294,7 +294,7 @@ def test_two_instances_refreshing_at_once_spend_the_refresh_token_once(api: Api,
     one refresh, and the other, once the lock is its own, finds the new token and uses it. Without
     the lock both would send the same refresh token; Linear rotates it on use and refuses the
     second, which disconnects the org."""
-    from shared.linear_auth import Tokens
+    from shared.linear.auth import Tokens
 
     install(api)
     with api.pool.connection() as conn:
@@ -324,7 +324,7 @@ def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
     """Two `devpilot serve` processes on one database, both sweeping the posts of an org whose token
     is due: one refresh, no refused (reused) refresh token, every post sent with the new token.
     (Whether both reach the refresh depends on which takes the posts; the test above pins the lock.)"""
-    from shared.orchestrators import register
+    from shared.fleet.orchestrators import register
     from tests.helpers.serving import free_ports, start_serve, wait_healthy
 
     linear = LinearOAuth(httpserver, refresh_delay=0.5)
@@ -377,8 +377,8 @@ def test_two_service_processes_refreshing_at_once_spend_the_refresh_token_once(
 
 def test_disconnecting_one_org_leaves_every_other_org_connected(api: Api) -> None:
     """A refused refresh or an uninstall disconnects that org only: another org's posts keep going."""
-    from shared.db import transaction
-    from shared.linear_auth import disconnect
+    from shared.linear.auth import disconnect
+    from shared.plumbing.db import transaction
 
     for org in ("org-a", "org-b"):
         r = api.http.post(

@@ -17,9 +17,9 @@ import pytest
 from rich.console import Console
 
 from devpilot.status_view import render
-from shared.db import Pool, transaction
-from shared.sql import query
-from shared.status import snapshot
+from shared.operators.status import snapshot
+from shared.plumbing.db import Pool, transaction
+from shared.plumbing.sql import query
 from tests.helpers.api import ADMIN, Api, issue_event
 from tests.helpers.chromium import headless_chromium
 from tests.helpers.data import MakeOrch, bulk, enqueue_one
@@ -178,7 +178,7 @@ def test_a_scrape_reads_no_session(api: Api, db_url: str) -> None:
     due, Linear connections) reads none of them, so a scrape costs the same after a year (their
     totals counted every session: 0.27 s at 2,000,000): it answers while another transaction holds
     the sessions locked."""
-    from shared.db import connect
+    from shared.plumbing.db import connect
 
     api.settings.__dict__["metrics_enabled"] = True
     seed(api)

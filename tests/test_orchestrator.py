@@ -380,7 +380,7 @@ def realtime_orchestrator(db_url: str, tmp_path: Path, **settings: object) -> It
     orchestrator whose poll interval (120 s) cannot explain a pickup, subscribed before it is yielded."""
     import httpx
 
-    from shared.db import open_pool
+    from shared.plumbing.db import open_pool
     from tests.helpers.api import Served
     from tests.helpers.data import api_settings
     from tests.helpers.phoenix_standin import PhoenixStandIn

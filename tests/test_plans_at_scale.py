@@ -17,8 +17,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from bench.year import seed, workload
-from shared.db import open_pool
-from shared.sql import load, query_with_limit
+from shared.plumbing.db import open_pool
+from shared.plumbing.sql import load, query_with_limit
 from tests.helpers.data import api_settings
 from tests.helpers.linear import Linear
 from tests.helpers.plans import GROWING, explain, nodes

@@ -11,12 +11,12 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
-from shared import queue
-from shared.db import Pool, connect, statement, transaction
-from shared.models import DispatchPayload, Enqueued
-from shared.orchestrators import mark_listening
-from shared.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
-from shared.settings import Settings
+from shared.delivery import queue
+from shared.delivery.models import DispatchPayload, Enqueued
+from shared.delivery.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
+from shared.fleet.orchestrators import mark_listening
+from shared.plumbing.db import Pool, connect, statement, transaction
+from shared.plumbing.settings import Settings
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
 
 # A fixed instant after every row the test enqueues (enqueue uses the database clock).
@@ -641,7 +641,7 @@ def test_a_one_statement_transaction_commits_its_statement_and_refuses_a_second(
 
 
 def test_transaction_pooler_mode_sets_the_timeout_per_transaction(db_url: str) -> None:
-    from shared.db import open_pool
+    from shared.plumbing.db import open_pool
 
     settings = Settings(DEVPILOT_TRANSACTION_POOLER=True, DEVPILOT_STATEMENT_TIMEOUT_MS=1234)
     with open_pool(db_url, settings, max_size=1) as p:
@@ -668,8 +668,9 @@ def test_behind_a_pooler_the_outbox_take_keeps_the_lock_limit(db_url: str) -> No
     a transaction that sets the server-side limits (and no JIT) first: a take that meets a lock on
     the outbox gives up at the lock limit (LockNotAvailable), where one sent on its own would hold
     its connection until the deadline cut it (OperationalError)."""
-    from shared import deadline, notices
-    from shared.db import open_pool
+    from shared.linear import notices
+    from shared.plumbing import deadline
+    from shared.plumbing.db import open_pool
 
     settings = Settings(DEVPILOT_TRANSACTION_POOLER=True, DEVPILOT_LOCK_TIMEOUT_MS=200)
     with open_pool(db_url, settings, max_size=2) as p, connect(db_url) as holder:

@@ -14,8 +14,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from devpilot.status_view import render
-from shared import linear_api
-from shared.status import snapshot
+from shared.linear import api as linear_api
+from shared.operators.status import snapshot
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.linear import Linear, linear_settings
 from tests.test_conversations import ack, activity

@@ -19,10 +19,10 @@ from uuid import UUID
 import httpx
 import pytest
 
-from shared.db import Pool
-from shared.orchestrators import register
-from shared.queue import claim, release, revoke, sweep
-from shared.settings import Settings
+from shared.delivery.queue import claim, release, revoke, sweep
+from shared.fleet.orchestrators import register
+from shared.plumbing.db import Pool
+from shared.plumbing.settings import Settings
 from tests.helpers.api import SECRET, Api, issue_event
 from tests.helpers.data import MakeOrch, enqueue_one, row_counts
 from tests.helpers.serving import free_port, start_serve
@@ -102,7 +102,7 @@ def test_killed_after_each_statement_of_the_intake_transaction(pool: Pool, db_ur
 def test_serve_sigkilled_repeatedly_under_retrying_senders(pool: Pool, db_url: str) -> None:
     """Linear-like senders retry one delivery id until they get a 200 while `serve` is SIGKILLed at
     random moments: afterwards one session per delivery, the invariant holds, all work claimable once."""
-    from shared.linear import sign
+    from shared.linear.webhooks import sign
 
     orch = register(pool, org_id="org-a", linear_user_id="user-1", name="m")
     port = free_port()
@@ -279,8 +279,8 @@ def test_a_header_that_never_ends_does_not_hold_the_server(api: Api, monkeypatch
 
 
 def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestrator: MakeOrch) -> None:
-    from shared.db import transaction
-    from shared.queue import ack, cancel_issue
+    from shared.delivery.queue import ack, cancel_issue
+    from shared.plumbing.db import transaction
     from tests.helpers.data import issue
 
     o = make_orchestrator()

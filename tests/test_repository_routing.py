@@ -19,8 +19,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from functions.pages import ME_COOKIE
-from shared import people
-from shared.db import transaction
+from shared.fleet import people
+from shared.plumbing.db import transaction
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.linear import Linear, linear_settings, root_field
 

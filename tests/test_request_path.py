@@ -25,12 +25,13 @@ import pytest
 from psycopg.pq import Format
 
 from functions.app import wsgi
-from shared import intake, linear
-from shared.db import JsonbLoader, Pool, open_pool, transaction
-from shared.linear_auth import store_static
-from shared.orchestrators import register
-from shared.queue import claim, revoke
-from shared.settings import Settings
+from shared.delivery import intake
+from shared.delivery.queue import claim, revoke
+from shared.fleet.orchestrators import register
+from shared.linear import webhooks as linear
+from shared.linear.auth import store_static
+from shared.plumbing.db import JsonbLoader, Pool, open_pool, transaction
+from shared.plumbing.settings import Settings
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.data import ENCRYPTION_KEY
 
@@ -76,7 +77,7 @@ JSON_VALUES = [
 
 
 def test_the_pools_jsonb_reads_as_json_loads_of_the_same_text(db_url: str, settings: Settings) -> None:
-    """The pool's connections read `jsonb` with their own loader (shared.db.JsonbLoader, cheaper than
+    """The pool's connections read `jsonb` with their own loader (shared.plumbing.db.JsonbLoader, cheaper than
     psycopg's): every value as `json.loads` reads Postgres's text of it, non-ASCII included."""
     pool: Pool = open_pool(db_url, settings, max_size=1)
     try:
@@ -275,7 +276,7 @@ def test_the_served_app_hands_back_each_body_whole_and_a_head_none(api: Api) -> 
 def _round_trips(pool: Pool, run: Callable[[], T]) -> tuple[T, int]:
     """`run()`'s answer and how many round trips its pool's one connection made, counted in libpq's
     own trace of the connection's messages: each time the client, having sent, reads the server's
-    answer. (Not only ReadyForQuery: in a pipeline, `shared.db.together`, a read before the commit
+    answer. (Not only ReadyForQuery: in a pipeline, `shared.plumbing.db.together`, a read before the commit
     waits for the server after a Flush, and only the last answer ends with ReadyForQuery.)"""
     conn = pool.getconn()
     pool.putconn(conn)
@@ -392,7 +393,7 @@ def test_an_existing_issue_assigned_is_one_round_trip_and_a_reassignment_two(
         [message] = claim(pool, desk.id, max=10, lease_seconds=60)
         assert str(message.message_id) == moved["messageId"]
         # Delivered: re-assigned, there is nothing to cancel: its statements read, then the commit.
-        from shared.queue import AckItem, ack_many
+        from shared.delivery.queue import AckItem, ack_many
 
         assert ack_many(pool, desk.id, [AckItem(message.queue_id, message.claim_token)]).statuses == ["acked"]
         third = issue_event(
@@ -519,7 +520,7 @@ def test_a_user_whose_machines_are_alike_stays_on_the_one_statement(db_url: str,
     recently seen machine. Once they differ, the one statement writes nothing, and the intake
     transaction writes a routing request (need `repository`) with the delivery, answered
     `routing`; the webhook itself never asks Linear (the stand-in is not even there)."""
-    from shared.machines import describe
+    from shared.fleet.machines import describe
     from shared.wire.messages import Repository
 
     pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)

@@ -10,11 +10,11 @@ from uuid import UUID
 
 import pytest
 
-from shared.db import transaction
-from shared.models import DispatchPayload
-from shared.queue import claim, enqueue_dispatch, sweep
-from shared.settings import Settings
-from shared.sql import query
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import claim, enqueue_dispatch, sweep
+from shared.plumbing.db import transaction
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query
 from shared.wire.messages import IssueRef
 from tests.helpers.api import Api, agent_session_event, issue_event
 from tests.helpers.data import follow_up_in
@@ -418,7 +418,7 @@ def test_the_sweep_moves_a_start_about_a_repository_only_to_a_machine_that_has_i
     """A start routed by repository stays on its quiet machine rather than move to a live one that
     lacks the repository (which would only give it back); once a live one has it, it moves there.
     A start that names no repository moves as before."""
-    from shared.db import transaction
+    from shared.plumbing.db import transaction
     from shared.wire.messages import Repository
 
     reroute = Settings(DEVPILOT_REROUTE_AFTER_SECONDS=600)

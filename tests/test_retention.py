@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from shared.db import Pool
-from shared.intake import PRUNE_BATCHES, prune_deliveries
-from shared.queue import SWEEP_BATCH, SWEEP_RUNS_KEPT, sweep
-from shared.settings import Settings
-from shared.sql import query
+from shared.delivery.intake import PRUNE_BATCHES, prune_deliveries
+from shared.delivery.queue import SWEEP_BATCH, SWEEP_RUNS_KEPT, sweep
+from shared.plumbing.db import Pool
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query
 from tests.helpers.api import Api, issue_event
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.migrate import SCHEMA, discover
+from shared.plumbing.migrate import SCHEMA, discover
 from tests.helpers.pg import Server
 from tests.helpers.releases import before_each_migration, checkout
 
@@ -35,7 +35,7 @@ def _old_contract(pg_server: Server, commit: str, folder: Path, select: str | No
         [
             sys.executable,
             "-c",
-            "from shared.migrate import SCHEMA, discover; print(len(discover(SCHEMA / 'migrations')))",
+            "from shared.plumbing.migrate import SCHEMA, discover; print(len(discover(SCHEMA / 'migrations')))",
         ],
         cwd=old,
         env=env,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.linear import sign
+from shared.linear.webhooks import sign
 from tests.helpers.api import ADMIN, SECRET, Api, issue_event
 from tests.helpers.data import row_counts
 

@@ -222,7 +222,7 @@ def test_terminated_connections_give_503_then_recover(api: Api, db_url: str) -> 
                 event = issue_event(issue_id=f"s{n}-{i}")
                 import json
 
-                from shared.linear import sign
+                from shared.linear.webhooks import sign
 
                 body = json.dumps(event).encode()
                 r = c.post(
@@ -275,7 +275,7 @@ def test_healthz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.Mon
     from devpilot.serve import QuietHandler
     from functions import runtime
     from functions.app import wsgi
-    from shared.settings import get_settings
+    from shared.plumbing.settings import get_settings
 
     monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1")
     monkeypatch.setenv("DEVPILOT_DB_CONNECT_TIMEOUT_SECONDS", "1")
@@ -311,7 +311,7 @@ def test_two_workers_share_the_work_count_metrics_together_and_sweep_once(
     of them); a long-poll held by either is woken by a webhook the other took; /metrics counts
     every worker's requests whichever worker answers the scrape; only one worker runs the sweep;
     SIGTERM stops both and leaves no metrics files behind."""
-    from shared.linear import sign
+    from shared.linear.webhooks import sign
     from tests.helpers.api import issue_event
 
     metrics_dirs = set(Path(tempfile.gettempdir()).glob("devpilot-metrics-*"))

@@ -21,9 +21,9 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from functions.pages import ME_COOKIE
-from shared import people
-from shared.db import transaction
-from shared.intake import prune_deliveries
+from shared.delivery.intake import prune_deliveries
+from shared.fleet import people
+from shared.plumbing.db import transaction
 from shared.wire import agent_tokens
 from tests.helpers.api import ADMIN, Api, agent_session_event, issue_event
 from tests.helpers.chromium import headless_chromium

@@ -13,10 +13,10 @@ import os
 import psycopg
 import pytest
 
-from shared.db import open_pool
-from shared.migrate import migrate
-from shared.realtime import mint
-from shared.settings import Settings
+from shared.delivery.realtime import mint
+from shared.plumbing.db import open_pool
+from shared.plumbing.migrate import migrate
+from shared.plumbing.settings import Settings
 from tests.helpers.data import Orch, enqueue_one
 from tests.helpers.pg import Server
 
@@ -42,7 +42,7 @@ def test_rls_shows_an_orchestrator_only_its_rows(pg_server: Server) -> None:
         applied = migrate(url)
         assert "supabase/0001_realtime" in applied
         pool = open_pool(url, Settings(), max_size=2)
-        from shared.orchestrators import register
+        from shared.fleet.orchestrators import register
 
         a = register(pool, org_id="org-a", linear_user_id="u", name="a")
         b = register(pool, org_id="org-b", linear_user_id="u", name="b")
@@ -130,7 +130,7 @@ def test_supabase_client_roles_get_nothing_but_their_own_queue_rows(pg_server: S
             conn.execute(SUPABASE_DEFAULTS)
         migrate(url)
         pool = open_pool(url, Settings(), max_size=2)
-        from shared.orchestrators import register
+        from shared.fleet.orchestrators import register
 
         a = register(pool, org_id="org-a", linear_user_id="u", name="a")
         b = register(pool, org_id="org-b", linear_user_id="u", name="b")

@@ -10,7 +10,7 @@ SET TRANSACTION READ ONLY;
 
 -- name: set_local_settings
 -- The server-side settings for this transaction only: behind a transaction-mode pooler, where session
--- settings do not stick, the ones a direct connection gets at its start (shared.db.session_options):
+-- settings do not stick, the ones a direct connection gets at its start (shared.plumbing.db.session_options):
 -- the limits, and no JIT compilation; and where one transaction must wait longer than the hot path
 -- may (a token refresh waits on Linear).
 SELECT set_config('statement_timeout', %(statement_ms)s::text, true),
@@ -21,7 +21,7 @@ SELECT set_config('statement_timeout', %(statement_ms)s::text, true),
 -- name: migrations_try_lock
 -- Serialises concurrent `devpilot migrate` runs: the run's lock, on its connection (the key a
 -- release before took for its transaction, so the two exclude each other too). Tried, not waited
--- for inside the statement (shared/migrate.py says why).
+-- for inside the statement (shared/plumbing/migrate.py says why).
 SELECT pg_try_advisory_lock(%(key)s) AS locked;
 
 -- name: migrations_unlock

@@ -1,5 +1,5 @@
 -- Webhook intake: the statements of the one transaction that records a Linear delivery with
--- whatever it causes (see shared/intake.py), and the routing choice made inside it.
+-- whatever it causes (see shared/delivery/intake.py), and the routing choice made inside it.
 
 -- name: record_delivery
 -- Idempotency as a constraint: a delivery is known by its Linear-Delivery id (`key`) and by its
@@ -52,7 +52,7 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
 
 -- name: take_turns
 -- `record_delivery` (the delivery recorded, its turn taken, the routing choice made), and its
--- verdict kept for the statements sent after it in the same transaction (`shared.db.together`):
+-- verdict kept for the statements sent after it in the same transaction (`shared.plumbing.db.together`):
 -- they read it, in SQL, rather than waiting here for a decision between them, so the whole
 -- transaction is sent at once. Each statement after it reads a snapshot taken after the turn was
 -- granted, as in the intake transaction. Kept under the transaction's element `n` (several
@@ -85,7 +85,7 @@ LIMIT 1;
 -- Deliveries that do nothing (an issue edited without its assignee changing, an event type we do
 -- not handle), one or several (`batch`, a JSON array of their two keys): only their keys are
 -- recorded, as `ignored`, in one statement that is its own transaction (several that arrive
--- together commit together, `shared.intake`). ON CONFLICT DO NOTHING, as `record_delivery`: a
+-- together commit together, `shared.delivery.intake`). ON CONFLICT DO NOTHING, as `record_delivery`: a
 -- delivery seen before, or a concurrent copy once that commits, writes nothing and returns no row,
 -- and its caller answers it `duplicate` through the intake transaction. The elements' keys are
 -- distinct (the caller leaves copies out).
@@ -154,7 +154,7 @@ WHERE %(issue_id)s::text IS NOT NULL
 -- In the intake transaction, after the agent session's turn: the machine that holds the agent
 -- session, and the issue it is about (`devpilot_agent_session_holder`, migration 0013, which says
 -- who holds one; `prompt_holders_for_delivery` reads it the same way). Also routing's hint, outside
--- any turn, which reads none while another transaction has the turn (`shared.routing._holder`).
+-- any turn, which reads none while another transaction has the turn (`shared.delivery.routing._holder`).
 SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
 

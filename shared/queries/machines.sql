@@ -1,4 +1,4 @@
--- What each machine has (shared/machines.py): the repositories and labels its orchestrator said
+-- What each machine has (shared/fleet/machines.py): the repositories and labels its orchestrator said
 -- it has (`POST /machine`), which routing reads.
 
 -- name: machine_describe

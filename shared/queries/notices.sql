@@ -41,7 +41,7 @@ WITH due AS (
 -- A fragment, the rest of the `due` CTE of `notice_take` and `notice_take_due` (each names the
 -- notices it looks at, and keeps only those of orgs with a working connection: the others wait,
 -- attempts untouched, for a new install). Nothing of an org that waits for Linear's rate limit
--- (`linear_paces`, shared/pace.py): its posts go, in order, once the time Linear gave has passed,
+-- (`linear_paces`, shared/linear/pace.py): its posts go, in order, once the time Linear gave has passed,
 -- whatever instance takes them. Due and unsent, and not leased: SKIP LOCKED and a short
 -- lease (`notice_lease`), so two senders never post the same notice at once. In order per agent
 -- session and lane (`devpilot_notice_lane`): not while an earlier post of its agent session and

@@ -112,7 +112,7 @@ ORDER BY o.id
 LIMIT %(batch)s;
 
 -- name: enroll_turn
--- In an enrollment's redeem (`shared.enroll`, through `orchestrators.enroll`): enrollments of one
+-- In an enrollment's redeem (`shared.fleet.enroll`, through `orchestrators.enroll`): enrollments of one
 -- machine name by one person take turns (a transaction-scoped lock), so two at once replace one machine's token twice instead of registering the name twice. Its own statement,
 -- before `orchestrator_enroll`, whose snapshot then sees what the other committed.
 SELECT pg_advisory_xact_lock(hashtextextended('enroll/' || %(org_id)s || '/' || %(linear_user_id)s || '/' || %(name)s, 0));

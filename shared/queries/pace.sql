@@ -1,4 +1,4 @@
--- Each workspace's pace with Linear (`linear_paces`, shared/pace.py): when Linear refuses a call
+-- Each workspace's pace with Linear (`linear_paces`, shared/linear/pace.py): when Linear refuses a call
 -- for its rate limit, nothing of the org is sent before the time Linear gave. The pace is a row,
 -- not a process's memory, so every instance of the service keeps it.
 

@@ -115,7 +115,7 @@ s AS (
 -- name: route_and_start_agent_session_for_delivery
 -- (none) -> AVAILABLE for a webhook delivery that asks for a `start` on a Linear user's machine
 -- with nothing to cancel first: an agent session `created`. The whole intake in one statement. Run
--- as a transaction of its own (`shared.db.statement`), the delivery's record, the agent session's
+-- as a transaction of its own (`shared.plumbing.db.statement`), the delivery's record, the agent session's
 -- turn, the routing choice, the session and its queue row, and, for an org Linear is told about,
 -- the "Queued for <machine>" thought (`queued_notice`) commit together or not at all, with no
 -- BEGIN or COMMIT: one round trip where the intake transaction takes four. (`route_enqueue_rows`
@@ -208,7 +208,7 @@ told AS (
 -- execution. A bound LIMIT makes the plan kept for every value assume a tenth of the machine's
 -- due rows (with a backlog, a hash join over the whole queue), so it was never kept; written into
 -- the text, each batch size would be a statement of its own. So `%(max_ceiling)s` is written in
--- by the caller (`shared.sql.query_with_limit`): `max` rounded up to a power of two, a handful of
+-- by the caller (`shared.plumbing.sql.query_with_limit`): `max` rounded up to a power of two, a handful of
 -- statements; and `due` takes the first `max` of those candidates, bound. Rows are locked as
 -- `due` pulls them, so no more than `max` are locked. (No ORDER BY in `due`: a sort would pull,
 -- and lock, every candidate; the candidates come in the order of their scan.)
@@ -575,7 +575,7 @@ SELECT (SELECT count(*) FROM requeued) AS requeued,
 
 -- name: record_sweep
 -- Bookkeeping only: when the sweep ran and what it did (operators' view: `devpilot status` reads
--- the last run). Only the last `kept` runs are kept (SWEEP_RUNS_KEPT in shared/queue.py, a week of
+-- the last run). Only the last `kept` runs are kept (SWEEP_RUNS_KEPT in shared/delivery/queue.py, a week of
 -- sweeps every 30 s): without that a row would be added every run, for ever, and nothing reads the
 -- old ones. One statement, its own transaction; the older runs go by the primary key's range.
 WITH ran AS (
@@ -613,7 +613,7 @@ SELECT id FROM cancelled;
 
 -- name: cancel_open_issue_for_delivery
 -- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
--- (`shared.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
+-- (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
 -- only when that statement recorded the delivery and the delivery does something
 -- (`devpilot.verdict_<n>` 'go', `n` its element). With `finish`, the same statement writes what the
 -- delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
@@ -639,7 +639,7 @@ SELECT id FROM cancelled ORDER BY id::text;
 
 -- name: enqueue_routed_for_delivery
 -- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` in its transaction
--- (`shared.db.together`): for the machine that statement chose (`devpilot.routed_<n>`, `n` its
+-- (`shared.plumbing.db.together`): for the machine that statement chose (`devpilot.routed_<n>`, `n` its
 -- element; none, or a user whose machines differ: nothing is written), only when the delivery does
 -- something (`devpilot.verdict_<n>` 'go'). The machine's row is read FOR KEY SHARE if it is still
 -- active, as `enqueue`'s `target`: no row returned while `devpilot.routed_<n>` names a machine means
@@ -778,7 +778,7 @@ FROM sessions;
 -- name: route_and_enqueue_many_for_delivery
 -- (none) -> AVAILABLE: the whole intake of issue starts (an issue created with an assignee, or an
 -- existing issue assigned) for one or several webhooks (`batch`, a JSON array, one element per
--- webhook, numbered `n`), in one statement that is its own transaction (`shared.db.statement`), so the whole batch
+-- webhook, numbered `n`), in one statement that is its own transaction (`shared.plumbing.db.statement`), so the whole batch
 -- commits together or not at all, after one round trip and one commit. The caller answers no
 -- webhook before the commit. Every element is judged alone: its issue's turn (below), its routing
 -- choice (`route`), its machine's lock FOR KEY SHARE (as `enqueue`'s `target`: a revoke committed
@@ -840,7 +840,7 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
 -- name: route_and_start_agent_sessions_many_for_delivery
 -- (none) -> AVAILABLE: `route_and_start_agent_session_for_delivery` for several agent sessions
 -- `created` together (`batch`, a JSON array, one element per webhook, numbered `n`), in one
--- statement that is its own transaction (`shared.db.statement`): the whole batch commits together
+-- statement that is its own transaction (`shared.plumbing.db.statement`): the whole batch commits together
 -- or not at all, after one round trip and one commit. The caller answers no webhook before the
 -- commit. Every element is judged alone, as the one statement judges it: its routing choice
 -- (`route`; a user whose machines differ (`mixed`) gets nothing written), its machine's lock FOR KEY
@@ -900,7 +900,7 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
 -- name: prompt_holders_for_delivery
 -- (none) -> AVAILABLE for `prompted` webhooks (follow-ups) in agent sessions a machine holds, one
 -- or several (`batch`, a JSON array, one element per webhook, numbered `n`): the whole intake in one
--- statement that is its own transaction (`shared.db.statement`), where the intake transaction takes
+-- statement that is its own transaction (`shared.plumbing.db.statement`), where the intake transaction takes
 -- four round trips; several follow-ups that arrive together commit together. For each element, its
 -- delivery's record (two keys, ON CONFLICT DO NOTHING), the session and its queue row (a `prompt`
 -- for the holder) are written, or nothing at all. One row per element, in order: `outcome` NULL
@@ -1002,8 +1002,8 @@ LEFT JOIN told ON told.session_id = q.session_id
 ORDER BY w.n
 
 -- ---------------------------------------------------------------------------------------------
--- Operators' and the revoke's writes of the queue: run by `shared.queue` in the transaction of the
--- action (`shared.sessions`: its locks and its record in `session_actions`) or of the revoke
+-- Operators' and the revoke's writes of the queue: run by `shared.delivery.queue` in the transaction of the
+-- action (`shared.operators.sessions`: its locks and its record in `session_actions`) or of the revoke
 -- (`orchestrators.mark_revoked` first). Each statement's owner is the queue: the sessions and the
 -- outbox rows written with a queue row are written by the same statement, so they commit together.
 
@@ -1203,6 +1203,6 @@ sessions AS (
 )
 
 -- name: session_routing_note
--- In the routing transaction (`shared.routing`): how the new session's machine was chosen, for its
+-- In the routing transaction (`shared.delivery.routing`): how the new session's machine was chosen, for its
 -- page.
 UPDATE dispatch_sessions SET routing_note = %(note)s WHERE id = %(id)s;

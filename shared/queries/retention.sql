@@ -1,4 +1,4 @@
--- What is kept, and for how long (shared/retention.py): a finished conversation is forgotten
+-- What is kept, and for how long (shared/operators/retention.py): a finished conversation is forgotten
 -- DEVPILOT_RETENTION_DAYS after its last change, with everything that belongs to it; a live one
 -- never, whatever its age. Each batch is one transaction of three statements, `retention_pick`,
 -- `retention_forget` and `retention_walked`; a batch holds the locks of the conversations it looks

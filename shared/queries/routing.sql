@@ -1,4 +1,4 @@
--- Routing that asks Linear first (shared/routing.py): a start whose machine cannot be chosen in
+-- Routing that asks Linear first (shared/delivery/routing.py): a start whose machine cannot be chosen in
 -- the webhook's transaction, because something must be read from Linear (the assignee of an issue
 -- whose agent session an automation started). The request is a row written in the webhook's
 -- transaction; the Linear read and the routing happen after commit, retried like the outbox.

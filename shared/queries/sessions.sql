@@ -1,6 +1,6 @@
--- A page per session (shared/sessions.py): what it shows, the search that finds it, and the
+-- A page per session (shared/operators/sessions.py): what it shows, the search that finds it, and the
 -- operators' actions (retry, cancel, move): each one transaction, which takes the locks here,
--- makes its queue write through `shared.queue` (queue.sql, the queue's owner: `session_requeue`,
+-- makes its queue write through `shared.delivery.queue` (queue.sql, the queue's owner: `session_requeue`,
 -- `session_cancel`, `session_move`, which keep the invariant: a session is `queued` exactly while
 -- one queue row holds it) and records who did what (`session_actions`, this file's table).
 
@@ -139,7 +139,7 @@ ORDER BY CASE WHEN %(q)s::text IS NULL THEN s.updated_at ELSE s.created_at END D
 LIMIT %(limit)s;
 
 -- name: session_turn_peek
--- Before an operator's cancel, move or retry (`shared.sessions`): the session's agent session,
+-- Before an operator's cancel, move or retry (`shared.operators.sessions`): the session's agent session,
 -- whose turn the action takes first, waiting, as a stop or a follow-up takes it before anything
 -- else. The messages queued behind a start go with it, so the action's statement, whose snapshot
 -- is taken after the turn, must see every one of them: without the turn, a follow-up committed

@@ -15,11 +15,11 @@ from werkzeug.serving import make_server
 from devpilot.serve import QuietHandler
 from functions import runtime
 from functions.app import wsgi
-from shared.db import Pool
-from shared.embedded import Database
-from shared.linear import sign
-from shared.settings import Settings
-from shared.wakeups import Wakeups
+from shared.delivery.wakeups import Wakeups
+from shared.linear.webhooks import sign
+from shared.plumbing.db import Pool
+from shared.plumbing.embedded import Database
+from shared.plumbing.settings import Settings
 
 ADMIN = "admin-token-for-tests"
 SECRET = "linear-signing-secret-for-tests"

@@ -7,9 +7,9 @@ import random
 import sys
 from uuid import UUID
 
-from shared.db import open_pool
-from shared.queue import claim
-from shared.settings import Settings
+from shared.delivery.queue import claim
+from shared.plumbing.db import open_pool
+from shared.plumbing.settings import Settings
 
 
 def main() -> None:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any, LiteralString
 from uuid import UUID
 
-from shared.db import Pool, Tx, transaction
-from shared.models import DispatchPayload, Enqueued
-from shared.queue import enqueue_dispatch
-from shared.settings import Settings
-from shared.sql import query
+from shared.delivery.models import DispatchPayload, Enqueued
+from shared.delivery.queue import enqueue_dispatch
+from shared.plumbing.db import Pool, Tx, transaction
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query
 from shared.wire.messages import IssueRef, MessageKind
 
 
@@ -86,7 +86,7 @@ def bulk(pool: Pool, statement: LiteralString, params: dict[str, Any] | None = N
 
 def write_notice(pool: Pool, org: str, agent_session: str, body: str) -> UUID:
     """One Linear notice in the outbox, committed and not sent (nothing posts after this commit)."""
-    from shared import notices
+    from shared.linear import notices
 
     with transaction(pool) as tx:
         nid = notices.write(

@@ -10,9 +10,9 @@ import sys
 import time
 from uuid import UUID
 
-from shared.db import connect, transaction
-from shared.models import DispatchPayload
-from shared.queue import enqueue_dispatch
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import enqueue_dispatch
+from shared.plumbing.db import connect, transaction
 from shared.wire.messages import IssueRef
 
 

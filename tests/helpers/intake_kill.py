@@ -14,10 +14,10 @@ import signal
 import sys
 from typing import Any
 
-from shared import db
-from shared.intake import receive
-from shared.linear import parse
-from shared.settings import Settings
+from shared.delivery.intake import receive
+from shared.linear.webhooks import parse
+from shared.plumbing import db
+from shared.plumbing.settings import Settings
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
         result = original(self, query, params)
         count[0] += 1
         if count[0] == k:
-            # In a pipeline (`shared.db.together`) the statement is only queued: have the server run
+            # In a pipeline (`shared.plumbing.db.together`) the statement is only queued: have the server run
             # it (and every one before it) first, so the kill lands inside the open transaction.
             pipeline = self.conn._pipeline
             if pipeline is not None:

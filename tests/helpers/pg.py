@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from shared.migrate import migrate
+from shared.plumbing.migrate import migrate
 
 
 def _docker_answers() -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.adapt import PyFormat, Transformer
 
-from shared.db import Conn
+from shared.plumbing.db import Conn
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 

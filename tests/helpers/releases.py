@@ -59,6 +59,6 @@ def checkout(commit: str, dest: Path, *, new_schema: bool) -> Path:
     if new_schema:
         for p in (ROOT / "infra" / "migrations").glob("*.sql"):
             shutil.copy2(p, dest / "infra" / "migrations" / p.name)
-        for rel in ("shared/migrate.py", "shared/queries/database.sql"):
+        for rel in ("shared/plumbing/migrate.py", "shared/queries/database.sql"):
             shutil.copy2(ROOT / rel, dest / rel)
     return dest

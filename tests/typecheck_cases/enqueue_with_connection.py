@@ -4,8 +4,8 @@ from uuid import uuid4
 import psycopg
 from psycopg.rows import dict_row
 
-from shared.models import DispatchPayload
-from shared.queue import enqueue_dispatch, route_and_enqueue
+from shared.delivery.models import DispatchPayload
+from shared.delivery.queue import enqueue_dispatch, route_and_enqueue
 from shared.wire.messages import IssueRef
 
 

@@ -1,9 +1,9 @@
 # The right way: passes mypy --strict.
 from uuid import UUID
 
-from shared.db import Pool, statement, transaction
-from shared.models import DispatchPayload, Enqueued
-from shared.queue import Routed, enqueue_dispatch, route_and_enqueue
+from shared.delivery.models import DispatchPayload, Enqueued
+from shared.delivery.queue import Routed, enqueue_dispatch, route_and_enqueue
+from shared.plumbing.db import Pool, statement, transaction
 from shared.wire.messages import IssueRef
 
 

@@ -1,4 +1,4 @@
-"""The group commit's hand-offs (shared/batching.py), with real threads and no database."""
+"""The group commit's hand-offs (shared/plumbing/batching.py), with real threads and no database."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from shared.batching import Combiner
+from shared.plumbing.batching import Combiner
 
 
 class Recorder:

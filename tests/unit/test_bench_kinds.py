@@ -12,7 +12,7 @@ import pytest
 
 from bench import loadgen, paired, table
 from bench.loadgen import BLEND, KINDS, USER_A, USER_B, bodies, check, pool_id, prepared
-from shared.linear import Intent, intent, parse
+from shared.linear.webhooks import Intent, intent, parse
 from tests.helpers.linear import payload_errors
 
 

@@ -12,7 +12,7 @@ from uuid import uuid4
 
 import pytest
 
-from shared.linear import sign
+from shared.linear.webhooks import sign
 from tests.helpers.api import SECRET, issue_event
 from tests.helpers.data import MakeOrch
 from tests.helpers.fresh_python import ROOT, run_json
@@ -22,10 +22,10 @@ HEAVY = [
     "cryptography",
     "rich",
     "prometheus_client",
-    "shared.linear",
-    "shared.intake",
-    "shared.notices",
-    "shared.linear_auth",
+    "shared.linear.webhooks",
+    "shared.delivery.intake",
+    "shared.linear.notices",
+    "shared.linear.auth",
 ]
 
 
@@ -48,11 +48,16 @@ def test_the_webhook_target_loads_its_intake_when_it_first_answers() -> None:
     # (the check above would pass vacuously if nothing could ever load them; httpx itself waits
     # until a notice is sent: tests/test_cloud_shape.py)
     code = (
-        "import sys, json, functions.webhook, shared.dispatch, shared.intake; "
+        "import sys, json, functions.webhook, shared.dispatch, shared.delivery.intake; "
         "print(json.dumps(sorted(sys.modules)))"
     )
     loaded = set(run_json(code))
-    assert {"shared.linear", "shared.intake", "shared.notices", "shared.linear_auth"} <= loaded
+    assert {
+        "shared.linear.webhooks",
+        "shared.delivery.intake",
+        "shared.linear.notices",
+        "shared.linear.auth",
+    } <= loaded
     assert "httpx" not in loaded
 
 
@@ -88,14 +93,20 @@ NOT_ON_FIRST_REQUEST = {
     "functions.bodies",
     "functions.dashboard",
     "functions.pages",
-    "shared.realtime",
-    "shared.signin",
+    "shared.delivery.realtime",
+    "shared.fleet.signin",
     "httpx",
     "cryptography",
     "prometheus_client",
 }
 # ...nor, on the fleet's targets, the webhook's intake and the machines' repositories it routes by.
-FLEET_NEVER = {"shared.linear", "shared.intake", "shared.notices", "shared.linear_auth", "shared.machines"}
+FLEET_NEVER = {
+    "shared.linear.webhooks",
+    "shared.delivery.intake",
+    "shared.linear.notices",
+    "shared.linear.auth",
+    "shared.fleet.machines",
+}
 
 
 def first_request(db_url: str, target: str, method: str, body: bytes, headers: dict[str, str]) -> Any:

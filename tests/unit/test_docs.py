@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from functions.routes import ROUTES
-from shared.settings import Settings
+from shared.plumbing.settings import Settings
 from tests.helpers.linear import schema_errors
 
 ROOT = Path(__file__).parent.parent.parent

@@ -48,17 +48,17 @@ def allowed(module: str) -> bool:
 def test_the_reader_sees_every_form_of_import(tmp_path: Path) -> None:
     source = tmp_path / "handler.py"
     source.write_text(
-        "import shared.queue\nfrom shared import people, dispatch\nfrom shared.wire.messages import X\n"
-        "def f():\n    from shared.status import snapshot\n    importlib.import_module('shared.sessions')\n",
+        "import shared.delivery.queue\nfrom shared.fleet import people; from shared import dispatch\nfrom shared.wire.messages import X\n"
+        "def f():\n    from shared.operators.status import snapshot\n    importlib.import_module('shared.operators.sessions')\n",
         encoding="utf-8",
     )
     assert service_imports(source) == [
-        "shared.queue",
-        "shared.people",
+        "shared.delivery.queue",
+        "shared.fleet",
         "shared.dispatch",
         "shared.wire.messages",
-        "shared.status",
-        "shared.sessions",
+        "shared.operators.status",
+        "shared.operators.sessions",
     ]
 
 

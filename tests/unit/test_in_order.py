@@ -1,4 +1,4 @@
-"""shared/in_order.py: callers with one key run one at a time, first come first served."""
+"""shared/plumbing/in_order.py: callers with one key run one at a time, first come first served."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from shared import deadline
-from shared.in_order import InOrder
+from shared.plumbing import deadline
+from shared.plumbing.in_order import InOrder
 
 
 def _held(

@@ -7,7 +7,7 @@ from uuid import uuid4
 
 import pytest
 
-from shared.notices import ACTIVITY_TYPE, request
+from shared.linear.notices import ACTIVITY_TYPE, request
 from tests.helpers.api import agent_session_event, issue_event
 from tests.helpers.linear import payload_errors, schema_errors
 
@@ -72,7 +72,7 @@ def test_an_elicitation_with_a_signal_is_valid(signal: str, metadata: dict[str, 
 
 
 def test_the_assignee_read_is_valid() -> None:
-    from shared.routing import ASSIGNEE
+    from shared.delivery.routing import ASSIGNEE
 
     assert schema_errors({"query": ASSIGNEE, "variables": {"id": "issue-1"}}) == []
     assert schema_errors({"query": ASSIGNEE, "variables": {}})  # the id is required

@@ -1,4 +1,4 @@
-"""The wire models (shared/models.py): what they write is what the pydantic models they replaced
+"""The wire models (shared/delivery/models.py): what they write is what the pydantic models they replaced
 wrote, byte for byte (rows written before are read back, and the machines parse the claim's
 messages); what they write reads back as the same message; and importing them loads no pydantic."""
 
@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from shared.models import DispatchPayload, Enqueued
+from shared.delivery.models import DispatchPayload, Enqueued
 from shared.wire.messages import IssueRef, Prompt, Repository, TaskDispatchMessage, Wire
 from tests.helpers.fresh_python import run_json
 
@@ -103,7 +103,7 @@ CASES: dict[str, Wire] = {
 }
 
 # Captured from the pydantic implementation (`model_dump(mode="json", by_alias=True)`, pydantic
-# 2.14.4, before shared/models.py became dataclasses), as `json.dumps` wrote it: keys, their order,
+# 2.14.4, before shared/delivery/models.py became dataclasses), as `json.dumps` wrote it: keys, their order,
 # every value's type and spelling (UTC as `Z`, other offsets to the minute, microseconds when any).
 EXPECTED = {
     "message_utc": r'{"messageId": "00000000-1234-4678-9234-567812345670", "queueId": "00000001-1234-4678-9234-567812345671", "sessionId": "00000002-1234-4678-9234-567812345672", "orgId": "org-a", "orchestratorId": "00000003-1234-4678-9234-567812345673", "attempt": 1, "claimToken": "00000004-1234-4678-9234-567812345674", "leaseExpiresAt": "2026-03-04T05:06:07.890123Z", "createdAt": "2026-03-04T05:06:07Z", "issue": {"id": "issue-1", "identifier": "ENG-7", "title": "Fix the \u00e9l\u00e8ve \ud83d\ude00", "url": "https://linear.app/x/issue/ENG-7", "description": "line1\nline2 \"quoted\""}, "agentSessionId": "as-1", "kind": "start", "prompt": {"body": "Please look", "context": "<issue>ENG-7</issue>", "signal": null, "signalMetadata": null, "guidance": [{"body": "Use tabs", "origin": {"type": "workspace"}}], "previousComments": [{"id": "c1", "body": "first", "userId": "u1", "n": 3, "ok": true, "x": null, "f": 1.5}]}, "repository": {"hostname": "github.com", "fullName": "acme/backend"}}',
@@ -209,7 +209,7 @@ def test_models_are_frozen() -> None:
 def test_importing_the_models_loads_no_pydantic() -> None:
     # (a fresh interpreter: this one has loaded pydantic for other modules)
     code = (
-        "import sys, json, shared.models; "
+        "import sys, json, shared.delivery.models; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core'))))"
     )
     assert run_json(code) == []

@@ -27,7 +27,7 @@ _NOT_A_TABLE = {"set", "of", "skip", "nowait"}
 
 
 class Owner(NamedTuple):
-    module: str  # shared/queue.py
+    module: str  # shared/delivery/queue.py
     file: str  # queue (its statements' file, queue.sql)
     also: frozenset[str]  # files whose statements may write it with their own rows
 
@@ -80,7 +80,7 @@ def test_every_table_has_one_owner_named_in_the_design() -> None:
     for path in MIGRATIONS.glob("*.sql"):
         text = path.read_text(encoding="utf-8")
         created |= {t.lower() for t in re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", text, flags=re.I)}
-    created.add("devpilot_migrations")  # (the ledger, created by shared/migrate.py)
+    created.add("devpilot_migrations")  # (the ledger, created by shared/plumbing/migrate.py)
     assert created == set(table), (
         f"tables without an owner in docs/design.md: {sorted(created - set(table))}; "
         f"owners of no table: {sorted(set(table) - created)}"
@@ -108,6 +108,6 @@ def test_each_statement_writes_only_the_tables_its_file_owns() -> None:
 def test_only_the_queue_writes_the_queue() -> None:
     # The delivery guarantee is the queue: no other file writes it, even with its own rows.
     queue = owners()["dispatch_queue"]
-    assert (queue.module, queue.file, queue.also) == ("shared/queue.py", "queue", frozenset())
+    assert (queue.module, queue.file, queue.also) == ("shared/delivery/queue.py", "queue", frozenset())
     writers = {file for file, _, body in statements() if "dispatch_queue" in written(body)}
     assert writers == {"queue"}

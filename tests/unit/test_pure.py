@@ -14,9 +14,9 @@ from pydantic import ValidationError
 
 from functions.bodies import RegisterBody
 from functions.fleet_bodies import loose_uuid
-from shared import sql
-from shared.linear import BadWebhook, intent, parse
-from shared.settings import Settings, SettingsError, get_settings, load_settings
+from shared.linear.webhooks import BadWebhook, intent, parse
+from shared.plumbing import sql
+from shared.plumbing.settings import Settings, SettingsError, get_settings, load_settings
 from tests.helpers.fresh_python import run_json
 
 
@@ -225,7 +225,7 @@ def test_settings_do_not_change_and_a_copy_checks_its_changes() -> None:
 def test_settings_are_read_without_importing_pydantic() -> None:
     """Every target reads them on its first request; pydantic's import is 50–90 ms of a cold start."""
     code = (
-        "import sys, json, shared.settings; shared.settings.get_settings(); "
+        "import sys, json, shared.plumbing.settings; shared.plumbing.settings.get_settings(); "
         "print(json.dumps(sorted(m for m in sys.modules if m.partition('.')[0] in ('pydantic', 'pydantic_core'))))"
     )
     assert run_json(code) == []

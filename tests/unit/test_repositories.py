@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.repositories import RepoSpecError, from_remote, parse, split_name
-from shared.machines import normalise, shape
-from shared.repository_choice import Candidate, match
+from shared.delivery.repository_choice import Candidate, match
+from shared.fleet.machines import normalise, shape
 from shared.wire.messages import Repository
 
 

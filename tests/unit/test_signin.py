@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, urlsplit
 
-from shared.enroll import CODE_ALPHABET, new_user_code, normal_code, show_code
-from shared.settings import Settings
-from shared.signin import authorize_url, s256, verifier_for
+from shared.fleet.enroll import CODE_ALPHABET, new_user_code, normal_code, show_code
+from shared.fleet.signin import authorize_url, s256, verifier_for
+from shared.plumbing.settings import Settings
 
 
 def test_s256_is_rfc_7636s() -> None:

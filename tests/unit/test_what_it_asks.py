@@ -1,5 +1,5 @@
-"""What a webhook asks for, decided once from the event alone (`shared.linear.what_it_asks`), and
-the one way each kind is carried out (`shared.intake.CARRIED_OUT_BY`). No database."""
+"""What a webhook asks for, decided once from the event alone (`shared.linear.webhooks.what_it_asks`), and
+the one way each kind is carried out (`shared.delivery.intake.CARRIED_OUT_BY`). No database."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared import intake
-from shared.linear import ASKS, Asks, parse, what_it_asks
+from shared.delivery import intake
+from shared.linear.webhooks import ASKS, Asks, parse, what_it_asks
 
 OWN = "our-client"
 ISSUE = {"id": "i1", "identifier": "ENG-1", "assigneeId": "u1", "updatedAt": "2026-01-02T03:04:05.000Z"}

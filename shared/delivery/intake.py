@@ -1,0 +1,812 @@
+"""Webhook intake: what an event asks for is decided once, from the event alone
+(`shared.linear.webhooks.what_it_asks`), and each kind is carried out one way (`CARRIED_OUT_BY`):
+
+  kind of event                           what it asks        carried out by
+  --------------------------------------  ------------------  -------------------------------------------
+  issue edited (assignee unchanged),      nothing             `record_ignored`, through the group commit
+  another type, another app uninstalled
+  agent session `created` with no issue   tell_unroutable     the intake transaction: an `error` for Linear
+  our app uninstalled (OAuthApp revoked)  disconnect          the intake transaction: the org disconnected
+  issue created with an assignee, or      start               `route_and_enqueue_many_for_delivery` /
+  assigned with nobody before; agent                          `route_and_start_agent_sessions_many_for_
+  session `created` by a person                               delivery`, through the group commit
+  agent session `created` by automation   start_for_assignee  the intake transaction: a routing request,
+                                                              routed after commit (Linear names the assignee)
+  issue unassigned or removed             cancel              `take_turns` + `cancel_open_issue_for_
+                                                              delivery`, together (`_change_issues`,
+                                                              through the group commit)
+  issue re-assigned (from someone)        cancel_and_start    `take_turns` + `cancel_open_issue_for_delivery`
+                                                              + `enqueue_routed_for_delivery`, together
+                                                              (`_change_issues`, through the group commit)
+  `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
+                                                              group commit
+  `prompted` with the `select` signal     answer              the intake transaction
+  `prompted` with the stop signal         stop                the intake transaction
+
+Every way records the delivery with everything it causes in one transaction (a statement that is
+its own, or `shared.plumbing.db.together`'s, or the intake transaction): the delivery's keys, cancelled
+sessions, the new message's session and queue row, the Linear notice that says so. Either all of it
+commits or none of it does, so a crash mid-request leaves Linear's retry to find nothing recorded
+and try again. "Together" sends a transaction's statements at once (`shared.plumbing.db.together`): the
+first, `take_turns`, records the delivery and takes its issue's turn, and the ones after read its
+verdict in SQL, so nothing waits for a decision made here between them.
+
+What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
+statement finds it under the turn), no machine for the user, a machine revoked meanwhile (the way
+is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). The two ways through
+the group commit's one statement (start, follow-up) never wait for a turn; what they cannot decide
+is decided by their kind's transaction, waiting for the turn: an issue's start with something
+undelivered as a re-assignment is (`_cancel_and_start`), anything else by the intake transaction (a
+turn another transaction holds, an agent session's user without a machine, a user whose machines
+differ, an agent session nobody holds yet or behind a start still waiting to be routed).
+
+What each event does (the conversation, drawn in the README):
+- Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
+  cancelling the issue's undelivered assignment dispatch. Unassigned or removed: that cancel only.
+  Never touches an agent session's messages. No machine for the user: ignored, Linear not told.
+- Agent session `created`: a `start` to the machine of the user who started it, with Linear's
+  context; a first `thought` for Linear. Started by an automation (no creator): the issue's
+  assignee, whom only Linear's API can name, so the webhook's transaction writes a routing request
+  and the read and the routing happen after commit (`shared.delivery.routing`).
+- `prompted`: a `prompt` to the machine that holds the agent session (never re-routed); with no
+  holder yet, routed as a `start`; behind a start still waiting to be routed, routed after it.
+- `prompted` with the stop signal: every undelivered message of the agent session cancelled, and a
+  `stop` queued for the machine that had one delivered; if none had, Linear gets a final response.
+- An agent session that nothing can take: an `error` activity, so Linear does not wait on it.
+- The app uninstalled (`OAuthApp` `revoked`): the org is disconnected; its posts wait in the outbox.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from typing import Any, NamedTuple
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+
+from shared.delivery import routing
+from shared.delivery.models import DispatchPayload, Enqueued
+from shared.delivery.queue import (
+    NO_MACHINE,
+    SWEEP_BATCH,
+    FollowUp,
+    MachineRevoked,
+    Routed,
+    RouteOutcome,
+    Start,
+    enqueue_dispatch,
+    prompt_holders,
+    route_and_enqueue,
+    route_and_enqueue_many,
+    send_cancel_issue,
+    send_start_routed,
+)
+from shared.linear import auth as linear_auth
+from shared.linear import notices
+from shared.linear.webhooks import Asks, Intent, Webhook, what_it_asks
+from shared.plumbing.batching import Combiner, firsts
+from shared.plumbing.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, together
+from shared.plumbing.in_order import InOrder
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query
+from shared.wire.messages import IssueRef, MessageKind
+
+UNROUTABLE = "No machine is registered in devpilot for the person who started this; nothing was dispatched."
+STOPPED_BEFORE_START = "Stopped before any machine started working on it."
+
+
+@dataclass(frozen=True)
+class Received:
+    answer: dict[str, Any]  # the contract's answer body
+    notice_ids: list[UUID] = field(default_factory=list)  # Linear notices written, to send after commit
+    recorded: bool = False  # the delivery's outcome is written already (by the enqueue)
+    route_ids: list[UUID] = field(default_factory=list)  # routing requests written, to run after commit
+
+
+def receive(pool: Pool, hook: Webhook, delivery: str | None, own_client_id: str | None = None) -> Received:
+    """Apply one verified, fresh webhook: what it asks (`what_it_asks`), carried out by the one way
+    of that kind (`CARRIED_OUT_BY`). `delivery` is Linear-Delivery; `own_client_id`, this service's
+    Linear OAuth client (LINEAR_CLIENT_ID).
+
+    Webhooks of one issue, or of one agent session, are handled one at a time in arrival order in
+    this process (`shared.plumbing.in_order`): one waiting in a group commit's line holds no turn yet, and a
+    later one of the same key must not overtake it."""
+    ask = what_it_asks(hook, own_client_id)
+    key, content_key = hook.delivery_keys(delivery)
+    with IN_ORDER.place(_order_key(hook, ask.plan)):
+        return CARRIED_OUT_BY[ask.kind](pool, hook, ask.plan, key, content_key)
+
+
+# Within this process, webhooks of one issue or agent session in arrival order (`shared.plumbing.in_order`).
+IN_ORDER = InOrder(DEFAULT_DEADLINE_SECONDS)
+
+
+def _order_key(hook: Webhook, plan: Intent) -> tuple[str, str, str] | None:
+    """What orders this webhook among others: its agent session, or the issue whose assignment it
+    changes; None for an event that orders against nothing (an edit, the app uninstalled)."""
+    if hook.org_id is None or (plan.kind == "ignore" and not plan.agent_session_id):
+        return None
+    if plan.agent_session_id is not None:
+        return (hook.org_id, "agent_session", plan.agent_session_id)
+    issue = plan.cancel_issue_id or (plan.issue.id if plan.issue is not None else None)
+    return None if issue is None else (hook.org_id, "issue", issue)
+
+
+# A way: (pool, hook, plan, delivery key, content key) -> the answer, everything written.
+Way = Callable[[Pool, Webhook, Intent, str, str], Received]
+
+# The machine chosen can be revoked while a way runs: its enqueue then writes nothing
+# (MachineRevoked), its transaction rolls back whole, and the way is tried again, now seeing the
+# revoke (another machine of the user, or no machine). Each round needs a revoke committed during
+# it, so a few rounds end it; the last round's MachineRevoked reaches the caller, with nothing
+# written, and the route answers 503: Linear retries the delivery.
+ROUNDS = 3
+
+
+def _in_rounds(way: Callable[[], Received], rounds: int = ROUNDS) -> Received:
+    for _ in range(rounds - 1):
+        try:
+            return way()
+        except MachineRevoked:
+            continue
+    return way()
+
+
+def _nothing(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """An event that does nothing (an issue edited without its assignee changing: Linear sends an
+    update for every change to an issue): its delivery recorded as ignored, through the pool's
+    group commit of such deliveries; seen before, answered `duplicate`."""
+    if _ignored_deliveries(pool).submit((key, content_key)):
+        return Received(_ignored(plan), recorded=True)
+    return _duplicate(pool, key, content_key)
+
+
+def _duplicate(pool: Pool, key: str, content_key: str) -> Received:
+    """A delivery seen before, which wrote nothing: the session the first one made."""
+    with statement(pool) as tx:
+        seen = tx.one(query("delivery_session"), {"key": key, "content_key": content_key})
+    sid = seen["session_id"] if seen else None
+    return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
+
+
+def _transaction(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """The intake transaction (`_receive`), in rounds: the way of the kinds that need decisions
+    made between its statements (a stop, an answer, a start Linear must route, an unroutable agent
+    session, the app uninstalled)."""
+    return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key))
+
+
+def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """A start for a person's machine that usually has nothing to cancel first (an issue created
+    with an assignee, or assigned with nobody before; an agent session `created` by a person): its
+    statement through the pool's group commit of starts (`_start_at_once`). What that statement,
+    which never waits for a turn, leaves is decided waiting for the turn: an issue's assignment as
+    a re-assignment is (`_cancel_and_start`), anything else by the intake transaction."""
+    assert hook.org_id is not None and plan.issue is not None and plan.user_id is not None
+    message = DispatchPayload(
+        issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
+    )
+    start = Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
+    done = _start_at_once(pool, start)
+    if done is not None:
+        return done
+    if plan.cancel_issue_id is not None:
+        return _cancel_and_start(pool, hook, plan, key, content_key)
+    # (its statement was the first round)
+    return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key), ROUNDS - 1)
+
+
+def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """A follow-up (`prompted`): its statement through the pool's group commit of follow-ups, for
+    the machine holding its agent session (`_prompt_at_once`); what that statement leaves (nobody
+    holds the agent session yet, a start of it waiting to be routed, its turn held), the intake
+    transaction decides."""
+    if plan.issue is not None:
+        done = _prompt_at_once(pool, hook, plan, key, content_key)
+        if done is not None:
+            return done
+    return _transaction(pool, hook, plan, key, content_key)
+
+
+def _cancel(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """An issue unassigned or removed: its undelivered assignment dispatch cancelled, through the
+    pool's group commit of assignment changes (`_assignment_changes`)."""
+    assert hook.org_id is not None and plan.cancel_issue_id is not None
+    params = _record_params(hook, plan, key, content_key)
+    change = Change(hook.org_id, plan.cancel_issue_id, _why(hook), params, None, None)
+    return _change(pool, change)
+
+
+def _cancel_and_start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """An issue re-assigned (or assigned with a dispatch still undelivered, `_start`): its
+    undelivered assignment dispatch cancelled and a start queued for the assignee's machine,
+    through the pool's group commit of assignment changes (`_assignment_changes`). A machine
+    revoked meanwhile: nothing written, tried again."""
+    org, issue, user = hook.org_id, plan.issue, plan.user_id
+    assert org is not None and issue is not None and user is not None
+    message = DispatchPayload(issue=issue, agent_session_id=None, kind="start", prompt=plan.prompt)
+    change = Change(org, issue.id, _why(hook), _record_params(hook, plan, key, content_key), message, user)
+    return _in_rounds(lambda: _change(pool, change))
+
+
+class Change(NamedTuple):
+    """An issue's assignment change as one webhook asks for it (`_change_issues`): the cancel of
+    the issue's undelivered assignment dispatch (`reason`), and a start for `user` (`start`, or
+    None: the cancel alone). `record`: the delivery's `record_delivery` parameters."""
+
+    org_id: str
+    issue_id: str
+    reason: str
+    record: dict[str, Any]
+    start: DispatchPayload | None
+    user: str | None
+
+
+def _change(pool: Pool, change: Change) -> Received:
+    received = _assignment_changes(pool).submit(change)
+    if received is None:
+        return _duplicate(pool, change.record["key"], change.record["content_key"])
+    return received
+
+
+def _assignment_changes(pool: Pool) -> Combiner[Change, Received | None]:
+    """The pool's group commit of issues' assignment changes (unassigned, removed, assigned,
+    re-assigned): several written in one transaction (`_change_issues`)."""
+    return _combiner(pool, "assignment_changes", _change_issues)
+
+
+def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
+    """Issues' assignment changes written in one transaction, its statements sent together
+    (`shared.plumbing.db.together`): first each change's `take_turns` (its delivery recorded, its issue's
+    turn taken, waiting, and its assignee's machine chosen), in the order of their issues, so two
+    such transactions never wait for each other's turns in a circle, and no turn is waited for
+    while a row lock is held; then each one's cancel of its issue's undelivered assignment dispatch
+    and start, which read its verdict (`take_turns`). One round trip for cancels alone; with a
+    start, the rows are read, and the commit is a second, with what a delivery did when its start
+    did not write it (no machine, or the user's machines differ, so the repository is asked
+    first). A machine revoked meanwhile (MachineRevoked): nothing is committed, and the group
+    commit tries each change again alone (each, in its caller's rounds, seeing the revoke). One
+    answer per change, in order; None: the delivery was seen before, and nothing was written."""
+    order = sorted(range(len(changes)), key=lambda i: (changes[i].org_id, changes[i].issue_id))
+    starts = any(c.start is not None for c in changes)
+    with together(pool) as tx:
+        turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
+        cancels, started = {}, {}
+        for i in order:
+            c = changes[i]
+            key = c.record["key"]
+            cancels[i] = send_cancel_issue(
+                tx,
+                org_id=c.org_id,
+                issue_id=c.issue_id,
+                reason=c.reason,
+                key=key,
+                finish=c.start is None,
+                n=i,
+            )
+            if c.start is not None:
+                assert c.user is not None
+                started[i] = send_start_routed(
+                    tx, org_id=c.org_id, linear_user_id=c.user, message=c.start, delivery_key=key, n=i
+                )
+        if starts:  # (read before the commit: one may need a statement more, or a rollback)
+            out = [_changed(tx, c, turns[i], cancels[i], started.get(i)) for i, c in enumerate(changes)]
+    if not starts:
+        out = [_changed(None, c, turns[i], cancels[i], None) for i, c in enumerate(changes)]
+    return out
+
+
+def _changed(
+    tx: Tx | None,
+    change: Change,
+    turns: psycopg.Cursor[DictRow],
+    cancel: psycopg.Cursor[DictRow],
+    start: psycopg.Cursor[DictRow] | None,
+) -> Received | None:
+    """What one change of `_change_issues` did, from its statements' rows. `tx`: its transaction,
+    still open when a change has a start, for what the delivery did when the start did not write it."""
+    recorded = turns.fetchone()
+    if recorded is None:
+        return None
+    if recorded["verdict"] != "go":
+        received = _not_taken(recorded)
+    else:
+        cancelled = [r["id"] for r in cancel.fetchall()]
+        enq = start.fetchone() if start is not None else None
+        if enq is not None:
+            enqueued = Enqueued(
+                session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
+            )
+            answer = _dispatched(enqueued, enq["orchestrator_id"], None)
+            if cancelled:
+                answer["cancelledSessionId"] = str(cancelled[0])
+            return Received(answer, recorded=True)
+        if change.start is not None and recorded["routed"] is not None:
+            if not recorded["mixed"]:
+                raise MachineRevoked(f"orchestrator {recorded['routed']} is not active")
+            # which of the user's machines depends on the repository: Linear is asked first
+            assert tx is not None
+            received = _route_later_start(tx, change, cancelled)
+        elif cancelled:
+            received = Received({"status": "cancelled", "sessionId": str(cancelled[0])})
+        else:
+            reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
+            received = Received({"status": "ignored", "reason": reason})
+    if change.start is not None:  # (a cancel alone: its statement wrote it, `finish`)
+        assert tx is not None
+        _finish(tx, change.record["key"], received)
+    return received
+
+
+def _route_later_start(tx: Tx, change: Change, cancelled: list[UUID]) -> Received:
+    """A change's start whose user's machines differ: a routing request, asked of Linear after the
+    commit (as `_route_later`)."""
+    assert change.start is not None
+    rid = routing.request(
+        tx,
+        org_id=change.org_id,
+        message=change.start,
+        delivery_key=change.record["key"],
+        need="repository",
+        linear_user_id=change.user,
+    )
+    answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
+    if cancelled:
+        answer["cancelledSessionId"] = str(cancelled[0])
+    return Received(answer, route_ids=[rid])
+
+
+def _why(hook: Webhook) -> str:
+    """The reason a cancelled assignment dispatch gives."""
+    return f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed"
+
+
+def _not_taken(recorded: DictRow) -> Received:
+    """A delivery recorded that does nothing: handled after a later change it would undo (Linear's
+    retry of a delivery that failed, or one that reached another instance first): an assignment
+    older than a change of its issue handled already, an agent session `created` after its stop or
+    its first follow-up, or a follow-up written before a stop of its agent session."""
+    if recorded["superseded"]:
+        return Received({"status": "ignored", "reason": "assignment_superseded"})
+    return Received({"status": "ignored", "reason": f"agent_session_{recorded['seen']}"})
+
+
+CARRIED_OUT_BY: dict[Asks, Way] = {
+    "nothing": _nothing,
+    "tell_unroutable": _transaction,
+    "disconnect": _transaction,
+    "start": _start,
+    "start_for_assignee": _transaction,
+    "cancel": _cancel,
+    "cancel_and_start": _cancel_and_start,
+    "follow_up": _follow_up,
+    "answer": _transaction,
+    "stop": _transaction,
+}
+
+
+def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received | None:
+    """The follow-up as one statement, its own transaction (`prompt_holders`), through the pool's
+    group commit of follow-ups. None: it wrote nothing (see `prompt_holders`)."""
+    assert hook.org_id is not None and plan.issue is not None
+    message = DispatchPayload(
+        issue=plan.issue, agent_session_id=plan.agent_session_id, kind="prompt", prompt=plan.prompt
+    )
+    follow_up = FollowUp(hook.org_id, plan.user_id, message, key, content_key, plan.activity_at)
+    routed = _follow_ups(pool).submit(follow_up)
+    if routed is None:
+        return None
+    return Received(_dispatched(routed.enqueued, routed.orchestrator_id, "prompt"), recorded=True)
+
+
+def _start_at_once(pool: Pool, start: Start) -> Received | None:
+    """The start as one statement, its own transaction: the delivery recorded, the agent session's
+    or the issue's turn taken, the machine chosen and the message queued (with Linear's first
+    notice) in one round trip. None: it wrote nothing (a delivery seen before, the machine chosen
+    revoked meanwhile, an agent session's user without a machine, a user whose machines differ, or
+    a turn another transaction has).
+
+    Starts go through the pool's group commit (`_group_commit`): starts that arrive while another
+    batch is being written are written together, in one statement and one commit (issues with
+    issues, agent sessions with agent sessions)."""
+    routed = _group_commit(pool, start.message.agent_session_id is not None).submit(start)
+    if routed is None:
+        return None
+    if routed == NO_MACHINE:
+        # As the transaction answers it: most assignments in a workspace go to people without a
+        # machine, and Linear is not told about a plain issue.
+        return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)
+    enq = routed.enqueued
+    answer = _dispatched(enq, routed.orchestrator_id, "start" if start.message.agent_session_id else None)
+    return Received(answer, _notices(enq), recorded=True)
+
+
+BATCH = 64  # the most webhooks written in one statement
+# Batches of one kind (issues' starts, agent sessions' starts, follow-ups, edits) written at once:
+# with one, every caller waited for the batch ahead of it to commit (its WAL flush) while the cores
+# idled; with two, the next batch is written meanwhile (bench/README.md, "What was tried"). Two
+# batches holding one issue, or one agent session, are kept apart by its turn, which each statement
+# tries without waiting (`devpilot_issue_turn_free`; `free` in the agent sessions';
+# `devpilot_agent_session_holder` for the follow-ups').
+LANES = 2
+_COMBINERS: weakref.WeakKeyDictionary[Pool, dict[str, Combiner[Any, Any]]] = weakref.WeakKeyDictionary()
+_COMBINERS_LOCK = threading.Lock()
+
+
+def _combiner(
+    pool: Pool,
+    name: str,
+    many: Callable[[Pool, list[Any]], list[Any]],
+    one: Callable[[Pool, Any], Any] | None = None,
+) -> Combiner[Any, Any]:
+    """The pool's group commit called `name` (one per pool and name, made on first use). `one`:
+    how an item alone is written, when not as a batch of one."""
+    with _COMBINERS_LOCK:
+        kinds = _COMBINERS.get(pool)
+        if kinds is None:
+            kinds = _COMBINERS[pool] = {}
+        combiner = kinds.get(name)
+        if combiner is None:
+            alone = None if one is None else partial(one, pool)
+            combiner = kinds[name] = Combiner(partial(many, pool), alone, BATCH, LANES)
+        return combiner
+
+
+def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutcome]:
+    """The pool's group commit of issues' starts, or of agent sessions'. A start alone is written by
+    `_one_statement`: an agent session's then waits for its turn, as the intake transaction does.
+    Copies of one delivery in one batch are answered None by `route_and_enqueue_many`: each goes
+    on to the intake transaction, which finds the first copy's record and answers `duplicate`."""
+    return _combiner(pool, "agent_sessions" if agent_sessions else "issues", _starts, _one_statement)
+
+
+def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
+    with statement(pool) as tx:
+        return route_and_enqueue_many(tx, starts)
+
+
+def _follow_ups(pool: Pool) -> Combiner[FollowUp, Routed | None]:
+    """The pool's group commit of follow-ups for the machines that hold their agent sessions (one
+    statement alone, or several together: `prompt_holders` never waits for a turn)."""
+    return _combiner(pool, "follow_ups", _prompts)
+
+
+def _prompts(pool: Pool, follow_ups: list[FollowUp]) -> list[Routed | None]:
+    with statement(pool) as tx:
+        return prompt_holders(tx, follow_ups)
+
+
+def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
+    """A start that goes alone, in a statement of its own (`route_and_enqueue`)."""
+    with statement(pool) as tx:
+        return route_and_enqueue(
+            tx,
+            org_id=start.org_id,
+            linear_user_id=start.linear_user_id,
+            message=start.message,
+            delivery_key=start.delivery_key,
+            content_key=start.content_key,
+            event_at=start.event_at,
+        )
+
+
+def _ignored_deliveries(pool: Pool) -> Combiner[tuple[str, str], bool]:
+    """The pool's group commit of deliveries that do nothing: each recorded (True) or seen before."""
+    return _combiner(pool, "ignored", record_ignored)
+
+
+def record_ignored(pool: Pool, deliveries: list[tuple[str, str]]) -> list[bool]:
+    """Record deliveries that do nothing (their delivery key and content key) as `ignored`, in one
+    statement that is its own transaction: for each, whether it was recorded now (False: seen
+    before, or a copy of an earlier element's keys, which the intake transaction answers
+    `duplicate`)."""
+    written = firsts(deliveries)
+    batch = [{"key": deliveries[i][0], "content_key": deliveries[i][1]} for i in written]
+    with statement(pool) as tx:
+        recorded = {r["delivery_key"] for r in tx.all(query("record_ignored"), {"batch": Jsonb(batch)})}
+    out = [False] * len(deliveries)
+    for i in written:
+        out[i] = deliveries[i][0] in recorded
+    return out
+
+
+def _ignored(plan: Intent) -> dict[str, Any]:
+    return {"status": "ignored", "reason": plan.reason or "not_routable"}
+
+
+def _dispatched(enq: Enqueued, orch: UUID, kind: MessageKind | None) -> dict[str, Any]:
+    """The webhook's answer for a queued message (`kind`: an agent session's message says which)."""
+    answer: dict[str, Any] = {
+        "status": "dispatched",
+        "sessionId": str(enq.session_id),
+        "queueId": str(enq.queue_id),
+        "messageId": str(enq.message_id),
+        "orchestratorId": str(orch),
+    }
+    if kind is not None:
+        answer["kind"] = kind
+    return answer
+
+
+def _notices(enq: Enqueued) -> list[UUID]:
+    """The Linear notice the enqueue's statement wrote, to send after the commit."""
+    return [] if enq.notice_id is None else [enq.notice_id]
+
+
+def _record_params(hook: Webhook, plan: Intent, key: str, content_key: str) -> dict[str, Any]:
+    """The parameters of `record_delivery` (and `take_turns`) for this event."""
+    routing = plan.kind in ("dispatch", "prompt") and plan.issue is not None and hook.org_id is not None
+    # The events of one agent session that do something take turns (`agent_session_turn`), and so
+    # do the assignment events of one issue (`issue_turn`: a cancel is decided, and the group
+    # commit's statement tries the same turn).
+    turn = hook.org_id is not None and plan.kind not in ("ignore", "disconnect")
+    # (an issue's assignment event, ordered by Linear's time of the change: its issue's turn)
+    issue = plan.issue.id if plan.event_at is not None and plan.issue is not None else plan.cancel_issue_id
+    issue_turn = issue if turn and plan.agent_session_id is None else None
+    return {
+        "key": key,
+        "content_key": content_key,
+        "org_id": hook.org_id,
+        "route_user": plan.user_id if routing else None,
+        "agent_session_id": plan.agent_session_id if turn else None,
+        "issue_id": issue_turn,
+        "event_at": plan.event_at if issue_turn is not None else None,
+        # (an agent session `created`: may it still start?)
+        "created": turn and plan.kind == "dispatch" and plan.agent_session_id is not None,
+        # (a follow-up: was it written before a stop of its agent session?)
+        "prompt_at": plan.activity_at if turn and plan.kind == "prompt" else None,
+    }
+
+
+def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """The intake transaction: the delivery recorded (its turn taken, `record_delivery`), then what
+    it does decided and written (`_apply`), its outcome with it. Its statements go in a pipeline
+    (`shared.plumbing.db.together`): the ones whose rows decide nothing go with the next that does, or with
+    the commit."""
+    with together(pool) as tx:
+        recorded = tx.one(query("record_delivery"), _record_params(hook, plan, key, content_key))
+        if recorded is None:
+            seen = tx.one(query("delivery_session"), {"key": key, "content_key": content_key})
+            sid = seen["session_id"] if seen else None
+            return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
+        if recorded["superseded"] or recorded["seen"] is not None:
+            received = _not_taken(recorded)
+        else:
+            received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
+        if not received.recorded:
+            _finish(tx, key, received)
+        return received
+
+
+def _finish(tx: Tx, key: str, received: Received) -> None:
+    """What the delivery did, written with it (sent, not waited for: it goes with the commit)."""
+    tx.execute(
+        query("finish_delivery"),
+        {"key": key, "session_id": received.answer.get("sessionId"), "outcome": received.answer["status"]},
+    )
+
+
+def _apply(
+    tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str, *, mixed: bool = False
+) -> Received:
+    """What the event does, in the intake transaction. `routed`: the machine the routing policy
+    chose for the plan's user (chosen by `record_delivery`), or None; `key`: the delivery's key;
+    `mixed`: the user's machines differ in what they have, so a start needs its repository first."""
+    org = hook.org_id
+    if org is None or plan.kind == "ignore":
+        if org and plan.unroutable_notice and plan.agent_session_id:
+            return Received(
+                {"status": "ignored", "reason": plan.reason}, _tell(tx, org, plan, "failed", UNROUTABLE)
+            )
+        return Received(_ignored(plan))
+    if plan.kind == "disconnect":  # the app was uninstalled: posts wait for a new install
+        linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
+        return Received({"status": "ignored", "reason": plan.reason})
+    if plan.kind == "stop":
+        return _stop(tx, org, plan)
+    if plan.kind == "prompt":
+        holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
+        if holder is not None:
+            return _dispatch(
+                tx,
+                org,
+                plan,
+                holder.orchestrator_id,
+                plan.issue or holder.issue,
+                "prompt",
+                key,
+                speaks_as=holder.speaks_as,
+            )
+        answered = _answer(tx, org, plan)
+        if answered is not None:
+            return answered
+    if (
+        plan.kind in ("dispatch", "prompt")
+        and plan.agent_session_id is not None
+        and plan.issue is not None
+        and (plan.user_id is None or routing.waiting(tx, org, plan.agent_session_id))
+    ):
+        # Linear must be asked whose machine takes it (no creator), or an earlier message of the
+        # conversation is still waiting for that answer: routed after the commit, in order.
+        return _route_later(tx, org, plan, key, "assignee" if plan.user_id is None else "repository")
+
+    # (An issue's cancel is not decided here: `_cancel`, `_cancel_and_start`.)
+    if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id and routed is not None:
+        if mixed:  # which of the user's machines depends on the repository: Linear is asked first
+            return _route_later(tx, org, plan, key, "repository")
+        return _dispatch(tx, org, plan, routed, plan.issue, "start", key)
+    # Unroutable. A plain assignment to someone without a machine is most assignments in a
+    # workspace: nothing is posted. An agent session is waiting on us: Linear hears why.
+    told = (
+        _tell(tx, org, plan, "failed", UNROUTABLE) if plan.unroutable_notice and plan.agent_session_id else []
+    )
+    return Received({"status": "ignored", "reason": "no_orchestrator"}, told)
+
+
+def _dispatch(
+    tx: Tx,
+    org: str,
+    plan: Intent,
+    orch: UUID,
+    issue: IssueRef,
+    kind: MessageKind,
+    delivery_key: str | None,
+    *,
+    speaks_as: str | None = None,
+) -> Received:
+    """Queue the message, and (with `delivery_key`, when this is the webhook's answer) record the
+    delivery as dispatched to it in the same statement. `speaks_as`: the name the machine knows the
+    agent session by (one devpilot opened for a plain assignment), given in the message instead."""
+    prompt = plan.prompt if kind != "stop" else None
+    enq = enqueue_dispatch(
+        tx,
+        org_id=org,
+        orchestrator_id=orch,
+        linear_user_id=plan.user_id,
+        message=DispatchPayload(
+            issue=issue, agent_session_id=plan.agent_session_id, kind=kind, prompt=prompt
+        ),
+        delivery_key=delivery_key,
+        # Linear's first activity for a new agent session, written by the enqueue's own statement.
+        notice_queued=bool(plan.agent_session_id) and kind == "start" and delivery_key is not None,
+        speaks_as=speaks_as,
+    )
+    answer = _dispatched(enq, orch, kind if plan.agent_session_id else None)
+    return Received(answer, _notices(enq), recorded=delivery_key is not None)
+
+
+def _route_later(
+    tx: Tx, org: str, plan: Intent, key: str, need: str, cancelled: list[UUID] | None = None
+) -> Received:
+    """A start (or a follow-up behind one) routed after the commit, once Linear has been asked
+    (`need`: whose machine, or which of the user's machines has the issue's repository)."""
+    assert plan.issue is not None
+    message = DispatchPayload(
+        issue=plan.issue,
+        agent_session_id=plan.agent_session_id,
+        kind="start" if plan.kind == "dispatch" else "prompt",
+        prompt=plan.prompt,
+    )
+    user = plan.user_id if need == "repository" else None
+    rid = routing.request(tx, org_id=org, message=message, delivery_key=key, need=need, linear_user_id=user)
+    answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
+    if cancelled:
+        answer["cancelledSessionId"] = str(cancelled[0])
+    return Received(answer, route_ids=[rid])
+
+
+def _answer(tx: Tx, org: str, plan: Intent) -> Received | None:
+    """A `prompted` with the `select` signal in an agent session that was asked which repository
+    (and that no machine holds yet): the person's pick completes the waiting routing request, which
+    is routed after the commit. None: nothing was asked (the choice answers the agent)."""
+    prompt = plan.prompt
+    if prompt is None or prompt.signal != "select" or plan.agent_session_id is None:
+        return None
+    meta = prompt.signal_metadata or {}
+    picked = prompt.body or str(meta.get("value") or meta.get("label") or "")
+    rid = routing.answer(tx, org, plan.agent_session_id, picked)
+    if rid is None:
+        return None
+    return Received({"status": "routing", "routeId": str(rid)}, route_ids=[rid])
+
+
+def _stop(tx: Tx, org: str, plan: Intent) -> Received:
+    """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
+    waiting to be routed), and tell the machine that has it."""
+    assert plan.agent_session_id is not None
+    # (Sent one after another, and waited for once, with the holder's read.)
+    routing.cancel(tx, org, plan.agent_session_id)
+    cancels = tx.execute(
+        query("cancel_agent_session"),
+        {"org_id": org, "agent_session_id": plan.agent_session_id, "reason": "stopped in Linear"},
+    )
+    # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
+    # (a follow-up's, without the turn) held that row, the cancel waited for it, and this statement,
+    # with a snapshot taken after, marks its dead letter too (`record_stop`).
+    tx.execute(
+        query("record_stop"),
+        {"org_id": org, "agent_session_id": plan.agent_session_id, "at": plan.activity_at},
+    )
+    holder = _holder(tx, org, plan.agent_session_id, delivered_only=True)
+    cancelled = [str(r["id"]) for r in cancels.fetchall()]
+    if holder is None:
+        told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)
+        return Received({"status": "stopped", "cancelledSessionIds": cancelled, "stopSessionId": None}, told)
+    sent = _dispatch(
+        tx,
+        org,
+        plan,
+        holder.orchestrator_id,
+        plan.issue or holder.issue,
+        "stop",
+        None,
+        speaks_as=holder.speaks_as,
+    )
+    answer = {
+        "status": "stopped",
+        "cancelledSessionIds": cancelled,
+        "stopSessionId": sent.answer["sessionId"],
+    }
+    return Received(answer, sent.notice_ids)
+
+
+@dataclass(frozen=True)
+class Holder:
+    orchestrator_id: UUID
+    issue: IssueRef
+    speaks_as: str | None  # an agent session devpilot opened: the name its machine knows it by
+
+
+def _holder(tx: Tx, org: str, agent_session_id: str | None, *, delivered_only: bool) -> Holder | None:
+    row = tx.one(
+        query("agent_session_holder"),
+        {"org_id": org, "agent_session_id": agent_session_id, "delivered_only": delivered_only},
+    )
+    if row is None:
+        return None
+    issue = IssueRef(id=row["issue_id"] or "", identifier=row["issue_identifier"])
+    opened = f"devpilot:{row['opened_for']}" if row["opened_for"] is not None else None
+    return Holder(row["orchestrator_id"], issue, opened)
+
+
+def _tell(tx: Tx, org: str, plan: Intent, kind: str, body: str) -> list[UUID]:
+    nid = notices.write(
+        tx,
+        org_id=org,
+        kind=kind,
+        session_id=None,
+        agent_session_id=plan.agent_session_id,
+        issue_id=plan.issue.id if plan.issue else None,
+        body=body,
+    )
+    return [] if nid is None else [nid]
+
+
+PRUNE_BATCHES = 20  # at most this many batches a sweep: a backlog is worked off sweep by sweep
+
+
+def prune_deliveries(pool: Pool, settings: Settings, now: datetime | None = None) -> int:
+    """Forget the delivery records, and the agent sessions' stops (`record_stop`), older than
+    `DEVPILOT_DELIVERY_RETENTION_HOURS` (by the sweep): oldest first, the sweep's SWEEP_BATCH of
+    each per statement, each its own transaction (`prune_deliveries` in intake.sql), and at most
+    PRUNE_BATCHES of them, so one sweep stays short however large the backlog (the first sweep
+    after an upgrade, say). How many delivery records were forgotten."""
+    if settings.delivery_retention_hours == 0:
+        return 0
+    params = {"hours": settings.delivery_retention_hours, "batch": SWEEP_BATCH, "now": now}
+    pruned = 0
+    for _ in range(PRUNE_BATCHES):
+        with statement(pool) as tx:
+            row = tx.one(query("prune_deliveries"), params)
+        assert row is not None
+        pruned += row["pruned"]
+        if row["pruned"] < SWEEP_BATCH and row["stops_pruned"] < SWEEP_BATCH:
+            break
+    return pruned

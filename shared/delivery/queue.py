@@ -1,0 +1,807 @@
+"""The dispatch queue: the table is the delivery guarantee; this module is every write to it.
+
+The states of a queue row, and which statement moves a row out of each, are listed at the top of
+`shared/queries/queue.sql`, beside the statements themselves. In short: AVAILABLE --claim-->
+CLAIMED --ack--> deleted (session delivered); CLAIMED --release/sweep--> AVAILABLE after
+min(n² × base, cap), or deleted with the session failed at the attempt limit; AVAILABLE or CLAIMED
+--cancel--> deleted (session cancelled).
+
+Every write after the claim is a compare-and-set on the token and state it expects; zero rows
+changed means another party won, and the caller is told so instead of overwriting. Session state
+mirrors the row: a session is `queued` exactly while its row exists, and the database enforces
+that at every commit (a deferred constraint trigger, migration 0001).
+
+These functions are the transaction level: each returns what its transaction wrote for after the
+commit (Linear notice ids); `shared.dispatch` is the service level that sends them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Final, Literal, NamedTuple
+from uuid import UUID, uuid4
+
+import psycopg
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+
+from shared.delivery.models import DispatchPayload, Enqueued, with_request
+from shared.fleet import orchestrators
+from shared.fleet.orchestrators import Orchestrator
+from shared.plumbing.batching import firsts
+from shared.plumbing.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
+from shared.plumbing.settings import Settings
+from shared.plumbing.sql import query, query_with_limit
+from shared.wire.messages import TaskDispatchMessage
+
+AckStatus = Literal["acked", "claim_superseded", "not_found"]
+
+NOTIFY_CHANNEL = "devpilot_dispatch"  # the channel `enqueue` notifies and the `listen` query joins
+SWEEP_BATCH = 1000
+# Starts moved off quiet machines per transaction: each agent session's start holds its turn (an
+# advisory lock, in the server's shared lock table) until the commit, so a batch takes fewer.
+REROUTE_BATCH = 100
+SWEEP_RUNS_KEPT = 20_160  # `record_sweep`: a week of sweeps every 30 s
+
+
+class MachineRevoked(Exception):
+    """The machine chosen for a message is revoked (or gone): nothing was written for it. The
+    caller's transaction cannot commit the decision it made before; it rolls back and decides again
+    (the revoke has committed by now, so a new look no longer chooses that machine)."""
+
+
+def enqueue_dispatch(
+    tx: Tx,
+    *,
+    org_id: str,
+    orchestrator_id: UUID,
+    linear_user_id: str | None,
+    message: DispatchPayload,
+    session_id: UUID | None = None,
+    now: datetime | None = None,
+    delivery_key: str | None = None,
+    notice_queued: bool = False,
+    speaks_as: str | None = None,
+) -> Enqueued:
+    """Create a `queued` session and queue its message for the orchestrator, in one statement of
+    the caller's transaction. `tx` is required and must be open: there is no way to write a session
+    outside a transaction that also writes its queue row, so "session committed but nothing
+    dispatched" cannot be written. The session's issue, agent session and kind are the message's.
+    The wake-up NOTIFY is sent by the same statement and delivered by Postgres only on commit.
+    Raises MachineRevoked, having written nothing, when the machine is not active (its revoke may
+    have committed while this statement waited for it). `delivery_key`: the webhook delivery this
+    message answers (the intake's), recorded as dispatched to the new session by the same statement;
+    with it, `notice_queued` (an agent session's start) also writes Linear's "Queued for <machine>"
+    notice in that statement, for an org Linear is told about (`Enqueued.notice_id`). `speaks_as`:
+    the agent session's name in the message the machine gets, when the machine knows it by another
+    (the alias of an agent session devpilot opened for a plain assignment); the queue's order and
+    the session stay the agent session's."""
+    tx = require_tx(tx, "enqueue_dispatch")
+    if not isinstance(message, DispatchPayload):
+        raise TypeError("enqueue_dispatch() message must be a DispatchPayload")
+    if notice_queued and (
+        delivery_key is None or message.agent_session_id is None or message.kind != "start"
+    ):
+        raise ValueError("notice_queued is for an agent session's start answering a webhook delivery")
+    if delivery_key is None:
+        name = "enqueue"
+    elif notice_queued:
+        name = "enqueue_start_for_delivery"
+    else:
+        name = "enqueue_for_delivery"
+    params = _session_params(message, session_id, now)
+    if speaks_as is not None:
+        payload = replace(message, agent_session_id=speaks_as)
+        params["payload"] = Jsonb(payload.wire())
+    row = tx.one(
+        query(name),
+        {
+            **params,
+            "org_id": org_id,
+            "orchestrator_id": orchestrator_id,
+            "linear_user_id": linear_user_id,
+            "delivery_key": delivery_key,
+            "notice_queued": notice_queued,
+        },
+    )
+    if row is None:
+        raise MachineRevoked(f"orchestrator {orchestrator_id} is not active")
+    return Enqueued(
+        session_id=row["session_id"],
+        queue_id=row["queue_id"],
+        message_id=row["message_id"],
+        notice_id=row.get("notice_id"),
+    )
+
+
+def _session_params(
+    message: DispatchPayload, session_id: UUID | None, now: datetime | None
+) -> dict[str, Any]:
+    """The new session's and its queue row's values that come from the message
+    (`enqueue_session_rows` in queue.sql)."""
+    return {
+        "session_id": session_id or uuid4(),
+        "issue_id": message.issue.id,
+        "issue_identifier": message.issue.identifier,
+        "agent_session_id": message.agent_session_id,
+        "kind": message.kind,
+        "payload": Jsonb(message.wire()),
+        "now": now,
+    }
+
+
+# The records here are NamedTuples, cheap to define at import (docs/design.md, cold start). Being
+# tuples, one sent whole to SQL or JSON would go as a record or an array: send its fields.
+class Routed(NamedTuple):
+    """What `route_and_enqueue` queued (`enqueued`), and for which machine."""
+
+    enqueued: Enqueued
+    orchestrator_id: UUID
+
+
+NO_MACHINE: Final = "no_machine"  # `route_and_enqueue` recorded a plain issue's delivery as ignored
+RouteOutcome = Routed | Literal["no_machine"] | None
+
+
+class Start(NamedTuple):
+    """A start as one webhook asks for it (`route_and_enqueue`, `route_and_enqueue_many`): the org,
+    the Linear user, the message, the delivery's two keys. An agent session's has nothing to cancel
+    first; an issue's statement finds out whether it has (and then writes nothing)."""
+
+    org_id: str
+    linear_user_id: str
+    message: DispatchPayload
+    delivery_key: str
+    content_key: str
+    # An issue's: when Linear made the assignment (`Intent.event_at`); written nothing for when a
+    # later change of the issue was handled. None orders against nothing.
+    event_at: datetime | None = None
+
+
+def route_and_enqueue(
+    tx: Tx,
+    *,
+    org_id: str,
+    linear_user_id: str,
+    message: DispatchPayload,
+    delivery_key: str,
+    content_key: str,
+    session_id: UUID | None = None,
+    now: datetime | None = None,
+    event_at: datetime | None = None,
+) -> RouteOutcome:
+    """The webhook intake of a start with nothing to cancel first (an issue created with an
+    assignee or assigned with nothing undelivered, an agent session `created`) in one statement:
+    records the delivery (its two keys), takes the agent session's or the issue's turn, chooses the
+    user's machine by the routing policy and queues the message for it as `enqueue_dispatch` does,
+    with Linear's "Queued for" notice for an agent session (`Enqueued.notice_id`); or records a
+    plain issue's delivery as ignored when the user has no active machine. `tx` is required, as for
+    every write to the queue; a `shared.plumbing.db.statement()` makes the statement its own transaction
+    (one round trip in all). An issue's start is `route_and_enqueue_many` of one.
+
+    None: nothing was written. The delivery was seen before (or a concurrent copy committed it),
+    the machine chosen was revoked while this waited for it, an agent session's user has no
+    machine, or an issue has something undelivered to cancel first (or another transaction has
+    its turn, or a later assignment change of it, Linear's at `event_at`, was handled); the caller
+    decides in a full intake transaction, which tells those apart."""
+    tx = require_tx(tx, "route_and_enqueue")
+    if not isinstance(message, DispatchPayload):
+        raise TypeError("route_and_enqueue() message must be a DispatchPayload")
+    if message.kind != "start":
+        raise ValueError("route_and_enqueue is for a start")
+    if message.agent_session_id is None:
+        start = Start(org_id, linear_user_id, message, delivery_key, content_key, event_at)
+        return _route_and_enqueue_many(tx, [start], session_id, now)[0]
+    row = tx.one(
+        query("route_and_start_agent_session_for_delivery"),
+        {
+            **_session_params(message, session_id, now),
+            "org_id": org_id,
+            "route_user": linear_user_id,
+            "linear_user_id": linear_user_id,
+            "delivery_key": delivery_key,
+            "content_key": content_key,
+            "notice_queued": True,
+        },
+    )
+    return _route_outcome(row)
+
+
+class FollowUp(NamedTuple):
+    """A follow-up as one `prompted` webhook asks for it (`prompt_holders`): the org, the Linear
+    user who wrote it (None: an agent session an automation started), the `prompt` message, the
+    delivery's two keys."""
+
+    org_id: str
+    linear_user_id: str | None
+    message: DispatchPayload
+    delivery_key: str
+    content_key: str
+    written_at: datetime | None = None  # when the person wrote it (Linear's time; None: unknown)
+
+
+def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = None) -> list[Routed | None]:
+    """The webhook intake of follow-ups (`prompted`) in agent sessions a machine holds, one or
+    several, in one statement (`prompt_holders_for_delivery`): each delivery recorded, its agent
+    session's turn tried, the holder read after it and the `prompt` queued for it; all of them
+    committed together. `tx` is required, as for every write to the queue; a
+    `shared.plumbing.db.statement()` makes the statement its own transaction (one round trip in all).
+
+    Each element's outcome in order; None: nothing was written for it. Its delivery was seen before
+    (or is a copy of an earlier element's), the turn is another transaction's (or an earlier
+    element's, of the same agent session), nobody holds the agent session (or devpilot opened it
+    for a plain assignment), or the holder was revoked while this waited for its row; the caller
+    decides in a full intake transaction. So it does for a follow-up written at or before a stop of
+    its agent session (`written_at`), which does nothing."""
+    tx = require_tx(tx, "prompt_holders")
+    for f in follow_ups:
+        if f.message.kind != "prompt" or f.message.agent_session_id is None:
+            raise ValueError("prompt_holders is for agent sessions' prompts")
+    written = firsts(
+        (f.delivery_key, f.content_key, (f.org_id, f.message.agent_session_id)) for f in follow_ups
+    )
+    batch = [
+        {
+            "n": n,
+            "org_id": f.org_id,
+            "linear_user_id": f.linear_user_id,
+            "delivery_key": f.delivery_key,
+            "content_key": f.content_key,
+            "session_id": str(uuid4()),
+            "issue_id": f.message.issue.id,
+            "issue_identifier": f.message.issue.identifier,
+            "agent_session_id": f.message.agent_session_id,
+            "payload": f.message.wire(),
+            "prompt_at": f.written_at.isoformat() if f.written_at is not None else None,
+        }
+        for n, f in enumerate(follow_ups[i] for i in written)
+    ]
+    rows = tx.all(query("prompt_holders_for_delivery"), {"batch": Jsonb(batch), "now": now})
+    out: list[Routed | None] = [None] * len(follow_ups)
+    for i, row in zip(written, rows, strict=True):
+        routed = _route_outcome(row)
+        out[i] = routed if isinstance(routed, Routed) else None
+    return out
+
+
+def _route_outcome(row: DictRow | None) -> RouteOutcome:
+    """What a row of `route_enqueue_answer` (or of the batch's answer) says was written."""
+    if row is None or row["outcome"] is None:
+        return None
+    if row["outcome"] != "dispatched":
+        return NO_MACHINE
+    enqueued = Enqueued(
+        session_id=row["session_id"],
+        queue_id=row["queue_id"],
+        message_id=row["message_id"],
+        notice_id=row["notice_id"],
+    )
+    return Routed(enqueued, row["orchestrator_id"])
+
+
+def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
+    """`route_and_enqueue` for several starts of one kind in one statement (its own transaction,
+    given by `shared.plumbing.db.statement()`): issues' starts (`route_and_enqueue_many_for_delivery`), or
+    agent sessions `created` (`route_and_start_agent_sessions_many_for_delivery`). Each element's
+    outcome is what `route_and_enqueue` would answer it alone, in order, and all of them commit
+    together. A copy of an earlier element (its delivery key or content key again), or a second
+    element of the same issue or agent session, is not written: it is answered None, and its
+    caller's intake transaction then finds the first one's record (a copy: `duplicate`) or its
+    dispatch. So is an element whose turn another transaction holds (the statement does not wait
+    for it, where the intake transaction does)."""
+    tx = require_tx(tx, "route_and_enqueue_many")
+    return _route_and_enqueue_many(tx, starts, None, None)
+
+
+def _route_and_enqueue_many(
+    tx: Tx, starts: list[Start], session_id: UUID | None, now: datetime | None
+) -> list[RouteOutcome]:
+    if any(st.message.kind != "start" for st in starts):
+        raise ValueError("route_and_enqueue_many is for starts")
+    agent = [st.message.agent_session_id is not None for st in starts]
+    if any(agent) and not all(agent):
+        raise ValueError("route_and_enqueue_many takes issues' starts or agent sessions' starts, not both")
+    # (A turn is re-entrant within the transaction: two elements of one issue, or of one agent
+    # session, would both have it, and neither would see the other's dispatch.)
+    written = firsts(
+        (st.delivery_key, st.content_key, (st.org_id, st.message.agent_session_id or st.message.issue.id))
+        for st in starts
+    )
+    # The batch as one JSON document (`jsonb_to_recordset`): psycopg dumps it with the standard
+    # library's C encoder, where each array of text would be escaped element by element in Python
+    # (a third of the server's CPU per webhook under cProfile, in nine arrays).
+    batch = [
+        {
+            "n": n,
+            "org_id": st.org_id,
+            "route_user": st.linear_user_id,
+            "delivery_key": st.delivery_key,
+            "content_key": st.content_key,
+            "session_id": str(session_id or uuid4()),
+            "issue_id": st.message.issue.id,
+            "issue_identifier": st.message.issue.identifier,
+            "agent_session_id": st.message.agent_session_id,
+            "event_at": st.event_at.isoformat() if st.event_at is not None else None,
+            "payload": st.message.wire(),
+        }
+        for n, st in enumerate(starts[i] for i in written)
+    ]
+    statement = (
+        "route_and_start_agent_sessions_many_for_delivery"
+        if starts and agent[0]
+        else "route_and_enqueue_many_for_delivery"
+    )
+    rows = tx.all(query(statement), {"batch": Jsonb(batch), "now": now})
+    out: list[RouteOutcome] = [None] * len(starts)
+    for i, row in zip(written, rows, strict=True):
+        out[i] = _route_outcome(row)
+    return out
+
+
+def claim(
+    pool: Pool,
+    orchestrator_id: UUID,
+    *,
+    max: int,
+    lease_seconds: int,
+    now: datetime | None = None,
+    handover_seconds: int | None = None,
+) -> list[TaskDispatchMessage]:
+    """Claim up to `max` due rows of this orchestrator, oldest due first. Exactly-once under any
+    number of concurrent claimers: one statement locks with SKIP LOCKED and sets a fresh claim token
+    and lease on the rows it returns, so no row is handed out twice while its lease holds.
+
+    With `handover_seconds` (a long-poll woken by new work, whose client may be gone): the rows are
+    handed over instead (`claim_handover` in queue.sql): a fresh token, due again after that many
+    seconds unless acked, the attempt not counted."""
+    _check_max(max)
+    params = {
+        "orchestrator_id": orchestrator_id,
+        "max": max,
+        "lease_seconds": lease_seconds,
+        "now": now,
+        "handover_seconds": handover_seconds,
+    }
+    # One statement on an autocommit connection is its own transaction: the same atomicity as a
+    # BEGIN/COMMIT block, in one round trip instead of three. Its LIMIT written in, so that it is
+    # not planned at every execution (`query_with_limit`).
+    statement = query_with_limit("claim" if handover_seconds is None else "claim_handover", max)
+    with lend(pool) as conn:
+        rows = conn.execute(statement, params).fetchall()
+    return _messages(rows)
+
+
+def poll(
+    pool: Pool, token_hash: bytes, *, max: int, lease_seconds: int, now: datetime | None = None
+) -> tuple[Orchestrator, list[TaskDispatchMessage]] | None:
+    """The poll route in one statement (`poll` in queue.sql): the active machine holding this token
+    hash, marked seen, and `claim` for it. None when the hash is no active machine's (nothing is
+    claimed then). The same exactly-once claim as `claim`; one round trip for an idle machine's poll."""
+    _check_max(max)
+    params = {"token_hash": token_hash, "max": max, "lease_seconds": lease_seconds, "now": now}
+    with lend(pool) as conn:  # one statement, autocommit: its own transaction (LIMIT written in, as `claim`)
+        rows = conn.execute(query_with_limit("poll", max), params).fetchall()
+    if not rows:
+        return None
+    return _caller(rows[0]), _messages([r for r in rows if r["id"] is not None])
+
+
+def _caller(row: DictRow) -> Orchestrator:
+    """The machine a one-statement route (`poll`, `ack_as`) found for its token (the `caller_*` columns)."""
+    return Orchestrator(row["caller_id"], row["caller_org_id"], row["caller_user_id"], row["caller_name"])
+
+
+def _check_max(max: int) -> None:
+    if not 1 <= max <= 1000:
+        raise ValueError("max must be between 1 and 1000")
+
+
+def _messages(rows: list[DictRow]) -> list[TaskDispatchMessage]:
+    rows.sort(key=lambda r: (r["available_at"], r["id"]))
+    return [_message(r, DispatchPayload.from_wire(r["payload"])) for r in rows]
+
+
+def _message(r: DictRow, payload: DispatchPayload) -> TaskDispatchMessage:
+    """A claimed row as its machine receives it: the claim's fields, and the payload stored with it."""
+    return TaskDispatchMessage(
+        message_id=r["message_id"],
+        queue_id=r["id"],
+        session_id=r["session_id"],
+        org_id=r["org_id"],
+        orchestrator_id=r["orchestrator_id"],
+        attempt=r["attempts"],
+        claim_token=r["claim_token"],
+        lease_expires_at=r["lease_expires_at"],
+        created_at=r["created_at"],
+        issue=payload.issue,
+        agent_session_id=payload.agent_session_id,
+        kind=payload.kind,
+        prompt=with_request(payload.kind, payload.issue, payload.prompt),
+        repository=payload.repository,
+    )
+
+
+class AckItem(NamedTuple):
+    queue_id: UUID
+    claim_token: UUID
+
+
+# What an ack that missed is told. Only the latest claim's token is kept, so a token that is not it
+# may be an older claim's or one never issued for the row: the service cannot tell which, and says
+# so, except where no claim was ever made.
+NOT_CLAIMED = (
+    "nothing has claimed this row yet, so no claim token was issued for it: ack with the claimToken "
+    "its claim returns"
+)
+NOT_LATEST = (
+    "this claimToken is not the row's latest claim's: it is an older claim's, superseded, or was never "
+    "issued for this row; drop this copy"
+)
+DELIVERED_BY_ANOTHER = (
+    "this row was delivered, acked with another claim's token: this claimToken is an older claim's "
+    "or one never issued for it; drop this copy"
+)
+NOT_FOUND = "no such queue row for this orchestrator"
+
+
+def _explain_miss(conn: Conn, orchestrator_id: UUID, item: AckItem) -> tuple[AckStatus, str]:
+    """After the compare-and-set missed: a repeat of a successful ack, a superseded token, or none;
+    and what the caller is told."""
+    params = {"queue_id": item.queue_id, "orchestrator_id": orchestrator_id}
+    miss = conn.execute(query("ack_explain_miss"), params).fetchone()
+    assert miss is not None
+    if miss["session_status"] == "delivered":
+        if miss["acked_token"] == item.claim_token:
+            return "acked", ""
+        return "claim_superseded", DELIVERED_BY_ANOTHER
+    if miss["session_status"] == "queued":  # the row is there (the invariant); not its latest claim's
+        return "claim_superseded", NOT_CLAIMED if miss["live_token"] is None else NOT_LATEST
+    return "not_found", NOT_FOUND
+
+
+class AckResult(NamedTuple):
+    statuses: list[AckStatus]
+    notice_ids: list[UUID]  # the `delivered` Linear notices the same statement wrote
+    details: list[str]  # for each item, what it is told ("" when acked)
+
+
+def ack_many(
+    pool: Pool, orchestrator_id: UUID, items: list[AckItem], public_url: str | None = None
+) -> AckResult:
+    """Deliver: delete each row and mark its session `delivered`, only if the token is the row's
+    latest claim. Every write is in one statement (autocommit, so one transaction); only items that
+    missed are then explained, read-only. Repeating a successful ack answers `acked` again.
+    `public_url` (DEVPILOT_PUBLIC_URL): the base of the session pages Linear links to."""
+    params = {"orchestrator_id": orchestrator_id, **_ack_params(items, public_url)}  # (checked first)
+    with lend(pool) as conn:
+        rows = conn.execute(query("ack"), params).fetchall()
+        return _ack_result(conn, orchestrator_id, items, rows)
+
+
+def ack_as(
+    pool: Pool, token_hash: bytes, items: list[AckItem], public_url: str | None = None
+) -> tuple[Orchestrator, AckResult] | None:
+    """The ack route in one statement (`ack_as` in queue.sql): the active machine holding this token
+    hash, marked seen, and `ack_many`'s work for it. None when the hash is no active machine's
+    (nothing is acked then). One round trip for an ack that lands."""
+    params = {"token_hash": token_hash, **_ack_params(items, public_url)}  # (checked first)
+    with lend(pool) as conn:
+        rows = conn.execute(query("ack_as"), params).fetchall()
+        if not rows:
+            return None
+        caller = _caller(rows[0])
+        return caller, _ack_result(conn, caller.id, items, [r for r in rows if r["queue_id"] is not None])
+
+
+def _ack_params(items: list[AckItem], public_url: str | None) -> dict[str, Any]:
+    return {
+        "queue_ids": _uuid_array([i.queue_id for i in items]),
+        "claim_tokens": _uuid_array([i.claim_token for i in items]),
+        "public_url": public_url.rstrip("/") if public_url else None,
+    }
+
+
+def _uuid_array(ids: list[UUID]) -> str:
+    """A `uuid[]` as its text, which the statement casts: psycopg dumps a list of UUIDs one element
+    at a time in Python, several times the cost of joining their text (bench/README, "Claim + ack
+    against PgQueuer"). Only UUIDs: the text of anything else could read as more than one element."""
+    for i in ids:
+        if not isinstance(i, UUID):
+            raise TypeError(f"not a UUID: {type(i).__name__}")
+    return "{" + ",".join([i.hex for i in ids]) + "}"  # (32 hex digits: Postgres reads them as a uuid)
+
+
+def _ack_result(conn: Conn, orchestrator_id: UUID, items: list[AckItem], rows: list[DictRow]) -> AckResult:
+    acked = {(r["queue_id"], r["claim_token"]) for r in rows}
+    # An item listed twice is deleted once; its second copy is then judged a repeated ack.
+    judged: list[tuple[AckStatus, str]] = [
+        ("acked", "") if (i.queue_id, i.claim_token) in acked else _explain_miss(conn, orchestrator_id, i)
+        for i in items
+    ]
+    statuses: list[AckStatus] = [status for status, _ in judged]
+    notices = list(rows[0]["notice_ids"] or []) if rows else []
+    return AckResult(statuses, notices, [detail for _, detail in judged])
+
+
+def ack(pool: Pool, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID) -> AckStatus:
+    """The single form: judged exactly as one item of the batch form."""
+    return ack_many(pool, orchestrator_id, [AckItem(queue_id, claim_token)]).statuses[0]
+
+
+def wait_for_turn(tx: Tx, peek: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the statement `peek`, which reads a row's agent session (`org_id`, `agent_session_id`)
+    or finds no row, and then wait for that agent session's turn, held to the commit: what the
+    caller's next statements read is what the turn's previous holder committed. The row read, or
+    None (no turn taken)."""
+    tx = require_tx(tx, "wait_for_turn")
+    row = tx.one(query(peek), params)
+    if row is None:
+        return None
+    tx.execute(query("agent_session_turn_alone"), dict(row))
+    return dict(row)
+
+
+class Released(NamedTuple):
+    status: Literal["released", "claim_superseded", "not_found"]
+    available_at: datetime | None = None
+    dead_lettered: bool = False
+    notice_ids: tuple[UUID, ...] = ()
+    rerouted: bool = False  # given back to be routed again (`release_to_route_again`)
+
+
+def end_claim_params(settings: Settings, now: datetime | None = None) -> dict[str, Any]:
+    """The parameters of `end_claims` (queue.sql), which the release and the sweep share: the
+    attempt limit and the backoff `min(n² × base, cap)`, and the clock (None: the database's)."""
+    return {"now": now, **settings.retry_params()}
+
+
+def release(
+    pool: Pool,
+    settings: Settings,
+    orchestrator_id: UUID,
+    queue_id: UUID,
+    claim_token: UUID,
+    *,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> Released:
+    """End a live claim now as a failed attempt: the same backoff and dead-lettering as an expired
+    lease. A token that no longer holds the row changes nothing."""
+    params = {
+        "queue_id": queue_id,
+        "orchestrator_id": orchestrator_id,
+        "claim_token": claim_token,
+        "reason": reason,
+        **end_claim_params(settings, now),
+    }
+    with transaction(pool) as tx:
+        wait_for_turn(tx, "release_peek", params)  # (a start dead-lettered with what is behind it)
+        row = tx.one(query("release"), params)
+        assert row is not None
+        if row["matched"]:
+            if row["failed"]:
+                return Released(
+                    "released", None, dead_lettered=True, notice_ids=tuple(row["notice_ids"] or ())
+                )
+            return Released("released", row["available_at"])
+        miss = tx.one(query("ack_explain_miss"), params)
+        assert miss is not None
+        if miss["live_token"] == claim_token:
+            # Already released (or its expired lease swept): the claim has ended; say so again.
+            return Released("released", miss["live_available_at"])
+        if miss["live_token"] is not None or miss["session_status"] in ("queued", "delivered"):
+            return Released("claim_superseded")
+        return Released("not_found")
+
+
+def release_to_route_again(
+    tx: Tx, orchestrator_id: UUID, queue_id: UUID, claim_token: UUID, reason: str
+) -> list[tuple[DispatchPayload, str | None]] | None:
+    """In the caller's transaction: end the live claim of this token on a `start` and delete it,
+    with the messages queued behind it, their sessions `cancelled` (`reason`): each message (in
+    order) and its user, for the caller to route again. The agent session's turn is taken first,
+    so a stop either cancels the start before this or finds the routing requests written in its
+    place. None, having written nothing: the token holds no live claim of a start of this machine."""
+    tx = require_tx(tx, "release_to_route_again")
+    params: dict[str, Any] = {
+        "queue_id": queue_id,
+        "orchestrator_id": orchestrator_id,
+        "claim_token": claim_token,
+    }
+    peek = wait_for_turn(tx, "release_start_peek", params)
+    if peek is None:
+        return None
+    locked = tx.one(query("release_start_lock"), params)
+    if locked is None:
+        return None
+    rows = tx.all(query("release_start_remove"), {**params, **peek, "seq": locked["seq"], "reason": reason})
+    return [(DispatchPayload.from_wire(r["payload"]), r["linear_user_id"]) for r in rows]
+
+
+class ExpiredBatch(NamedTuple):
+    picked: int  # expired claims locked by the pick
+    requeued: int
+    dead_lettered: int
+    passed: list[UUID]  # picked, but left as they are: their agent session's turn was taken
+
+
+def end_expired_claims(tx: Tx, params: dict[str, Any], passed: list[UUID]) -> ExpiredBatch:
+    """In the caller's transaction, one batch of the sweep (`params`: `batch` and `end_claim_params`):
+    expired claims locked (`sweep_pick`, skipping `passed`), then each re-queued with backoff or
+    dead-lettered (`sweep`), a start of an agent session only with its turn."""
+    tx = require_tx(tx, "end_expired_claims")
+    picked = tx.all(query("sweep_pick"), {**params, "passed": passed})
+    ids = [r["id"] for r in picked if r["turn"]]
+    row = tx.one(query("sweep"), {**params, "ids": ids}) if ids else None
+    return ExpiredBatch(
+        picked=len(picked),
+        requeued=row["requeued"] if row else 0,
+        dead_lettered=row["dead_lettered"] if row else 0,
+        passed=[r["id"] for r in picked if not r["turn"]],
+    )
+
+
+class SweepResult(NamedTuple):
+    requeued: int
+    dead_lettered: int
+    rerouted: int = 0
+    rescued: int = 0  # revoked machines whose leftover work was moved or cancelled
+
+
+def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepResult:
+    """Re-queue every expired lease with backoff, dead-letter those at the attempt limit. Each batch
+    is one transaction of two statements (`end_expired_claims`); concurrent sweeps split the rows
+    between them (SKIP LOCKED) and never count one twice."""
+    requeued = dead = 0
+    params = {"batch": SWEEP_BATCH, **end_claim_params(settings, now)}
+    passed: list[UUID] = []  # rows whose turn was taken: left to the next sweep
+    while True:
+        with transaction(pool) as tx:
+            ended = end_expired_claims(tx, params, passed)
+        requeued += ended.requeued
+        dead += ended.dead_lettered
+        passed += ended.passed
+        if ended.picked < SWEEP_BATCH:
+            break
+    rerouted = 0
+    if settings.reroute_after_seconds > 0:
+        while True:  # a batch per transaction: the starts picked (and their turns), then moved
+            with transaction(pool) as tx:
+                picked = tx.all(
+                    query("reroute_quiet_pick"),
+                    {"after": settings.reroute_after_seconds, "batch": REROUTE_BATCH},
+                )
+                if picked:
+                    batch = [{k: str(v) if isinstance(v, UUID) else v for k, v in r.items()} for r in picked]
+                    row = tx.one(query("reroute_quiet_move"), {"picked": Jsonb(batch)})
+                    assert row is not None
+                    rerouted += row["rerouted"]
+            if len(picked) < REROUTE_BATCH:  # (or some turns were taken: the next sweep goes on)
+                break
+    # Work left on a revoked machine (`revoked_with_work` says how it can happen): revoked again,
+    # each in its own transaction, which moves it to the user's active machine or cancels it.
+    with lend(pool) as conn:
+        leftover = [r["id"] for r in conn.execute(query("revoked_with_work"), {"batch": SWEEP_BATCH})]
+    rescued = sum(1 for oid in leftover if revoke(pool, oid) is not None)
+    with statement(pool) as tx:
+        tx.execute(
+            query("record_sweep"), {"requeued": requeued, "dead_lettered": dead, "kept": SWEEP_RUNS_KEPT}
+        )
+    return SweepResult(requeued, dead, rerouted, rescued)
+
+
+def send_cancel_issue(
+    tx: Tx, *, org_id: str, issue_id: str, reason: str, key: str, finish: bool, n: int = 0
+) -> psycopg.Cursor[DictRow]:
+    """The webhook intake's cancel of the issue's undelivered dispatch, sent after `take_turns` in
+    its transaction (`cancel_open_issue_for_delivery`: only for a delivery that transaction recorded
+    and that does something, `n` its element there; with `finish`, what the delivery `key` did
+    written by the same statement). Sent, not waited for (`shared.plumbing.db.together`): its rows, the cancelled session ids,
+    the one recorded first, are read from the cursor."""
+    tx = require_tx(tx, "send_cancel_issue")
+    params = {"org_id": org_id, "issue_id": issue_id, "reason": reason, "key": key, "finish": finish, "n": n}
+    return tx.execute(query("cancel_open_issue_for_delivery"), params)
+
+
+def send_start_routed(
+    tx: Tx, *, org_id: str, linear_user_id: str, message: DispatchPayload, delivery_key: str, n: int = 0
+) -> psycopg.Cursor[DictRow]:
+    """The webhook intake's start for the machine `take_turns` chose, sent after it in its
+    transaction (`enqueue_routed_for_delivery`; `n` its element there), the delivery recorded as
+    dispatched to it. Sent,
+    not waited for (`shared.plumbing.db.together`): its row (session_id, queue_id, message_id,
+    orchestrator_id) is read from the cursor; none while a machine was chosen means it was revoked
+    meanwhile (the caller rolls back: `MachineRevoked`)."""
+    tx = require_tx(tx, "send_start_routed")
+    if message.kind != "start" or message.agent_session_id is not None:
+        raise ValueError("send_start_routed is for an issue's start")
+    params = {
+        **_session_params(message, None, None),
+        "org_id": org_id,
+        "linear_user_id": linear_user_id,
+        "delivery_key": delivery_key,
+        "n": n,
+    }
+    return tx.execute(query("enqueue_routed_for_delivery"), params)
+
+
+def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:
+    """Cancel the issue's undelivered dispatch (queued or claimed) in the caller's transaction.
+    Returns the cancelled session ids."""
+    tx = require_tx(tx, "cancel_issue")
+    rows = tx.all(query("cancel_open_issue"), {"org_id": org_id, "issue_id": issue_id, "reason": reason})
+    return [r["id"] for r in rows]
+
+
+# --- Operators' actions and the revoke: the queue's writes they make (queue.sql, last section). ---
+
+
+class Requeued(NamedTuple):
+    queue_id: UUID
+    machine: str  # the name of the machine it is queued for
+    notice_ids: list[UUID]  # Linear notices the statement wrote, to send after commit
+
+
+def requeue_failed(tx: Tx, session_id: UUID, orchestrator_id: UUID) -> Requeued | None:
+    """In the caller's transaction (an operator's retry, its locks held): a failed session's dead
+    letter queued again for `orchestrator_id` (`session_requeue`). None, having written nothing:
+    no dead letter, or that machine was revoked meanwhile."""
+    tx = require_tx(tx, "requeue_failed")
+    row = tx.one(query("session_requeue"), {"id": session_id, "orchestrator_id": orchestrator_id})
+    if row is None:
+        return None
+    return Requeued(row["queue_id"], row["machine"], list(row["notice_ids"] or []))
+
+
+class Cancelled(NamedTuple):
+    cancelled: bool  # the session itself (False: it was delivered meanwhile)
+    behind: int  # messages of its conversation queued behind it, cancelled with it
+    notice_ids: list[UUID]
+
+
+def cancel_queued(tx: Tx, session_id: UUID, reason: str) -> Cancelled:
+    """In the caller's transaction (an operator's cancel, its locks held): the session's queue row
+    deleted, with what its conversation queued behind it, their sessions `cancelled` (`reason`)
+    and Linear told (`session_cancel`)."""
+    tx = require_tx(tx, "cancel_queued")
+    row = tx.one(query("session_cancel"), {"id": session_id, "reason": reason})
+    assert row is not None
+    return Cancelled(bool(row["cancelled"]), int(row["with_behind"]) - 1, list(row["notice_ids"] or []))
+
+
+def move_start(tx: Tx, session_id: UUID, source: UUID, target: UUID) -> str | None:
+    """In the caller's transaction (an operator's move, its locks held): an unclaimed start on
+    `source`, with the messages queued behind it, moved to `target` (`session_move`). The target's
+    name; None, having written nothing: it is claimed, or the target is not another active
+    machine of the same user."""
+    tx = require_tx(tx, "move_start")
+    row = tx.one(query("session_move"), {"id": session_id, "source": source, "target": target})
+    assert row is not None
+    return str(row["target_name"]) if row["moved"] else None
+
+
+def note_routing(tx: Tx, session_id: UUID, note: str) -> None:
+    """In the routing transaction: how the session's machine was chosen, for its page."""
+    require_tx(tx, "note_routing").execute(query("session_routing_note"), {"id": session_id, "note": note})
+
+
+class Revoked(NamedTuple):
+    moved: int  # undelivered starts now with the same user's most recently seen active machine
+    cancelled: int  # the rest (prompts, stops, starts no other machine could take)
+    notice_ids: list[UUID]  # Linear notices the transaction wrote, to send after commit
+
+
+def revoke(pool: Pool, orchestrator_id: UUID) -> Revoked | None:
+    """One transaction: the token stops working (`orchestrators.mark_revoked`, which waits for
+    every enqueue to the machine), and the machine's undelivered work is never stranded: starts
+    move to the user's most recently seen active machine, the rest is cancelled (Linear told, for
+    agent sessions). None: no such machine. Revoking again changes nothing."""
+    params = {"id": orchestrator_id}
+    with transaction(pool) as tx:
+        if not orchestrators.mark_revoked(tx, orchestrator_id):
+            return None
+        moved = tx.one(query("revoke_move_starts"), params)
+        rest = tx.one(query("revoke_cancel_rest"), {**params, "reason": "its machine was revoked"})
+    assert moved is not None and rest is not None
+    return Revoked(int(moved["moved"]), int(rest["cancelled"]), list(rest["notice_ids"] or []))
