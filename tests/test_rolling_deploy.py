@@ -17,7 +17,7 @@ import pytest
 
 from shared.plumbing.migrate import SCHEMA, discover
 from tests.helpers.pg import Server
-from tests.helpers.releases import before_each_migration, checkout
+from tests.helpers.releases import before_each_migration, checkout, migrate_module
 
 RELEASES = before_each_migration()
 pytestmark = pytest.mark.skipif(not RELEASES, reason="the repository's history is not here (shallow clone)")
@@ -35,7 +35,7 @@ def _old_contract(pg_server: Server, commit: str, folder: Path, select: str | No
         [
             sys.executable,
             "-c",
-            "from shared.plumbing.migrate import SCHEMA, discover; print(len(discover(SCHEMA / 'migrations')))",
+            f"from {migrate_module(old)} import SCHEMA, discover; print(len(discover(SCHEMA / 'migrations')))",
         ],
         cwd=old,
         env=env,

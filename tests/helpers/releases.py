@@ -59,6 +59,15 @@ def checkout(commit: str, dest: Path, *, new_schema: bool) -> Path:
     if new_schema:
         for p in (ROOT / "infra" / "migrations").glob("*.sql"):
             shutil.copy2(p, dest / "infra" / "migrations" / p.name)
-        for rel in ("shared/plumbing/migrate.py", "shared/queries/database.sql"):
-            shutil.copy2(ROOT / rel, dest / rel)
+        shutil.copy2(ROOT / "shared/queries/database.sql", dest / "shared/queries/database.sql")
+        runner = dest / migrate_module(dest).replace(".", "/")
+        text = (ROOT / "shared/plumbing/migrate.py").read_text(encoding="utf-8")
+        if not (dest / "shared" / "plumbing").is_dir():  # (before shared/ had rooms: all of it flat)
+            text = text.replace("from shared.plumbing.", "from shared.")
+        runner.with_suffix(".py").write_text(text, encoding="utf-8")
     return dest
+
+
+def migrate_module(tree: Path) -> str:
+    """The migration runner's module in `tree`: in its room, or where it stood before shared/ had rooms."""
+    return "shared.plumbing.migrate" if (tree / "shared" / "plumbing").is_dir() else "shared.migrate"
