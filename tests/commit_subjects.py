@@ -1,9 +1,10 @@
-"""Commit subjects at most 72 characters (`./dev lint`): every commit after BASE, up to HEAD.
+"""Commit subjects at most 72 characters (`./dev lint`): every commit after BASE, up to HEAD, but
+merges (their subject is often a tool's: a CI's merge of a pull request names two hashes).
 
     python -m tests.commit_subjects [--base REV] [--repo DIR]
 
 Prints each longer subject and exits 1; exits 0, saying why, where there is nothing it can check:
-no git checkout, or BASE not in it (a shallow CI clone, a tarball).
+no git, no checkout, or BASE not in it (a shallow CI clone, a tarball).
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ BASE = "61b197fd696b8be35f26782a2486ad0c07366146"
 MAX_CHARS = 72
 
 
-def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str] | None:
+    """git's answer, or None where there is no git to ask."""
+    try:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        return None
 
 
 def long_subjects(repo: Path, base: str = BASE) -> list[str] | None:
     """`<short hash> <subject>` of each commit after `base` whose subject is longer than
     MAX_CHARS characters; None when `base` is not in this checkout."""
-    if git(repo, "cat-file", "-e", f"{base}^{{commit}}").returncode != 0:
+    found = git(repo, "cat-file", "-e", f"{base}^{{commit}}")
+    if found is None or found.returncode != 0:
         return None
-    log = git(repo, "log", "--format=%h %s", f"{base}..HEAD")
-    if log.returncode != 0:
-        raise RuntimeError(f"git log failed: {log.stderr.strip()}")
+    log = git(repo, "log", "--no-merges", "--format=%h %s", f"{base}..HEAD")
+    if log is None or log.returncode != 0:
+        raise RuntimeError(f"git log failed: {log.stderr.strip() if log else 'no git'}")
     return [line for line in log.stdout.splitlines() if len(line.split(" ", 1)[-1]) > MAX_CHARS]
 
 
@@ -42,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     long = long_subjects(args.repo, args.base)
     if long is None:
         print(
-            f"commit subjects: not checked, {args.base[:12]} is not in this checkout (shallow?)",
+            f"commit subjects: not checked, {args.base[:12]} is not in this checkout (shallow? no git?)",
             file=sys.stderr,
         )
         return 0

@@ -38,3 +38,17 @@ def test_a_checkout_without_the_base_is_not_checked(tmp_path: Path) -> None:
     missing = "0123456789abcdef0123456789abcdef01234567"
     assert long_subjects(repo, missing) is None
     assert main(["--repo", str(repo), "--base", missing]) == 0
+
+
+def test_a_merge_is_not_held_to_it(tmp_path: Path) -> None:
+    """A merge's subject is often a tool's (a CI's merge of a pull request names two hashes): the
+    commits it brings in are checked, not it."""
+    repo = checkout(tmp_path / "r")
+    base = commit(repo, "the base")
+    subprocess.run(["git", "checkout", "-q", "-b", "side"], cwd=repo, check=True)
+    commit(repo, "a change")
+    subprocess.run(["git", "checkout", "-q", "-"], cwd=repo, check=True)
+    commit(repo, "another change")
+    long = "Merge " + "m" * MAX_CHARS
+    subprocess.run(["git", "merge", "-q", "--no-ff", "-m", long, "side"], cwd=repo, check=True)
+    assert long_subjects(repo, base) == []
