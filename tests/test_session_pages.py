@@ -151,6 +151,12 @@ def test_the_page_of_a_conversation_read_back_from_the_browser(
     ):
         body = {"agentSessionId": "as-page", "content": content, **extra}
         assert api.post_as(scoped, "/activities", body).status_code == 202
+        if extra.get("ephemeral"):  # (sent before the next: unsent, the response would supersede it)
+            wait_for(
+                lambda c=content: c["body"] in [a["content"].get("body") for a in linear.activities()],
+                10,
+                "the ephemeral thought in Linear",
+            )
         if content["type"] == "elicitation":
             assert (
                 api.post_as(scoped, "/plan", {"agentSessionId": "as-page", "plan": plan}).status_code == 202
