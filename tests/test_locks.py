@@ -388,7 +388,9 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
     api.register(user="user-1")
     with connect(db_url, autocommit=False) as stop:
         stop.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
-        stop.execute(query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None})
+        stop.execute(
+            query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None, "n": None}
+        )
         late = _answer_once_committed(api, stop, agent_session_event(session_id="as-stopped"))
     assert late.json() == {"status": "ignored", "reason": "agent_session_stopped"}
     assert queue_of(api.pool) == []
@@ -415,7 +417,7 @@ def test_a_follow_up_waiting_behind_a_later_stop_sees_the_stop(
         )
         stop.execute(
             query("record_stop"),
-            {"org_id": "org-a", "agent_session_id": "as-stopping", "at": datetime.now(UTC)},
+            {"org_id": "org-a", "agent_session_id": "as-stopping", "at": datetime.now(UTC), "n": None},
         )
         stop.execute("UPDATE dispatch_sessions SET status = 'cancelled' WHERE id = %s", (start["sessionId"],))
         stop.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (start["sessionId"],))

@@ -85,8 +85,10 @@ from shared.delivery.queue import (
     prompt_holders,
     route_and_enqueue,
     route_and_enqueue_many,
+    send_cancel_agent_session,
     send_cancel_issue,
     send_start_routed,
+    send_stop,
 )
 from shared.linear import auth as linear_auth
 from shared.linear import notices
@@ -213,6 +215,56 @@ def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: s
         if done is not None:
             return done
     return _transaction(pool, hook, plan, key, content_key)
+
+
+def _stop(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """Linear's stop signal, one transaction sent at once (`shared.plumbing.db.together`): the
+    delivery recorded and the agent session's turn taken (`take_turns`), then, each reading its
+    verdict in SQL, what no machine has yet cancelled (messages waiting to be routed, queued
+    messages), the stop recorded (`record_stop`), and the machine that had one delivered told with
+    a `stop`, or, if none had, Linear with a final response (`send_stop`). Nothing is decided here
+    between them: one round trip. A delivery seen before wrote nothing: `duplicate`."""
+    org, agent_session = hook.org_id, plan.agent_session_id
+    if org is None or agent_session is None:  # (nothing to stop: ignored, as the transaction says)
+        return _transaction(pool, hook, plan, key, content_key)
+    message = DispatchPayload(
+        issue=plan.issue or IssueRef(id=""), agent_session_id=agent_session, kind="stop", prompt=None
+    )
+    with together(pool) as tx:
+        turn = tx.execute(query("take_turns"), {**_record_params(hook, plan, key, content_key), "n": 0})
+        routing.cancel(tx, org, agent_session)
+        cancels = send_cancel_agent_session(tx, org_id=org, agent_session_id=agent_session)
+        # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
+        # (a follow-up's, without the turn) held that row, the cancel waited for it, and this
+        # statement, with a snapshot taken after, marks its dead letter too (`record_stop`).
+        tx.execute(
+            query("record_stop"),
+            {"org_id": org, "agent_session_id": agent_session, "at": plan.activity_at, "n": 0},
+        )
+        stop = send_stop(
+            tx,
+            org_id=org,
+            linear_user_id=plan.user_id,
+            message=message,
+            issue_given=plan.issue is not None,
+            delivery_key=key,
+            unstarted_notice=STOPPED_BEFORE_START,
+        )
+    recorded = turn.fetchone()
+    if recorded is None:
+        return _duplicate(pool, key, content_key)
+    if recorded["verdict"] != "go":
+        return Received(_not_taken(recorded).answer, recorded=True)
+    cancelled = [str(r["id"]) for r in cancels.fetchall()]
+    sent = stop.fetchone()
+    assert sent is not None
+    sid = sent["session_id"]
+    answer = {
+        "status": "stopped",
+        "cancelledSessionIds": cancelled,
+        "stopSessionId": str(sid) if sid else None,
+    }
+    return Received(answer, [] if sent["notice_id"] is None else [sent["notice_id"]], recorded=True)
 
 
 def _cancel(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
@@ -388,7 +440,7 @@ CARRIED_OUT_BY: dict[Asks, Way] = {
     "cancel_and_start": _cancel_and_start,
     "follow_up": _follow_up,
     "answer": _transaction,
-    "stop": _transaction,
+    "stop": _stop,
 }
 
 
@@ -609,8 +661,6 @@ def _apply(
     if plan.kind == "disconnect":  # the app was uninstalled: posts wait for a new install
         linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
         return Received({"status": "ignored", "reason": plan.reason})
-    if plan.kind == "stop":
-        return _stop(tx, org, plan)
     if plan.kind == "prompt":
         holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
         if holder is not None:
@@ -715,46 +765,6 @@ def _answer(tx: Tx, org: str, plan: Intent) -> Received | None:
     if rid is None:
         return None
     return Received({"status": "routing", "routeId": str(rid)}, route_ids=[rid])
-
-
-def _stop(tx: Tx, org: str, plan: Intent) -> Received:
-    """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
-    waiting to be routed), and tell the machine that has it."""
-    assert plan.agent_session_id is not None
-    # (Sent one after another, and waited for once, with the holder's read.)
-    routing.cancel(tx, org, plan.agent_session_id)
-    cancels = tx.execute(
-        query("cancel_agent_session"),
-        {"org_id": org, "agent_session_id": plan.agent_session_id, "reason": "stopped in Linear"},
-    )
-    # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
-    # (a follow-up's, without the turn) held that row, the cancel waited for it, and this statement,
-    # with a snapshot taken after, marks its dead letter too (`record_stop`).
-    tx.execute(
-        query("record_stop"),
-        {"org_id": org, "agent_session_id": plan.agent_session_id, "at": plan.activity_at},
-    )
-    holder = _holder(tx, org, plan.agent_session_id, delivered_only=True)
-    cancelled = [str(r["id"]) for r in cancels.fetchall()]
-    if holder is None:
-        told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)
-        return Received({"status": "stopped", "cancelledSessionIds": cancelled, "stopSessionId": None}, told)
-    sent = _dispatch(
-        tx,
-        org,
-        plan,
-        holder.orchestrator_id,
-        plan.issue or holder.issue,
-        "stop",
-        None,
-        speaks_as=holder.speaks_as,
-    )
-    answer = {
-        "status": "stopped",
-        "cancelledSessionIds": cancelled,
-        "stopSessionId": sent.answer["sessionId"],
-    }
-    return Received(answer, sent.notice_ids)
 
 
 @dataclass(frozen=True)

@@ -726,6 +726,49 @@ def send_start_routed(
     return tx.execute(query("enqueue_routed_for_delivery"), params)
 
 
+def send_cancel_agent_session(
+    tx: Tx, *, org_id: str, agent_session_id: str, n: int = 0
+) -> psycopg.Cursor[DictRow]:
+    """A stop's cancel of every undelivered message of its agent session, sent after `take_turns`
+    in its transaction (`cancel_agent_session`: only for a delivery that statement recorded, `n` its
+    element). Sent, not waited for: its rows, the cancelled session ids, are read from the cursor."""
+    tx = require_tx(tx, "send_cancel_agent_session")
+    params = {"org_id": org_id, "agent_session_id": agent_session_id, "reason": "stopped in Linear", "n": n}
+    return tx.execute(query("cancel_agent_session"), params)
+
+
+def send_stop(
+    tx: Tx,
+    *,
+    org_id: str,
+    linear_user_id: str | None,
+    message: DispatchPayload,
+    issue_given: bool,
+    delivery_key: str,
+    unstarted_notice: str,
+    n: int = 0,
+) -> psycopg.Cursor[DictRow]:
+    """The last statement of a stop's transaction, sent after its cancel (`stop_for_delivery`): a
+    `stop` for the machine that holds the agent session, or, held by none, `unstarted_notice` for
+    Linear; and what the delivery did. `message`: the stop (the holder's issue is used when the
+    webhook names none, `issue_given` False). Sent, not waited for: its row (session_id, the
+    stop's or None; notice_id, the notice's or None) is read from the cursor."""
+    tx = require_tx(tx, "send_stop")
+    if message.kind != "stop" or message.agent_session_id is None:
+        raise ValueError("send_stop is for an agent session's stop")
+    params = {
+        **_session_params(message, None, None),
+        "org_id": org_id,
+        "linear_user_id": linear_user_id,
+        "issue_given": issue_given,
+        "notice_issue_id": message.issue.id if issue_given else None,
+        "body": unstarted_notice,
+        "key": delivery_key,
+        "n": n,
+    }
+    return tx.execute(query("stop_for_delivery"), params)
+
+
 def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:
     """Cancel the issue's undelivered dispatch (queued or claimed) in the caller's transaction.
     Returns the cancelled session ids."""

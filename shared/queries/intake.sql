@@ -170,14 +170,18 @@ FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered
 -- cancel (`cancel_agent_session`): a message dead-lettered by a release or the sweep while the
 -- stop ran (a follow-up's is, without the turn) held its queue row, the cancel waited for that
 -- commit, and this statement's snapshot, taken after, sees its dead letter.
-WITH letters AS (
+-- Sent after `take_turns`: only when that statement recorded the delivery (`devpilot.verdict_<n>`
+-- 'go', `n` its element; `n` NULL: a statement used alone, always).
+WITH go AS (
+    SELECT WHERE %(n)s::int IS NULL OR current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+), letters AS (
     UPDATE dead_letters d SET stopped_at = now()
     FROM dispatch_sessions s
     WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s AND s.status = 'failed'
-      AND d.session_id = s.id AND d.stopped_at IS NULL
+      AND d.session_id = s.id AND d.stopped_at IS NULL AND EXISTS (SELECT FROM go)
 )
 INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)
-VALUES (%(org_id)s, %(agent_session_id)s, %(at)s)
+SELECT %(org_id)s, %(agent_session_id)s, %(at)s::timestamptz FROM go
 ON CONFLICT (org_id, agent_session_id) DO UPDATE
 SET stopped_at = excluded.stopped_at,
     last_stop_at = greatest(agent_session_stops.last_stop_at, excluded.last_stop_at);
