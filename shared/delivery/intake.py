@@ -21,14 +21,16 @@
   `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
                                                               group commit
   `prompted` with the `select` signal     answer              the intake transaction
-  `prompted` with the stop signal         stop                the intake transaction
+  `prompted` with the stop signal         stop                `take_turns` + `routing_cancel_agent_session`
+                                                              + `cancel_agent_session` + `record_stop` +
+                                                              `stop_for_delivery`, together (`_stop`)
 
 Every way records the delivery with everything it causes in one transaction (a statement that is
 its own, or `shared.plumbing.db.together`'s, or the intake transaction): the delivery's keys, cancelled
 sessions, the new message's session and queue row, the Linear notice that says so. Either all of it
 commits or none of it does, so a crash mid-request leaves Linear's retry to find nothing recorded
 and try again. "Together" sends a transaction's statements at once (`shared.plumbing.db.together`): the
-first, `take_turns`, records the delivery and takes its issue's turn, and the ones after read its
+first, `take_turns`, records the delivery and takes its issue's (or agent session's) turn, and the ones after read its
 verdict in SQL, so nothing waits for a decision made here between them.
 
 What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
