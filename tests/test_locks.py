@@ -447,6 +447,35 @@ def test_an_older_assignment_waiting_behind_a_later_change_sees_it(
     assert queue_of(api.pool) == []
 
 
+def test_a_reassignment_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, db_url: str) -> None:
+    """A re-assignment's statements are sent at once, so nothing is looked at between them: when its
+    enqueue waits for a revoke of the machine it chose and finds it revoked, the statement aborts
+    the transaction (nothing commits, the delivery's record neither) and the intake decides again:
+    the start goes to the assignee's other machine, and the webhook answers so."""
+    revoked, _ = api.register(name="laptop")
+    other, _ = api.register(name="desktop")
+    with api.pool.connection() as conn:  # the routing choice: the machine being revoked
+        conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (revoked,))
+    event = issue_event(
+        "update", issue_id="iss-re-held", assignee="user-1", updated_from={"assigneeId": "user-2"}
+    )
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
+        t, out = in_thread(lambda: api.webhook(event))
+        _blocked_by(api.pool, revoker.info.backend_pid)  # the re-assignment chose it, and waits
+        revoker.execute(query("revoke_move_starts"), {"id": revoked})
+        revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
+        revoker.commit()
+    t.join(timeout=10)
+    r = out[0]
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "dispatched" and r.json()["orchestratorId"] == other
+    assert queue_of(api.pool) == [(other, "queued")]
+    with api.pool.connection() as conn:
+        [row] = conn.execute("SELECT outcome, session_id FROM webhook_deliveries").fetchall()
+    assert row == {"outcome": "dispatched", "session_id": UUID(r.json()["sessionId"])}
+
+
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
     api: Api, db_url: str
 ) -> None:

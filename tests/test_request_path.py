@@ -386,7 +386,7 @@ def test_an_existing_issue_assigned_is_one_round_trip_and_a_reassignment_two(
             "update", issue_id="iss-old", assignee="user-2", updated_from={"assigneeId": "user-1"}
         )
         moved, trips = _round_trips(pool, lambda: _receive(pool, again, "d-2"))
-        assert trips == 2  # its statements sent together and read, then the commit
+        assert trips == 1  # its statements sent together, the commit with them
         assert moved["status"] == "dispatched" and moved["orchestratorId"] == str(desk.id)
         assert moved["cancelledSessionId"] == answer["sessionId"]
         assert claim(pool, laptop.id, max=10, lease_seconds=60) == []
@@ -400,8 +400,43 @@ def test_an_existing_issue_assigned_is_one_round_trip_and_a_reassignment_two(
             "update", issue_id="iss-old", assignee="user-1", updated_from={"assigneeId": "user-2"}
         )
         answer, trips = _round_trips(pool, lambda: _receive(pool, third, "d-3"))
-        assert (trips, answer["status"], answer["orchestratorId"]) == (2, "dispatched", str(laptop.id))
+        assert (trips, answer["status"], answer["orchestratorId"]) == (1, "dispatched", str(laptop.id))
         assert "cancelledSessionId" not in answer
+        # Re-assigned to someone whose machines differ in what they have: the start waits for
+        # Linear to name its repository (a routing request), written by the same one round trip.
+        one = register(pool, org_id="org-a", linear_user_id="user-3", name="one")
+        two = register(pool, org_id="org-a", linear_user_id="user-3", name="two")
+        with pool.connection() as conn:
+            conn.execute("UPDATE orchestrators SET routing_shape = 'elsewhere' WHERE id = %s", (two.id,))
+        fourth = issue_event(
+            "update", issue_id="iss-old", assignee="user-3", updated_from={"assigneeId": "user-1"}
+        )
+        asked, trips = _round_trips(pool, lambda: _receive(pool, fourth, "d-4"))
+        assert trips == 1
+        assert asked == {
+            "status": "routing",
+            "routeId": asked["routeId"],
+            "cancelledSessionId": answer["sessionId"],
+        }
+        with pool.connection() as conn:
+            request = conn.execute(
+                "SELECT need, linear_user_id, delivery_key, message->>'kind' AS kind, issue_id"
+                " FROM routing_requests WHERE id = %s",
+                (asked["routeId"],),
+            ).fetchone()
+        assert request == {
+            "need": "repository",
+            "linear_user_id": "user-3",
+            "delivery_key": "delivery:d-4",
+            "kind": "start",
+            "issue_id": "iss-old",
+        }
+        assert [(r["outcome"], r["session_id"]) for r in _written(pool)][-1] == ("routing", None)
+        assert (
+            claim(pool, one.id, max=10, lease_seconds=60)
+            == claim(pool, two.id, max=10, lease_seconds=60)
+            == []
+        )
     finally:
         pool.close()
 

@@ -85,6 +85,7 @@ from shared.delivery.queue import (
     Start,
     enqueue_dispatch,
     prompt_holders,
+    revoked_meanwhile,
     route_and_enqueue,
     route_and_enqueue_many,
     send_cancel_agent_session,
@@ -322,99 +323,68 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     turn taken, waiting, and its assignee's machine chosen), in the order of their issues, so two
     such transactions never wait for each other's turns in a circle, and no turn is waited for
     while a row lock is held; then each one's cancel of its issue's undelivered assignment dispatch
-    and start, which read its verdict (`take_turns`). One round trip for cancels alone; with a
-    start, the rows are read, and the commit is a second, with what a delivery did when its start
-    did not write it (no machine, or the user's machines differ, so the repository is asked
-    first). A machine revoked meanwhile (MachineRevoked): nothing is committed, and the group
+    and start, which read its verdict (`take_turns`) and write what the delivery did (cancelled or
+    ignored; dispatched; or, the user's machines differing, a routing request, the repository asked
+    first). One round trip: nothing is read before the commit. A machine revoked meanwhile: the
+    start's statement aborts the transaction (MachineRevoked), nothing is committed, and the group
     commit tries each change again alone (each, in its caller's rounds, seeing the revoke). One
     answer per change, in order; None: the delivery was seen before, and nothing was written."""
     order = sorted(range(len(changes)), key=lambda i: (changes[i].org_id, changes[i].issue_id))
-    starts = any(c.start is not None for c in changes)
-    with together(pool) as tx:
-        turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
-        cancels, started = {}, {}
-        for i in order:
-            c = changes[i]
-            key = c.record["key"]
-            cancels[i] = send_cancel_issue(
-                tx,
-                org_id=c.org_id,
-                issue_id=c.issue_id,
-                reason=c.reason,
-                key=key,
-                finish=c.start is None,
-                n=i,
-            )
-            if c.start is not None:
-                assert c.user is not None
-                started[i] = send_start_routed(
-                    tx, org_id=c.org_id, linear_user_id=c.user, message=c.start, delivery_key=key, n=i
+    try:
+        with together(pool) as tx:
+            turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
+            cancels, started = {}, {}
+            for i in order:
+                c = changes[i]
+                key = c.record["key"]
+                cancels[i] = send_cancel_issue(
+                    tx, org_id=c.org_id, issue_id=c.issue_id, reason=c.reason, key=key, n=i
                 )
-        if starts:  # (read before the commit: one may need a statement more, or a rollback)
-            out = [_changed(tx, c, turns[i], cancels[i], started.get(i)) for i, c in enumerate(changes)]
-    if not starts:
-        out = [_changed(None, c, turns[i], cancels[i], None) for i, c in enumerate(changes)]
-    return out
+                if c.start is not None:
+                    assert c.user is not None
+                    started[i] = send_start_routed(
+                        tx, org_id=c.org_id, linear_user_id=c.user, message=c.start, delivery_key=key, n=i
+                    )
+    except psycopg.Error as error:
+        if revoked_meanwhile(error):
+            raise MachineRevoked(str(error)) from error
+        raise
+    return [_changed(c, turns[i], cancels[i], started.get(i)) for i, c in enumerate(changes)]
 
 
 def _changed(
-    tx: Tx | None,
     change: Change,
     turns: psycopg.Cursor[DictRow],
     cancel: psycopg.Cursor[DictRow],
     start: psycopg.Cursor[DictRow] | None,
 ) -> Received | None:
-    """What one change of `_change_issues` did, from its statements' rows. `tx`: its transaction,
-    still open when a change has a start, for what the delivery did when the start did not write it."""
+    """What one change of `_change_issues` did, from its statements' rows (read after the commit:
+    its statements wrote what the delivery did)."""
     recorded = turns.fetchone()
     if recorded is None:
         return None
     if recorded["verdict"] != "go":
-        received = _not_taken(recorded)
+        return Received(_not_taken(recorded).answer, recorded=True)
+    cancelled = [r["id"] for r in cancel.fetchall()]
+    enq = start.fetchone() if start is not None else None
+    answer: dict[str, Any]
+    if enq is not None and enq["session_id"] is not None:
+        enqueued = Enqueued(
+            session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
+        )
+        answer = _dispatched(enqueued, enq["orchestrator_id"], None)
+    elif enq is not None and enq["route_id"] is not None:
+        # which of the user's machines depends on the repository: Linear is asked first
+        answer = {"status": "routing", "routeId": str(enq["route_id"])}
+    elif cancelled:
+        return Received({"status": "cancelled", "sessionId": str(cancelled[0])}, recorded=True)
     else:
-        cancelled = [r["id"] for r in cancel.fetchall()]
-        enq = start.fetchone() if start is not None else None
-        if enq is not None:
-            enqueued = Enqueued(
-                session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
-            )
-            answer = _dispatched(enqueued, enq["orchestrator_id"], None)
-            if cancelled:
-                answer["cancelledSessionId"] = str(cancelled[0])
-            return Received(answer, recorded=True)
-        if change.start is not None and recorded["routed"] is not None:
-            if not recorded["mixed"]:
-                raise MachineRevoked(f"orchestrator {recorded['routed']} is not active")
-            # which of the user's machines depends on the repository: Linear is asked first
-            assert tx is not None
-            received = _route_later_start(tx, change, cancelled)
-        elif cancelled:
-            received = Received({"status": "cancelled", "sessionId": str(cancelled[0])})
-        else:
-            reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
-            received = Received({"status": "ignored", "reason": reason})
-    if change.start is not None:  # (a cancel alone: its statement wrote it, `finish`)
-        assert tx is not None
-        _finish(tx, change.record["key"], received)
-    return received
-
-
-def _route_later_start(tx: Tx, change: Change, cancelled: list[UUID]) -> Received:
-    """A change's start whose user's machines differ: a routing request, asked of Linear after the
-    commit (as `_route_later`)."""
-    assert change.start is not None
-    rid = routing.request(
-        tx,
-        org_id=change.org_id,
-        message=change.start,
-        delivery_key=change.record["key"],
-        need="repository",
-        linear_user_id=change.user,
-    )
-    answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
+        reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
+        return Received({"status": "ignored", "reason": reason}, recorded=True)
     if cancelled:
         answer["cancelledSessionId"] = str(cancelled[0])
-    return Received(answer, route_ids=[rid])
+    routes = [] if answer["status"] != "routing" else [UUID(str(enq["route_id"]))] if enq else []
+    return Received(answer, recorded=True, route_ids=routes)
 
 
 def _why(hook: Webhook) -> str:

@@ -64,6 +64,8 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
 --   nothing, the delivery's record included.
 -- * `devpilot.routed_<n>`: the machine the routing policy chose for `route_user`; '' for none, or
 --   when the user's machines differ (`mixed`: the start needs its repository first).
+-- * `devpilot.mixed_<n>`: 'true' when they differ (a recorded delivery's start then writes a
+--   routing request: `enqueue_routed_for_delivery`).
 WITH recorded AS (
 -- include: record_delivery_rows
 )
@@ -71,7 +73,8 @@ SELECT r.*,
        set_config('devpilot.verdict_' || %(n)s,
                   CASE WHEN r.superseded OR r.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict,
        set_config('devpilot.routed_' || %(n)s,
-                  CASE WHEN r.mixed THEN '' ELSE coalesce(r.routed::text, '') END, true) AS routed_machine
+                  CASE WHEN r.mixed THEN '' ELSE coalesce(r.routed::text, '') END, true) AS routed_machine,
+       set_config('devpilot.mixed_' || %(n)s, r.mixed::text, true) AS mixed_machines
 FROM recorded r;
 
 -- name: delivery_session

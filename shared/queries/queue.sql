@@ -615,9 +615,10 @@ SELECT id FROM cancelled;
 -- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
 -- (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
 -- only when that statement recorded the delivery and the delivery does something
--- (`devpilot.verdict_<n>` 'go', `n` its element). With `finish`, the same statement writes what the
--- delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
+-- (`devpilot.verdict_<n>` 'go', `n` its element). The same statement writes what the delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
 -- `ignored` (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
+-- A start with a machine chosen (`devpilot.routed_<n>`) writes its own (`enqueue_routed_for_delivery`:
+-- dispatched, or the transaction aborts), so this one writes nothing then.
 -- Same lock order as `cancel_open_issue`.
 WITH removed AS (
     DELETE FROM dispatch_queue dq
@@ -633,31 +634,53 @@ WITH removed AS (
     UPDATE webhook_deliveries
     SET session_id = (SELECT min(id::text)::uuid FROM cancelled),
         outcome = CASE WHEN EXISTS (SELECT FROM cancelled) THEN 'cancelled' ELSE 'ignored' END
-    WHERE delivery_key = %(key)s AND %(finish)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
+    WHERE delivery_key = %(key)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
+      AND coalesce(current_setting('devpilot.routed_' || %(n)s, true), '') = ''
 )
 SELECT id FROM cancelled ORDER BY id::text;
 
 -- name: enqueue_routed_for_delivery
--- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` in its transaction
--- (`shared.plumbing.db.together`): for the machine that statement chose (`devpilot.routed_<n>`, `n` its
--- element; none, or a user whose machines differ: nothing is written), only when the delivery does
+-- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` and the issue's
+-- cancel in its transaction (`shared.plumbing.db.together`): for the machine `take_turns` chose
+-- (`devpilot.routed_<n>`, `n` its element; none: nothing is written), only when the delivery does
 -- something (`devpilot.verdict_<n>` 'go'). The machine's row is read FOR KEY SHARE if it is still
--- active, as `enqueue`'s `target`: no row returned while `devpilot.routed_<n>` names a machine means
--- it was revoked meanwhile, and the caller rolls the transaction back and decides again. The
--- delivery is recorded as dispatched to the new session by the same statement.
+-- active, as `enqueue`'s `target`. Revoked meanwhile (a machine chosen, none locked), the statement
+-- aborts the transaction (`devpilot_machine_revoked`, migration 0023): nothing commits, the
+-- delivery's record neither, and the caller decides again. The delivery is recorded as dispatched
+-- to the new session by the same statement. A user whose machines differ (`devpilot.mixed_<n>`):
+-- the start's routing request instead (`routing_request_insert`'s row: which of the user's
+-- machines has the issue's repository is asked of Linear after the commit), and the delivery
+-- recorded as `routing`. One row: the session queued (NULL: none), or the request written.
 WITH target AS (
     SELECT id, name, listening_until > now() AS listening
     FROM orchestrators
     WHERE id = nullif(current_setting('devpilot.routed_' || %(n)s, true), '')::uuid AND revoked_at IS NULL
       AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
     FOR KEY SHARE
+), revoked AS (
+    SELECT devpilot_machine_revoked(nullif(current_setting('devpilot.routed_' || %(n)s, true), '')::uuid)
+    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+      AND nullif(current_setting('devpilot.routed_' || %(n)s, true), '') IS NOT NULL
+      AND NOT EXISTS (SELECT FROM target)
 ),
 -- include: enqueue_session_rows
 ,
 -- include: delivery_dispatched
-SELECT q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+, asked AS (
+    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
+                                  linear_user_id)
+    SELECT %(org_id)s, NULL, %(issue_id)s, 'repository', %(payload)s, %(delivery_key)s, %(linear_user_id)s
+    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+      AND current_setting('devpilot.mixed_' || %(n)s, true) = 'true'
+    RETURNING id
+), routing AS (
+    UPDATE webhook_deliveries d SET session_id = NULL, outcome = 'routing'
+    FROM asked WHERE d.delivery_key = %(delivery_key)s
+)
+SELECT q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id, (SELECT id FROM asked) AS route_id,
+       (SELECT count(*) FROM revoked) AS revoked,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
-FROM q;
+FROM (SELECT) one LEFT JOIN q ON true;
 
 -- name: stop_for_delivery
 -- The last statement of a stop's transaction (`shared.delivery.intake._stop`), sent after
