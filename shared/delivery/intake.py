@@ -23,7 +23,8 @@
   `prompted` with the `select` signal     answer              the intake transaction
   `prompted` with the stop signal         stop                `take_turns` + `routing_cancel_agent_session`
                                                               + `cancel_agent_session` + `record_stop` +
-                                                              `stop_for_delivery`, together (`_stop`)
+                                                              `stop_for_delivery`, together (`_stop_agent_
+                                                              sessions`, through the group commit)
 
 Every way records the delivery with everything it causes in one transaction (a statement that is
 its own, or `shared.plumbing.db.together`'s, or the intake transaction): the delivery's keys, cancelled
@@ -221,53 +222,88 @@ def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: s
 
 
 def _stop(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """Linear's stop signal, one transaction sent at once (`shared.plumbing.db.together`): the
-    delivery recorded and the agent session's turn taken (`take_turns`), then, each reading its
-    verdict in SQL, what no machine has yet cancelled (messages waiting to be routed, queued
-    messages), the stop recorded (`record_stop`), and the machine that had one delivered told with
-    a `stop`, or, if none had, Linear with a final response (`send_stop`). Nothing is decided here
-    between them: one round trip. A delivery seen before wrote nothing: `duplicate`."""
+    """Linear's stop signal: through the pool's group commit of stops (`_stop_agent_sessions`), its
+    transaction's statements sent at once, each reading the delivery's verdict in SQL. A delivery
+    seen before wrote nothing: `duplicate`."""
     org, agent_session = hook.org_id, plan.agent_session_id
     if org is None or agent_session is None:  # (nothing to stop: ignored, as the transaction says)
         return _transaction(pool, hook, plan, key, content_key)
     message = DispatchPayload(
         issue=plan.issue or IssueRef(id=""), agent_session_id=agent_session, kind="stop", prompt=None
     )
+    stop = Stop(org, agent_session, _record_params(hook, plan, key, content_key), plan, message)
+    received = _combiner(pool, "stops", _stop_agent_sessions).submit(stop)
+    return _duplicate(pool, key, content_key) if received is None else received
+
+
+class Stop(NamedTuple):
+    """An agent session's stop as one webhook asks for it (`_stop_agent_sessions`). `record`: the
+    delivery's `record_delivery` parameters; `message`: the `stop` for the holder (its issue the
+    webhook's, or the holder's when the webhook names none)."""
+
+    org_id: str
+    agent_session_id: str
+    record: dict[str, Any]
+    plan: Intent
+    message: DispatchPayload
+
+
+def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]:
+    """Stops written in one transaction, its statements sent at once (`shared.plumbing.db.together`):
+    first each one's `take_turns` (its delivery recorded, its agent session's turn taken, waiting),
+    in the order of their agent sessions, so two such transactions never wait for each other's turns
+    in a circle and no turn is waited for while a row lock is held; then, for each, reading its
+    verdict in SQL: what no machine has yet cancelled (messages waiting to be routed, queued
+    messages), the stop recorded (`record_stop`), and the machine that had one delivered told with a
+    `stop`, or, if none had, Linear with a final response (`send_stop`). Nothing is decided here
+    between them: one round trip, one commit. One answer per stop, in order; None: the delivery was
+    seen before, and nothing was written."""
+    order = sorted(range(len(stops)), key=lambda i: (stops[i].org_id, stops[i].agent_session_id))
     with together(pool) as tx:
-        turn = tx.execute(query("take_turns"), {**_record_params(hook, plan, key, content_key), "n": 0})
-        routing.cancel(tx, org, agent_session)
-        cancels = send_cancel_agent_session(tx, org_id=org, agent_session_id=agent_session)
-        # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
-        # (a follow-up's, without the turn) held that row, the cancel waited for it, and this
-        # statement, with a snapshot taken after, marks its dead letter too (`record_stop`).
-        tx.execute(
-            query("record_stop"),
-            {"org_id": org, "agent_session_id": agent_session, "at": plan.activity_at, "n": 0},
-        )
-        stop = send_stop(
-            tx,
-            org_id=org,
-            linear_user_id=plan.user_id,
-            message=message,
-            issue_given=plan.issue is not None,
-            delivery_key=key,
-            unstarted_notice=STOPPED_BEFORE_START,
-        )
+        turns = {i: tx.execute(query("take_turns"), {**stops[i].record, "n": i}) for i in order}
+        cancels, sent = {}, {}
+        for i in order:
+            org, agent_session, plan = stops[i].org_id, stops[i].agent_session_id, stops[i].plan
+            routing.cancel(tx, org, agent_session, i)
+            cancels[i] = send_cancel_agent_session(tx, org_id=org, agent_session_id=agent_session, n=i)
+            # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
+            # (a follow-up's, without the turn) held that row, the cancel waited for it, and this
+            # statement, with a snapshot taken after, marks its dead letter too (`record_stop`).
+            params = {"org_id": org, "agent_session_id": agent_session, "at": plan.activity_at, "n": i}
+            tx.execute(query("record_stop"), params)
+            sent[i] = send_stop(
+                tx,
+                org_id=org,
+                linear_user_id=plan.user_id,
+                message=stops[i].message,
+                issue_given=plan.issue is not None,
+                delivery_key=stops[i].record["key"],
+                unstarted_notice=STOPPED_BEFORE_START,
+                n=i,
+            )
+    return [_stopped(turns[i], cancels[i], sent[i]) for i in range(len(stops))]
+
+
+def _stopped(
+    turn: psycopg.Cursor[DictRow], cancel: psycopg.Cursor[DictRow], sent: psycopg.Cursor[DictRow]
+) -> Received | None:
+    """What one stop of `_stop_agent_sessions` did, from its statements' rows (read after the commit:
+    its statements wrote what the delivery did)."""
     recorded = turn.fetchone()
     if recorded is None:
-        return _duplicate(pool, key, content_key)
+        return None
     if recorded["verdict"] != "go":
         return Received(_not_taken(recorded).answer, recorded=True)
-    cancelled = [str(r["id"]) for r in cancels.fetchall()]
-    sent = stop.fetchone()
-    assert sent is not None
-    sid = sent["session_id"]
+    cancelled = [str(r["id"]) for r in cancel.fetchall()]
+    row = sent.fetchone()
+    assert row is not None
+    sid = row["session_id"]
     answer = {
         "status": "stopped",
         "cancelledSessionIds": cancelled,
         "stopSessionId": str(sid) if sid else None,
     }
-    return Received(answer, [] if sent["notice_id"] is None else [sent["notice_id"]], recorded=True)
+    return Received(answer, [] if row["notice_id"] is None else [row["notice_id"]], recorded=True)
 
 
 def _cancel(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
