@@ -404,6 +404,7 @@ def _changed(
     cancelled = [r["id"] for r in cancel.fetchall()]
     enq = start.fetchone() if start is not None else None
     answer: dict[str, Any]
+    routes: list[UUID] = []
     if enq is not None and enq["session_id"] is not None:
         enqueued = Enqueued(
             session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
@@ -411,7 +412,8 @@ def _changed(
         answer = _dispatched(enqueued, enq["orchestrator_id"], None)
     elif enq is not None and enq["route_id"] is not None:
         # which of the user's machines depends on the repository: Linear is asked first
-        answer = {"status": "routing", "routeId": str(enq["route_id"])}
+        routes = [UUID(str(enq["route_id"]))]
+        answer = {"status": "routing", "routeId": str(routes[0])}
     elif cancelled:
         return Received({"status": "cancelled", "sessionId": str(cancelled[0])}, recorded=True)
     else:
@@ -419,7 +421,6 @@ def _changed(
         return Received({"status": "ignored", "reason": reason}, recorded=True)
     if cancelled:
         answer["cancelledSessionId"] = str(cancelled[0])
-    routes = [] if answer["status"] != "routing" else [UUID(str(enq["route_id"]))] if enq else []
     return Received(answer, recorded=True, route_ids=routes)
 
 
