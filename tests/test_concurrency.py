@@ -796,7 +796,7 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
     bulk(pool, "UPDATE dispatch_queue SET agent_session_id = 'as-other-' || (seq % 1000)")
     with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_queue")
-    params = {"org_id": o.org_id, "agent_session_id": "as-1", "reason": "stopped"}
+    params = {"org_id": o.org_id, "agent_session_id": "as-1", "reason": "stopped", "n": None}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         with conn.transaction():
             plan = explain(conn, query("cancel_agent_session"), params, mode=mode)

@@ -735,3 +735,68 @@ def test_assignment_changes_that_arrive_together_commit_together_each_answered_a
         again = api.webhook(body, delivery).json()
         assert again["status"] == "duplicate"
         assert again["sessionId"] == got[delivery].get("sessionId")
+
+
+# --- stops --------------------------------------------------------------------------------------------
+def test_stops_that_arrive_together_commit_together_each_answered_as_alone(api: Api, db_url: str) -> None:
+    """Stops that arrive while others are being written are written together: one transaction,
+    every stop's agent session turn taken first, then each one's cancel and its `stop` or Linear's
+    notice. Each is answered as it would be alone: the start it cancelled (nobody had it yet), or
+    the `stop` queued for the machine that had it; and its retry is a duplicate."""
+    laptop, token = api.register(user="user-1", name="laptop")
+    starts = {
+        f"as-{i}": api.webhook(agent_session_event(session_id=f"as-{i}"), f"d-as-{i}").json()["sessionId"]
+        for i in range(6)
+    }
+    claimed = api.post_as(token, "/claim", {"max": 100}).json()["messages"]
+    held = ["as-3", "as-4", "as-5"]  # delivered to the laptop: the laptop has them
+    for m in claimed:  # (the others stay claimed, not delivered: nobody has them yet)
+        if m["agentSessionId"] in held:
+            r = api.post_as(token, "/ack", {"queueId": m["queueId"], "claimToken": m["claimToken"]})
+            assert r.json() == {"status": "acked"}, r.text
+    bodies = [
+        (agent_session_event(session_id=s, action="prompted", signal="stop"), f"d-stop-{s}")
+        for s in [*sorted(starts), "as-never"]
+    ]
+    holder = psycopg.connect(db_url)  # the leaders (one for each lane) wait for their turns
+    for s in ("as-0", "as-3"):
+        holder.execute("SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key('org-a', %s))", (s,))
+    leaders = [bodies[0], bodies[3]]
+    rest = [b for b in bodies if b not in leaders]
+    answers = _pile_up(
+        api,
+        db_url,
+        None,
+        leaders + rest,
+        intake._combiner(api.pool, "stops", intake._stop_agent_sessions),
+        holder,
+    )
+    got = dict(zip([d for _, d in leaders + rest], [a.json() for a in answers], strict=True))
+    for s in ("as-0", "as-1", "as-2"):
+        assert got[f"d-stop-{s}"] == {
+            "status": "stopped",
+            "cancelledSessionIds": [starts[s]],
+            "stopSessionId": None,
+        }
+    stops = set()
+    for s in held:
+        answer = got[f"d-stop-{s}"]
+        assert answer["status"] == "stopped" and answer["cancelledSessionIds"] == []
+        stops.add(answer["stopSessionId"])
+    assert got["d-stop-as-never"] == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    with api.pool.connection() as conn:
+        sent = conn.execute(
+            "SELECT id::text AS id, orchestrator_id::text AS machine, agent_session_id FROM dispatch_sessions"
+            " WHERE kind = 'stop' AND status = 'queued' ORDER BY agent_session_id"
+        ).fetchall()
+    assert [(r["agent_session_id"], r["machine"]) for r in sent] == [(s, laptop) for s in held]
+    assert {r["id"] for r in sent} == stops
+    # The leaders alone, then the rest of the seven in one transaction (one now() for its deliveries).
+    assert commit_sizes(api.pool, "delivery_key LIKE 'delivery:d-stop-%'", "webhook_deliveries") == [
+        1
+    ] * intake.LANES + [7 - intake.LANES]
+    for body, delivery in leaders + rest:  # retries: duplicates, which stop nothing again
+        assert api.webhook(body, delivery).json() == {"status": "duplicate", "sessionId": None}
+    with api.pool.connection() as conn:
+        again = conn.execute("SELECT count(*) AS n FROM dispatch_sessions WHERE kind = 'stop'").fetchone()
+    assert again == {"n": 3}

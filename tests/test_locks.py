@@ -388,7 +388,9 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
     api.register(user="user-1")
     with connect(db_url, autocommit=False) as stop:
         stop.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
-        stop.execute(query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None})
+        stop.execute(
+            query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None, "n": None}
+        )
         late = _answer_once_committed(api, stop, agent_session_event(session_id="as-stopped"))
     assert late.json() == {"status": "ignored", "reason": "agent_session_stopped"}
     assert queue_of(api.pool) == []
@@ -415,7 +417,7 @@ def test_a_follow_up_waiting_behind_a_later_stop_sees_the_stop(
         )
         stop.execute(
             query("record_stop"),
-            {"org_id": "org-a", "agent_session_id": "as-stopping", "at": datetime.now(UTC)},
+            {"org_id": "org-a", "agent_session_id": "as-stopping", "at": datetime.now(UTC), "n": None},
         )
         stop.execute("UPDATE dispatch_sessions SET status = 'cancelled' WHERE id = %s", (start["sessionId"],))
         stop.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (start["sessionId"],))
@@ -443,6 +445,35 @@ def test_an_older_assignment_waiting_behind_a_later_change_sees_it(
         retry = _answer_once_committed(api, change, older)
     assert retry.json() == {"status": "ignored", "reason": "assignment_superseded"}
     assert queue_of(api.pool) == []
+
+
+def test_a_reassignment_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, db_url: str) -> None:
+    """A re-assignment's statements are sent at once, so nothing is looked at between them: when its
+    enqueue waits for a revoke of the machine it chose and finds it revoked, the statement aborts
+    the transaction (nothing commits, the delivery's record neither) and the intake decides again:
+    the start goes to the assignee's other machine, and the webhook answers so."""
+    revoked, _ = api.register(name="laptop")
+    other, _ = api.register(name="desktop")
+    with api.pool.connection() as conn:  # the routing choice: the machine being revoked
+        conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (revoked,))
+    event = issue_event(
+        "update", issue_id="iss-re-held", assignee="user-1", updated_from={"assigneeId": "user-2"}
+    )
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
+        t, out = in_thread(lambda: api.webhook(event))
+        _blocked_by(api.pool, revoker.info.backend_pid)  # the re-assignment chose it, and waits
+        revoker.execute(query("revoke_move_starts"), {"id": revoked})
+        revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
+        revoker.commit()
+    t.join(timeout=10)
+    r = out[0]
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "dispatched" and r.json()["orchestratorId"] == other
+    assert queue_of(api.pool) == [(other, "queued")]
+    with api.pool.connection() as conn:
+        [row] = conn.execute("SELECT outcome, session_id FROM webhook_deliveries").fetchall()
+    assert row == {"outcome": "dispatched", "session_id": UUID(r.json()["sessionId"])}
 
 
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(

@@ -106,7 +106,7 @@ class QueueMachine(RuleBasedStateMachine):
         with transaction(self.pool) as tx:
             got = tx.all(
                 query("cancel_agent_session"),
-                {"org_id": self.orch.org_id, "agent_session_id": agent, "reason": "stopped"},
+                {"org_id": self.orch.org_id, "agent_session_id": agent, "reason": "stopped", "n": None},
             )
         cancelled = [r for r in self._live() if r.agent == agent]
         assert sorted(g["id"] for g in got) == sorted(r.session_id for r in cancelled)

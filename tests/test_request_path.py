@@ -386,7 +386,7 @@ def test_an_existing_issue_assigned_is_one_round_trip_and_a_reassignment_two(
             "update", issue_id="iss-old", assignee="user-2", updated_from={"assigneeId": "user-1"}
         )
         moved, trips = _round_trips(pool, lambda: _receive(pool, again, "d-2"))
-        assert trips == 2  # its statements sent together and read, then the commit
+        assert trips == 1  # its statements sent together, the commit with them
         assert moved["status"] == "dispatched" and moved["orchestratorId"] == str(desk.id)
         assert moved["cancelledSessionId"] == answer["sessionId"]
         assert claim(pool, laptop.id, max=10, lease_seconds=60) == []
@@ -400,8 +400,43 @@ def test_an_existing_issue_assigned_is_one_round_trip_and_a_reassignment_two(
             "update", issue_id="iss-old", assignee="user-1", updated_from={"assigneeId": "user-2"}
         )
         answer, trips = _round_trips(pool, lambda: _receive(pool, third, "d-3"))
-        assert (trips, answer["status"], answer["orchestratorId"]) == (2, "dispatched", str(laptop.id))
+        assert (trips, answer["status"], answer["orchestratorId"]) == (1, "dispatched", str(laptop.id))
         assert "cancelledSessionId" not in answer
+        # Re-assigned to someone whose machines differ in what they have: the start waits for
+        # Linear to name its repository (a routing request), written by the same one round trip.
+        one = register(pool, org_id="org-a", linear_user_id="user-3", name="one")
+        two = register(pool, org_id="org-a", linear_user_id="user-3", name="two")
+        with pool.connection() as conn:
+            conn.execute("UPDATE orchestrators SET routing_shape = 'elsewhere' WHERE id = %s", (two.id,))
+        fourth = issue_event(
+            "update", issue_id="iss-old", assignee="user-3", updated_from={"assigneeId": "user-1"}
+        )
+        asked, trips = _round_trips(pool, lambda: _receive(pool, fourth, "d-4"))
+        assert trips == 1
+        assert asked == {
+            "status": "routing",
+            "routeId": asked["routeId"],
+            "cancelledSessionId": answer["sessionId"],
+        }
+        with pool.connection() as conn:
+            request = conn.execute(
+                "SELECT need, linear_user_id, delivery_key, message->>'kind' AS kind, issue_id"
+                " FROM routing_requests WHERE id = %s",
+                (asked["routeId"],),
+            ).fetchone()
+        assert request == {
+            "need": "repository",
+            "linear_user_id": "user-3",
+            "delivery_key": "delivery:d-4",
+            "kind": "start",
+            "issue_id": "iss-old",
+        }
+        assert [(r["outcome"], r["session_id"]) for r in _written(pool)][-1] == ("routing", None)
+        assert (
+            claim(pool, one.id, max=10, lease_seconds=60)
+            == claim(pool, two.id, max=10, lease_seconds=60)
+            == []
+        )
     finally:
         pool.close()
 
@@ -455,6 +490,86 @@ def test_an_event_that_does_nothing_is_recorded_in_one_round_trip(db_url: str) -
         assert answer == {"status": "ignored", "reason": "agent_session_without_issue"}
         assert trips > 1  # the intake transaction, which also writes Linear's notice
         assert _told(pool, "as-no-issue") == [{"kind": "failed", "body": intake.UNROUTABLE}]
+    finally:
+        pool.close()
+
+
+def test_a_stop_is_one_round_trip(db_url: str) -> None:
+    """Linear's stop is one transaction sent at once: the delivery with the agent session's turn,
+    the cancel of what no machine has yet, the stop recorded, and either a `stop` for the machine
+    that had a message delivered or Linear's final response, each reading the delivery's verdict in
+    SQL. One round trip, answering and writing what the intake transaction did; a retry of it is a
+    duplicate that cancels, queues and tells nothing."""
+    settings = Settings(DATABASE_URL=None, DEVPILOT_ENCRYPTION_KEYS=ENCRYPTION_KEY)
+    pool: Pool = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        store_static(pool, settings, "org-a", "lin_api_test")  # an org Linear is told about
+        laptop = register(pool, org_id="org-a", linear_user_id="user-1", name="laptop")
+        # Nobody has it yet: its queued start is cancelled, and Linear hears that nothing started.
+        queued = _receive(pool, agent_session_event(session_id="as-queued"), "d-1")
+        stop = agent_session_event(action="prompted", session_id="as-queued", signal="stop")
+        answer, trips = _round_trips(pool, lambda: _receive(pool, stop, "d-2"))
+        assert trips == 1
+        assert answer == {
+            "status": "stopped",
+            "cancelledSessionIds": [queued["sessionId"]],
+            "stopSessionId": None,
+        }
+        assert _told(pool, "as-queued")[-1] == {"kind": "stopped", "body": intake.STOPPED_BEFORE_START}
+        assert claim(pool, laptop.id, max=10, lease_seconds=60) == []
+        assert [r["outcome"] for r in _written(pool)] == ["dispatched", "stopped"]
+        assert _receive(pool, stop, "d-2") == {"status": "duplicate", "sessionId": None}
+        assert len(_told(pool, "as-queued")) == 2  # the queued thought and the one final response
+
+        # Delivered to the laptop, and a follow-up queued behind it: the follow-up is cancelled and
+        # the laptop gets a `stop`, naming the holder's issue when the webhook names none.
+        started = _receive(pool, agent_session_event(session_id="as-held"), "d-3")
+        [start] = claim(pool, laptop.id, max=10, lease_seconds=60)
+        from shared.delivery.queue import AckItem, ack_many
+
+        assert ack_many(pool, laptop.id, [AckItem(start.queue_id, start.claim_token)]).statuses == ["acked"]
+        follow = _receive(
+            pool, agent_session_event(action="prompted", session_id="as-held", body="more"), "d-4"
+        )
+        assert follow["status"] == "dispatched"
+        stop = agent_session_event(action="prompted", session_id="as-held", signal="stop")
+        del stop["agentSession"]["issue"]
+        told = len(_told(pool, "as-held"))
+        answer, trips = _round_trips(pool, lambda: _receive(pool, stop, "d-5"))
+        assert trips == 1
+        assert answer["status"] == "stopped" and answer["cancelledSessionIds"] == [follow["sessionId"]]
+        assert answer["stopSessionId"] not in (None, started["sessionId"])
+        assert len(_told(pool, "as-held")) == told  # the machine says it stopped, not this
+        with pool.connection() as conn:
+            sent = conn.execute(
+                "SELECT s.kind, s.orchestrator_id, s.issue_id, s.issue_identifier, q.payload"
+                " FROM dispatch_sessions s JOIN dispatch_queue q ON q.session_id = s.id WHERE s.id = %s",
+                (answer["stopSessionId"],),
+            ).fetchone()
+        assert sent is not None
+        assert (sent["kind"], sent["orchestrator_id"]) == ("stop", laptop.id)
+        assert (sent["issue_id"], sent["issue_identifier"]) == ("issue-as", "ENG-7")
+        assert sent["payload"]["kind"] == "stop" and sent["payload"]["agentSessionId"] == "as-held"
+        assert sent["payload"]["issue"] == {
+            "id": "issue-as",
+            "identifier": "ENG-7",
+            "title": None,
+            "url": None,
+            "description": None,
+        }
+        # Written after the stop, a follow-up is queued; Linear's retry of the stop then cancels,
+        # queues and records nothing.
+        after = agent_session_event(action="prompted", session_id="as-held", body="go on")
+        later = _receive(pool, after, "d-6")
+        assert later["status"] == "dispatched"
+        assert _receive(pool, stop, "d-5") == {"status": "duplicate", "sessionId": None}
+        with pool.connection() as conn:
+            stops = conn.execute("SELECT count(*) AS n FROM dispatch_sessions WHERE kind = 'stop'").fetchone()
+            still = conn.execute(
+                "SELECT status FROM dispatch_sessions WHERE id = %s", (later["sessionId"],)
+            ).fetchone()
+        assert stops is not None and stops["n"] == 1
+        assert still is not None and still["status"] == "queued"
     finally:
         pool.close()
 

@@ -21,14 +21,17 @@
   `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
                                                               group commit
   `prompted` with the `select` signal     answer              the intake transaction
-  `prompted` with the stop signal         stop                the intake transaction
+  `prompted` with the stop signal         stop                `take_turns` + `routing_cancel_agent_session`
+                                                              + `cancel_agent_session` + `record_stop` +
+                                                              `stop_for_delivery`, together (`_stop_agent_
+                                                              sessions`, through the group commit)
 
 Every way records the delivery with everything it causes in one transaction (a statement that is
 its own, or `shared.plumbing.db.together`'s, or the intake transaction): the delivery's keys, cancelled
 sessions, the new message's session and queue row, the Linear notice that says so. Either all of it
 commits or none of it does, so a crash mid-request leaves Linear's retry to find nothing recorded
 and try again. "Together" sends a transaction's statements at once (`shared.plumbing.db.together`): the
-first, `take_turns`, records the delivery and takes its issue's turn, and the ones after read its
+first, `take_turns`, records the delivery and takes its issue's (or agent session's) turn, and the ones after read its
 verdict in SQL, so nothing waits for a decision made here between them.
 
 What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
@@ -83,10 +86,13 @@ from shared.delivery.queue import (
     Start,
     enqueue_dispatch,
     prompt_holders,
+    revoked_meanwhile,
     route_and_enqueue,
     route_and_enqueue_many,
+    send_cancel_agent_session,
     send_cancel_issue,
     send_start_routed,
+    send_stop,
 )
 from shared.linear import auth as linear_auth
 from shared.linear import notices
@@ -215,6 +221,91 @@ def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: s
     return _transaction(pool, hook, plan, key, content_key)
 
 
+def _stop(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """Linear's stop signal: through the pool's group commit of stops (`_stop_agent_sessions`), its
+    transaction's statements sent at once, each reading the delivery's verdict in SQL. A delivery
+    seen before wrote nothing: `duplicate`."""
+    org, agent_session = hook.org_id, plan.agent_session_id
+    if org is None or agent_session is None:  # (nothing to stop: ignored, as the transaction says)
+        return _transaction(pool, hook, plan, key, content_key)
+    message = DispatchPayload(
+        issue=plan.issue or IssueRef(id=""), agent_session_id=agent_session, kind="stop", prompt=None
+    )
+    stop = Stop(org, agent_session, _record_params(hook, plan, key, content_key), plan, message)
+    received = _combiner(pool, "stops", _stop_agent_sessions).submit(stop)
+    return _duplicate(pool, key, content_key) if received is None else received
+
+
+class Stop(NamedTuple):
+    """An agent session's stop as one webhook asks for it (`_stop_agent_sessions`). `record`: the
+    delivery's `record_delivery` parameters; `message`: the `stop` for the holder (its issue the
+    webhook's, or the holder's when the webhook names none)."""
+
+    org_id: str
+    agent_session_id: str
+    record: dict[str, Any]
+    plan: Intent
+    message: DispatchPayload
+
+
+def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]:
+    """Stops written in one transaction, its statements sent at once (`shared.plumbing.db.together`):
+    first each one's `take_turns` (its delivery recorded, its agent session's turn taken, waiting),
+    in the order of their agent sessions, so two such transactions never wait for each other's turns
+    in a circle and no turn is waited for while a row lock is held; then, for each, reading its
+    verdict in SQL: what no machine has yet cancelled (messages waiting to be routed, queued
+    messages), the stop recorded (`record_stop`), and the machine that had one delivered told with a
+    `stop`, or, if none had, Linear with a final response (`send_stop`). Nothing is decided here
+    between them: one round trip, one commit. One answer per stop, in order; None: the delivery was
+    seen before, and nothing was written."""
+    order = sorted(range(len(stops)), key=lambda i: (stops[i].org_id, stops[i].agent_session_id))
+    with together(pool) as tx:
+        turns = {i: tx.execute(query("take_turns"), {**stops[i].record, "n": i}) for i in order}
+        cancels, sent = {}, {}
+        for i in order:
+            org, agent_session, plan = stops[i].org_id, stops[i].agent_session_id, stops[i].plan
+            routing.cancel(tx, org, agent_session, i)
+            cancels[i] = send_cancel_agent_session(tx, org_id=org, agent_session_id=agent_session, n=i)
+            # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
+            # (a follow-up's, without the turn) held that row, the cancel waited for it, and this
+            # statement, with a snapshot taken after, marks its dead letter too (`record_stop`).
+            params = {"org_id": org, "agent_session_id": agent_session, "at": plan.activity_at, "n": i}
+            tx.execute(query("record_stop"), params)
+            sent[i] = send_stop(
+                tx,
+                org_id=org,
+                linear_user_id=plan.user_id,
+                message=stops[i].message,
+                issue_given=plan.issue is not None,
+                delivery_key=stops[i].record["key"],
+                unstarted_notice=STOPPED_BEFORE_START,
+                n=i,
+            )
+    return [_stopped(turns[i], cancels[i], sent[i]) for i in range(len(stops))]
+
+
+def _stopped(
+    turn: psycopg.Cursor[DictRow], cancel: psycopg.Cursor[DictRow], sent: psycopg.Cursor[DictRow]
+) -> Received | None:
+    """What one stop of `_stop_agent_sessions` did, from its statements' rows (read after the commit:
+    its statements wrote what the delivery did)."""
+    recorded = turn.fetchone()
+    if recorded is None:
+        return None
+    if recorded["verdict"] != "go":
+        return Received(_not_taken(recorded).answer, recorded=True)
+    cancelled = [str(r["id"]) for r in cancel.fetchall()]
+    row = sent.fetchone()
+    assert row is not None
+    sid = row["session_id"]
+    answer = {
+        "status": "stopped",
+        "cancelledSessionIds": cancelled,
+        "stopSessionId": str(sid) if sid else None,
+    }
+    return Received(answer, [] if row["notice_id"] is None else [row["notice_id"]], recorded=True)
+
+
 def _cancel(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
     """An issue unassigned or removed: its undelivered assignment dispatch cancelled, through the
     pool's group commit of assignment changes (`_assignment_changes`)."""
@@ -268,99 +359,69 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     turn taken, waiting, and its assignee's machine chosen), in the order of their issues, so two
     such transactions never wait for each other's turns in a circle, and no turn is waited for
     while a row lock is held; then each one's cancel of its issue's undelivered assignment dispatch
-    and start, which read its verdict (`take_turns`). One round trip for cancels alone; with a
-    start, the rows are read, and the commit is a second, with what a delivery did when its start
-    did not write it (no machine, or the user's machines differ, so the repository is asked
-    first). A machine revoked meanwhile (MachineRevoked): nothing is committed, and the group
+    and start, which read its verdict (`take_turns`) and write what the delivery did (cancelled or
+    ignored; dispatched; or, the user's machines differing, a routing request, the repository asked
+    first). One round trip: nothing is read before the commit. A machine revoked meanwhile: the
+    start's statement aborts the transaction (MachineRevoked), nothing is committed, and the group
     commit tries each change again alone (each, in its caller's rounds, seeing the revoke). One
     answer per change, in order; None: the delivery was seen before, and nothing was written."""
     order = sorted(range(len(changes)), key=lambda i: (changes[i].org_id, changes[i].issue_id))
-    starts = any(c.start is not None for c in changes)
-    with together(pool) as tx:
-        turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
-        cancels, started = {}, {}
-        for i in order:
-            c = changes[i]
-            key = c.record["key"]
-            cancels[i] = send_cancel_issue(
-                tx,
-                org_id=c.org_id,
-                issue_id=c.issue_id,
-                reason=c.reason,
-                key=key,
-                finish=c.start is None,
-                n=i,
-            )
-            if c.start is not None:
-                assert c.user is not None
-                started[i] = send_start_routed(
-                    tx, org_id=c.org_id, linear_user_id=c.user, message=c.start, delivery_key=key, n=i
+    try:
+        with together(pool) as tx:
+            turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
+            cancels, started = {}, {}
+            for i in order:
+                c = changes[i]
+                key = c.record["key"]
+                cancels[i] = send_cancel_issue(
+                    tx, org_id=c.org_id, issue_id=c.issue_id, reason=c.reason, key=key, n=i
                 )
-        if starts:  # (read before the commit: one may need a statement more, or a rollback)
-            out = [_changed(tx, c, turns[i], cancels[i], started.get(i)) for i, c in enumerate(changes)]
-    if not starts:
-        out = [_changed(None, c, turns[i], cancels[i], None) for i, c in enumerate(changes)]
-    return out
+                if c.start is not None:
+                    assert c.user is not None
+                    started[i] = send_start_routed(
+                        tx, org_id=c.org_id, linear_user_id=c.user, message=c.start, delivery_key=key, n=i
+                    )
+    except psycopg.Error as error:
+        if revoked_meanwhile(error):
+            raise MachineRevoked(str(error)) from error
+        raise
+    return [_changed(c, turns[i], cancels[i], started.get(i)) for i, c in enumerate(changes)]
 
 
 def _changed(
-    tx: Tx | None,
     change: Change,
     turns: psycopg.Cursor[DictRow],
     cancel: psycopg.Cursor[DictRow],
     start: psycopg.Cursor[DictRow] | None,
 ) -> Received | None:
-    """What one change of `_change_issues` did, from its statements' rows. `tx`: its transaction,
-    still open when a change has a start, for what the delivery did when the start did not write it."""
+    """What one change of `_change_issues` did, from its statements' rows (read after the commit:
+    its statements wrote what the delivery did)."""
     recorded = turns.fetchone()
     if recorded is None:
         return None
     if recorded["verdict"] != "go":
-        received = _not_taken(recorded)
+        return Received(_not_taken(recorded).answer, recorded=True)
+    cancelled = [r["id"] for r in cancel.fetchall()]
+    enq = start.fetchone() if start is not None else None
+    answer: dict[str, Any]
+    routes: list[UUID] = []
+    if enq is not None and enq["session_id"] is not None:
+        enqueued = Enqueued(
+            session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
+        )
+        answer = _dispatched(enqueued, enq["orchestrator_id"], None)
+    elif enq is not None and enq["route_id"] is not None:
+        # which of the user's machines depends on the repository: Linear is asked first
+        routes = [UUID(str(enq["route_id"]))]
+        answer = {"status": "routing", "routeId": str(routes[0])}
+    elif cancelled:
+        return Received({"status": "cancelled", "sessionId": str(cancelled[0])}, recorded=True)
     else:
-        cancelled = [r["id"] for r in cancel.fetchall()]
-        enq = start.fetchone() if start is not None else None
-        if enq is not None:
-            enqueued = Enqueued(
-                session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
-            )
-            answer = _dispatched(enqueued, enq["orchestrator_id"], None)
-            if cancelled:
-                answer["cancelledSessionId"] = str(cancelled[0])
-            return Received(answer, recorded=True)
-        if change.start is not None and recorded["routed"] is not None:
-            if not recorded["mixed"]:
-                raise MachineRevoked(f"orchestrator {recorded['routed']} is not active")
-            # which of the user's machines depends on the repository: Linear is asked first
-            assert tx is not None
-            received = _route_later_start(tx, change, cancelled)
-        elif cancelled:
-            received = Received({"status": "cancelled", "sessionId": str(cancelled[0])})
-        else:
-            reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
-            received = Received({"status": "ignored", "reason": reason})
-    if change.start is not None:  # (a cancel alone: its statement wrote it, `finish`)
-        assert tx is not None
-        _finish(tx, change.record["key"], received)
-    return received
-
-
-def _route_later_start(tx: Tx, change: Change, cancelled: list[UUID]) -> Received:
-    """A change's start whose user's machines differ: a routing request, asked of Linear after the
-    commit (as `_route_later`)."""
-    assert change.start is not None
-    rid = routing.request(
-        tx,
-        org_id=change.org_id,
-        message=change.start,
-        delivery_key=change.record["key"],
-        need="repository",
-        linear_user_id=change.user,
-    )
-    answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
+        reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
+        return Received({"status": "ignored", "reason": reason}, recorded=True)
     if cancelled:
         answer["cancelledSessionId"] = str(cancelled[0])
-    return Received(answer, route_ids=[rid])
+    return Received(answer, recorded=True, route_ids=routes)
 
 
 def _why(hook: Webhook) -> str:
@@ -388,7 +449,7 @@ CARRIED_OUT_BY: dict[Asks, Way] = {
     "cancel_and_start": _cancel_and_start,
     "follow_up": _follow_up,
     "answer": _transaction,
-    "stop": _transaction,
+    "stop": _stop,
 }
 
 
@@ -609,8 +670,6 @@ def _apply(
     if plan.kind == "disconnect":  # the app was uninstalled: posts wait for a new install
         linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
         return Received({"status": "ignored", "reason": plan.reason})
-    if plan.kind == "stop":
-        return _stop(tx, org, plan)
     if plan.kind == "prompt":
         holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
         if holder is not None:
@@ -715,46 +774,6 @@ def _answer(tx: Tx, org: str, plan: Intent) -> Received | None:
     if rid is None:
         return None
     return Received({"status": "routing", "routeId": str(rid)}, route_ids=[rid])
-
-
-def _stop(tx: Tx, org: str, plan: Intent) -> Received:
-    """Linear's stop signal: cancel what no machine has yet (queued messages, and messages still
-    waiting to be routed), and tell the machine that has it."""
-    assert plan.agent_session_id is not None
-    # (Sent one after another, and waited for once, with the holder's read.)
-    routing.cancel(tx, org, plan.agent_session_id)
-    cancels = tx.execute(
-        query("cancel_agent_session"),
-        {"org_id": org, "agent_session_id": plan.agent_session_id, "reason": "stopped in Linear"},
-    )
-    # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
-    # (a follow-up's, without the turn) held that row, the cancel waited for it, and this statement,
-    # with a snapshot taken after, marks its dead letter too (`record_stop`).
-    tx.execute(
-        query("record_stop"),
-        {"org_id": org, "agent_session_id": plan.agent_session_id, "at": plan.activity_at},
-    )
-    holder = _holder(tx, org, plan.agent_session_id, delivered_only=True)
-    cancelled = [str(r["id"]) for r in cancels.fetchall()]
-    if holder is None:
-        told = _tell(tx, org, plan, "stopped", STOPPED_BEFORE_START)
-        return Received({"status": "stopped", "cancelledSessionIds": cancelled, "stopSessionId": None}, told)
-    sent = _dispatch(
-        tx,
-        org,
-        plan,
-        holder.orchestrator_id,
-        plan.issue or holder.issue,
-        "stop",
-        None,
-        speaks_as=holder.speaks_as,
-    )
-    answer = {
-        "status": "stopped",
-        "cancelledSessionIds": cancelled,
-        "stopSessionId": sent.answer["sessionId"],
-    }
-    return Received(answer, sent.notice_ids)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,16 @@ REROUTE_BATCH = 100
 SWEEP_RUNS_KEPT = 20_160  # `record_sweep`: a week of sweeps every 30 s
 
 
+# The SQLSTATE of a statement that aborts its transaction on finding the machine it was to queue
+# for revoked (`devpilot_machine_revoked`, migration 0023).
+REVOKED_SQLSTATE: Final = "DPREV"
+
+
+def revoked_meanwhile(error: psycopg.Error) -> bool:
+    """Whether `error` is a statement's abort on a machine revoked meanwhile (`REVOKED_SQLSTATE`)."""
+    return error.sqlstate == REVOKED_SQLSTATE
+
+
 class MachineRevoked(Exception):
     """The machine chosen for a message is revoked (or gone): nothing was written for it. The
     caller's transaction cannot commit the decision it made before; it rolls back and decides again
@@ -692,15 +702,16 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
 
 
 def send_cancel_issue(
-    tx: Tx, *, org_id: str, issue_id: str, reason: str, key: str, finish: bool, n: int = 0
+    tx: Tx, *, org_id: str, issue_id: str, reason: str, key: str, n: int = 0
 ) -> psycopg.Cursor[DictRow]:
     """The webhook intake's cancel of the issue's undelivered dispatch, sent after `take_turns` in
     its transaction (`cancel_open_issue_for_delivery`: only for a delivery that transaction recorded
-    and that does something, `n` its element there; with `finish`, what the delivery `key` did
-    written by the same statement). Sent, not waited for (`shared.plumbing.db.together`): its rows, the cancelled session ids,
-    the one recorded first, are read from the cursor."""
+    and that does something, `n` its element there; with no machine chosen for a start, what the
+    delivery `key` did written by the same statement). Sent, not waited for
+    (`shared.plumbing.db.together`): its rows, the cancelled session ids, the one recorded first, are
+    read from the cursor."""
     tx = require_tx(tx, "send_cancel_issue")
-    params = {"org_id": org_id, "issue_id": issue_id, "reason": reason, "key": key, "finish": finish, "n": n}
+    params = {"org_id": org_id, "issue_id": issue_id, "reason": reason, "key": key, "n": n}
     return tx.execute(query("cancel_open_issue_for_delivery"), params)
 
 
@@ -709,10 +720,10 @@ def send_start_routed(
 ) -> psycopg.Cursor[DictRow]:
     """The webhook intake's start for the machine `take_turns` chose, sent after it in its
     transaction (`enqueue_routed_for_delivery`; `n` its element there), the delivery recorded as
-    dispatched to it. Sent,
-    not waited for (`shared.plumbing.db.together`): its row (session_id, queue_id, message_id,
-    orchestrator_id) is read from the cursor; none while a machine was chosen means it was revoked
-    meanwhile (the caller rolls back: `MachineRevoked`)."""
+    dispatched to it, or, the user's machines differing, as routing (a request, the repository
+    asked first). Sent, not waited for (`shared.plumbing.db.together`): its row (session_id,
+    queue_id, message_id, orchestrator_id; or route_id) is read from the cursor. That machine revoked
+    meanwhile: the statement aborts the transaction (`revoked_meanwhile`)."""
     tx = require_tx(tx, "send_start_routed")
     if message.kind != "start" or message.agent_session_id is not None:
         raise ValueError("send_start_routed is for an issue's start")
@@ -724,6 +735,49 @@ def send_start_routed(
         "n": n,
     }
     return tx.execute(query("enqueue_routed_for_delivery"), params)
+
+
+def send_cancel_agent_session(
+    tx: Tx, *, org_id: str, agent_session_id: str, n: int = 0
+) -> psycopg.Cursor[DictRow]:
+    """A stop's cancel of every undelivered message of its agent session, sent after `take_turns`
+    in its transaction (`cancel_agent_session`: only for a delivery that statement recorded, `n` its
+    element). Sent, not waited for: its rows, the cancelled session ids, are read from the cursor."""
+    tx = require_tx(tx, "send_cancel_agent_session")
+    params = {"org_id": org_id, "agent_session_id": agent_session_id, "reason": "stopped in Linear", "n": n}
+    return tx.execute(query("cancel_agent_session"), params)
+
+
+def send_stop(
+    tx: Tx,
+    *,
+    org_id: str,
+    linear_user_id: str | None,
+    message: DispatchPayload,
+    issue_given: bool,
+    delivery_key: str,
+    unstarted_notice: str,
+    n: int = 0,
+) -> psycopg.Cursor[DictRow]:
+    """The last statement of a stop's transaction, sent after its cancel (`stop_for_delivery`): a
+    `stop` for the machine that holds the agent session, or, held by none, `unstarted_notice` for
+    Linear; and what the delivery did. `message`: the stop (the holder's issue is used when the
+    webhook names none, `issue_given` False). Sent, not waited for: its row (session_id, the
+    stop's or None; notice_id, the notice's or None) is read from the cursor."""
+    tx = require_tx(tx, "send_stop")
+    if message.kind != "stop" or message.agent_session_id is None:
+        raise ValueError("send_stop is for an agent session's stop")
+    params = {
+        **_session_params(message, None, None),
+        "org_id": org_id,
+        "linear_user_id": linear_user_id,
+        "issue_given": issue_given,
+        "notice_issue_id": message.issue.id if issue_given else None,
+        "body": unstarted_notice,
+        "key": delivery_key,
+        "n": n,
+    }
+    return tx.execute(query("stop_for_delivery"), params)
 
 
 def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:

@@ -64,6 +64,8 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
 --   nothing, the delivery's record included.
 -- * `devpilot.routed_<n>`: the machine the routing policy chose for `route_user`; '' for none, or
 --   when the user's machines differ (`mixed`: the start needs its repository first).
+-- * `devpilot.mixed_<n>`: 'true' when they differ (a recorded delivery's start then writes a
+--   routing request: `enqueue_routed_for_delivery`).
 WITH recorded AS (
 -- include: record_delivery_rows
 )
@@ -71,7 +73,8 @@ SELECT r.*,
        set_config('devpilot.verdict_' || %(n)s,
                   CASE WHEN r.superseded OR r.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict,
        set_config('devpilot.routed_' || %(n)s,
-                  CASE WHEN r.mixed THEN '' ELSE coalesce(r.routed::text, '') END, true) AS routed_machine
+                  CASE WHEN r.mixed THEN '' ELSE coalesce(r.routed::text, '') END, true) AS routed_machine,
+       set_config('devpilot.mixed_' || %(n)s, r.mixed::text, true) AS mixed_machines
 FROM recorded r;
 
 -- name: delivery_session
@@ -170,14 +173,18 @@ FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered
 -- cancel (`cancel_agent_session`): a message dead-lettered by a release or the sweep while the
 -- stop ran (a follow-up's is, without the turn) held its queue row, the cancel waited for that
 -- commit, and this statement's snapshot, taken after, sees its dead letter.
-WITH letters AS (
+-- Sent after `take_turns`: only when that statement recorded the delivery (`devpilot.verdict_<n>`
+-- 'go', `n` its element; `n` NULL: a statement used alone, always).
+WITH go AS (
+    SELECT WHERE %(n)s::int IS NULL OR current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+), letters AS (
     UPDATE dead_letters d SET stopped_at = now()
     FROM dispatch_sessions s
     WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s AND s.status = 'failed'
-      AND d.session_id = s.id AND d.stopped_at IS NULL
+      AND d.session_id = s.id AND d.stopped_at IS NULL AND EXISTS (SELECT FROM go)
 )
 INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)
-VALUES (%(org_id)s, %(agent_session_id)s, %(at)s)
+SELECT %(org_id)s, %(agent_session_id)s, %(at)s::timestamptz FROM go
 ON CONFLICT (org_id, agent_session_id) DO UPDATE
 SET stopped_at = excluded.stopped_at,
     last_stop_at = greatest(agent_session_stops.last_stop_at, excluded.last_stop_at);

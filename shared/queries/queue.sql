@@ -615,9 +615,10 @@ SELECT id FROM cancelled;
 -- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
 -- (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
 -- only when that statement recorded the delivery and the delivery does something
--- (`devpilot.verdict_<n>` 'go', `n` its element). With `finish`, the same statement writes what the
--- delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
+-- (`devpilot.verdict_<n>` 'go', `n` its element). The same statement writes what the delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
 -- `ignored` (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
+-- A start with a machine chosen (`devpilot.routed_<n>`) writes its own (`enqueue_routed_for_delivery`:
+-- dispatched, or the transaction aborts), so this one writes nothing then.
 -- Same lock order as `cancel_open_issue`.
 WITH removed AS (
     DELETE FROM dispatch_queue dq
@@ -633,31 +634,118 @@ WITH removed AS (
     UPDATE webhook_deliveries
     SET session_id = (SELECT min(id::text)::uuid FROM cancelled),
         outcome = CASE WHEN EXISTS (SELECT FROM cancelled) THEN 'cancelled' ELSE 'ignored' END
-    WHERE delivery_key = %(key)s AND %(finish)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
+    WHERE delivery_key = %(key)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
+      AND coalesce(current_setting('devpilot.routed_' || %(n)s, true), '') = ''
 )
 SELECT id FROM cancelled ORDER BY id::text;
 
 -- name: enqueue_routed_for_delivery
--- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` in its transaction
--- (`shared.plumbing.db.together`): for the machine that statement chose (`devpilot.routed_<n>`, `n` its
--- element; none, or a user whose machines differ: nothing is written), only when the delivery does
+-- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` and the issue's
+-- cancel in its transaction (`shared.plumbing.db.together`): for the machine `take_turns` chose
+-- (`devpilot.routed_<n>`, `n` its element; none: nothing is written), only when the delivery does
 -- something (`devpilot.verdict_<n>` 'go'). The machine's row is read FOR KEY SHARE if it is still
--- active, as `enqueue`'s `target`: no row returned while `devpilot.routed_<n>` names a machine means
--- it was revoked meanwhile, and the caller rolls the transaction back and decides again. The
--- delivery is recorded as dispatched to the new session by the same statement.
+-- active, as `enqueue`'s `target`. Revoked meanwhile (a machine chosen, none locked), the statement
+-- aborts the transaction (`devpilot_machine_revoked`, migration 0023): nothing commits, the
+-- delivery's record neither, and the caller decides again. The delivery is recorded as dispatched
+-- to the new session by the same statement. A user whose machines differ (`devpilot.mixed_<n>`):
+-- the start's routing request instead (`routing_request_insert`'s row: which of the user's
+-- machines has the issue's repository is asked of Linear after the commit), and the delivery
+-- recorded as `routing`. One row: the session queued (NULL: none), or the request written.
 WITH target AS (
     SELECT id, name, listening_until > now() AS listening
     FROM orchestrators
     WHERE id = nullif(current_setting('devpilot.routed_' || %(n)s, true), '')::uuid AND revoked_at IS NULL
       AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
     FOR KEY SHARE
+), revoked AS (
+    SELECT devpilot_machine_revoked(nullif(current_setting('devpilot.routed_' || %(n)s, true), '')::uuid)
+    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+      AND nullif(current_setting('devpilot.routed_' || %(n)s, true), '') IS NOT NULL
+      AND NOT EXISTS (SELECT FROM target)
 ),
 -- include: enqueue_session_rows
 ,
 -- include: delivery_dispatched
-SELECT q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+, asked AS (
+    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
+                                  linear_user_id)
+    SELECT %(org_id)s, NULL, %(issue_id)s, 'repository', %(payload)s, %(delivery_key)s, %(linear_user_id)s
+    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+      AND current_setting('devpilot.mixed_' || %(n)s, true) = 'true'
+    RETURNING id
+), routing AS (
+    UPDATE webhook_deliveries d SET session_id = NULL, outcome = 'routing'
+    FROM asked WHERE d.delivery_key = %(delivery_key)s
+)
+SELECT q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id, (SELECT id FROM asked) AS route_id,
+       (SELECT count(*) FROM revoked) AS revoked,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
-FROM q;
+FROM (SELECT) one LEFT JOIN q ON true;
+
+-- name: stop_for_delivery
+-- The last statement of a stop's transaction (`shared.delivery.intake._stop`), sent after
+-- `take_turns`, `routing_cancel_agent_session`, `cancel_agent_session` and `record_stop`
+-- (`shared.plumbing.db.together`), so under the agent session's turn, with a snapshot taken after
+-- the cancel: only when `take_turns` recorded the delivery (`devpilot.verdict_<n>` 'go', `n` its
+-- element), it tells the machine that has had a message of the agent session delivered (`holder`,
+-- `devpilot_agent_session_holder`, as the intake transaction reads it) with a `stop`, or, with no
+-- such machine, writes Linear's notice that nothing had started (for an org Linear is told
+-- about), and writes what the delivery did (`stopped`; `ignored` for a verdict 'no'). The whole
+-- stop is then one round trip, with nothing decided between its statements.
+-- The `stop` is `enqueue_session_rows` with the holder's values: the message names the agent
+-- session as its machine knows it (`devpilot:<id>` for one devpilot opened for an assignment), and
+-- the holder's issue when the webhook names none (`issue_given`). The holder's machine cannot be
+-- revoked meanwhile: the cancel locked the machines of the conversation's queued and delivered
+-- messages (FOR KEY SHARE, to the commit), so a revoke either committed before that (and the
+-- holder, read after, is another machine or none) or waits for this commit; `target` reads the
+-- row FOR KEY SHARE again, as `enqueue`'s, and without it the stop is told as to nobody.
+WITH holder AS (
+    SELECT h.orchestrator_id, h.issue_id, h.issue_identifier, h.opened_for
+    FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, true) h
+    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+), target AS (
+    SELECT o.id, o.name, o.listening_until > now() AS listening,
+           h.issue_id, h.issue_identifier, h.opened_for
+    FROM orchestrators o JOIN holder h ON o.id = h.orchestrator_id
+    WHERE o.revoked_at IS NULL
+    FOR KEY SHARE OF o
+), s AS (
+    INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
+                                   issue_identifier, agent_session_id, kind, queue_id, message_id)
+    SELECT %(session_id)s, %(org_id)s, t.id, 'queued', %(linear_user_id)s,
+           CASE WHEN %(issue_given)s THEN %(issue_id)s ELSE coalesce(t.issue_id, '') END,
+           CASE WHEN %(issue_given)s THEN %(issue_identifier)s ELSE t.issue_identifier END,
+           %(agent_session_id)s, 'stop', gen_random_uuid(), gen_random_uuid()
+    FROM target t
+    RETURNING id, queue_id, message_id, orchestrator_id, org_id
+), q AS (
+    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
+                                agent_session_id, available_at)
+    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id,
+           %(payload)s::jsonb
+           || jsonb_build_object('agentSessionId', coalesce('devpilot:' || t.opened_for, %(agent_session_id)s))
+           || CASE WHEN %(issue_given)s THEN '{}'::jsonb
+                   ELSE jsonb_build_object('issue', jsonb_build_object(
+                            'id', coalesce(t.issue_id, ''), 'identifier', t.issue_identifier,
+                            'title', NULL, 'url', NULL, 'description', NULL)) END,
+           %(agent_session_id)s, now()
+    FROM s JOIN target t ON t.id = s.orchestrator_id
+    RETURNING id, message_id, session_id, orchestrator_id
+), told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
+    SELECT %(org_id)s, NULL, 'stopped', %(agent_session_id)s, %(notice_issue_id)s, %(body)s
+    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+      AND NOT EXISTS (SELECT FROM target) AND EXISTS (SELECT FROM devpilot_notified(%(org_id)s))
+    RETURNING id
+), finished AS (
+    UPDATE webhook_deliveries
+    SET outcome = CASE WHEN current_setting('devpilot.verdict_' || %(n)s, true) = 'go' THEN 'stopped'
+                       ELSE 'ignored' END
+    WHERE delivery_key = %(key)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
+)
+SELECT (SELECT session_id FROM q) AS session_id, (SELECT id FROM told) AS notice_id,
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t
+        WHERE t.listening AND EXISTS (SELECT FROM q)) AS notified;
 
 -- name: cancel_agent_session
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
@@ -673,17 +761,22 @@ FROM q;
 --   or a release that dead-letters a start holds the start's row, then deletes the rows behind it
 --   (`end_claims`); a stop holding a later row while it waited for the start's would deadlock.
 -- Rows gone by then (the sweep or the revoke took them) are skipped.
+-- In the stop's transaction (`shared.delivery.intake._stop`), sent after `take_turns`: it cancels
+-- only when that statement recorded the delivery (`devpilot.verdict_<n>` 'go', `n` its element;
+-- `n` NULL: a statement used alone, always).
 WITH machines AS (
     SELECT o.id FROM orchestrators o
     WHERE o.id IN (SELECT s.orchestrator_id FROM dispatch_sessions s
                    WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
                      AND s.status IN ('queued', 'delivered'))
+      AND (%(n)s::int IS NULL OR current_setting('devpilot.verdict_' || %(n)s, true) = 'go')
     ORDER BY o.id
     FOR KEY SHARE
 ), doomed AS (
     SELECT id FROM dispatch_queue
     WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s
       AND (SELECT count(*) FROM machines) >= 0  -- (true: it makes the machines come first)
+      AND (%(n)s::int IS NULL OR current_setting('devpilot.verdict_' || %(n)s, true) = 'go')
     ORDER BY seq
     FOR UPDATE
 ), removed AS (

@@ -97,8 +97,10 @@ WHERE r.id = %(id)s AND r.done_at IS NULL;
 -- name: routing_cancel_agent_session
 -- In a stop's intake transaction (after the agent session's turn): the agent session's open
 -- requests are done, cancelled; a routing that comes later finds them done and writes nothing.
+-- Sent after `take_turns`: only when that statement recorded the delivery (`devpilot.verdict_<n>`).
 UPDATE routing_requests SET done_at = now(), outcome = 'cancelled', lease_expires_at = NULL
 WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
+  AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
 RETURNING id;
 
 -- name: agent_session_turn_alone
