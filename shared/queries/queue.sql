@@ -611,6 +611,39 @@ WITH removed AS (
 -- include: cancel_removed
 SELECT id FROM cancelled;
 
+-- name: lock_machines_for_changes
+-- In the transaction of issues' assignment changes (`shared.delivery.intake._change_issues`), sent
+-- after every change's `take_turns` and before the first cancel: machines first, as
+-- `cancel_agent_session` takes them. Every machine the batch goes on to lock or delete rows of is
+-- locked FOR KEY SHARE, in id order, to the commit: each machine chosen for a start
+-- (`devpilot.routed_<n>`: the lock its enqueue takes next), and each machine an undelivered
+-- assignment dispatch of a change's issue is queued for (the rows its cancel deletes next), for
+-- the changes whose delivery does something (`devpilot.verdict_<n>` 'go'; `ns`, `org_ids`,
+-- `issue_ids`: the elements, aligned). A revoke holds its machine's row FOR UPDATE, then locks the
+-- machine's queue rows in queue order (seq). Without this, the batch could delete one of them (a
+-- cancel takes no machine's lock) and then wait for that machine (a later change's start to it),
+-- or hold a later row while it waited for an earlier one (two changes' cancels on one machine, in
+-- the order of their issues): each would wait for the other, and Postgres would abort one. With
+-- it, either the revoke holds the machine first, and the batch waits here, holding none of its
+-- rows; or the batch does, and the revoke waits for its commit. Revoked machines are locked too: a
+-- revoke again (of one with work left, by the sweep) cancels its rows. The rows are found with a
+-- snapshot taken after the issues' turns, as the cancels find them; one moved to another machine
+-- between the two (by an operator, or a revoke) is deleted without that machine's lock.
+SELECT o.id FROM orchestrators o
+WHERE o.id IN (
+    SELECT nullif(current_setting('devpilot.routed_' || c.n, true), '')::uuid
+    FROM unnest(%(ns)s::int[]) AS c(n)
+    WHERE current_setting('devpilot.verdict_' || c.n, true) = 'go'
+    UNION
+    SELECT s.orchestrator_id
+    FROM unnest(%(ns)s::int[], %(org_ids)s::text[], %(issue_ids)s::text[]) AS c(n, org_id, issue_id)
+    JOIN dispatch_sessions s ON s.org_id = c.org_id AND s.issue_id = c.issue_id
+    WHERE s.status = 'queued' AND s.agent_session_id IS NULL
+      AND current_setting('devpilot.verdict_' || c.n, true) = 'go'
+)
+ORDER BY o.id
+FOR KEY SHARE;
+
 -- name: cancel_open_issue_for_delivery
 -- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
 -- (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
