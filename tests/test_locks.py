@@ -5,6 +5,7 @@ while the enqueue is committing. The events of one agent session wait for each o
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -16,8 +17,10 @@ import httpx
 import psycopg
 import pytest
 
+from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import (
+    MachineRevoked,
     claim,
     end_claim_params,
     end_expired_claims,
@@ -26,6 +29,7 @@ from shared.delivery.queue import (
     sweep,
 )
 from shared.dispatch import RECHECK_SECONDS
+from shared.linear.webhooks import parse, what_it_asks
 from shared.plumbing.db import Conn, Pool, Tx, connect, transaction
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
@@ -474,6 +478,83 @@ def test_a_reassignment_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: 
     with api.pool.connection() as conn:
         [row] = conn.execute("SELECT outcome, session_id FROM webhook_deliveries").fetchall()
     assert row == {"outcome": "dispatched", "session_id": UUID(r.json()["sessionId"])}
+
+
+def _assigned(issue_id: str, user: str | None, before: str) -> dict[str, Any]:
+    """An existing issue assigned to `user` (None: unassigned); its assignee was `before`."""
+    return issue_event("update", issue_id=issue_id, assignee=user, updated_from={"assigneeId": before})
+
+
+def _change(payload: dict[str, Any], delivery: str) -> intake.Change:
+    """The assignment change a webhook asks for, as the group commit of assignment changes gets it
+    (`_cancel`, `_cancel_and_start`)."""
+    hook = parse(json.dumps(payload).encode())
+    ask = what_it_asks(hook)
+    plan = ask.plan
+    assert hook.org_id is not None and plan.cancel_issue_id is not None
+    record = intake._record_params(hook, plan, *hook.delivery_keys(delivery))
+    if ask.kind == "cancel":  # (an unassignment: the cancel alone)
+        return intake.Change(hook.org_id, plan.cancel_issue_id, intake._why(hook), record, None, None)
+    assert ask.kind == "cancel_and_start" and plan.issue is not None
+    start = DispatchPayload(issue=plan.issue, agent_session_id=None, kind="start", prompt=plan.prompt)
+    return intake.Change(hook.org_id, plan.issue.id, intake._why(hook), record, start, plan.user_id)
+
+
+@pytest.mark.parametrize("batch", ["cancel_then_start", "two_cancels"])
+def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
+    batch: str, api: Api, db_url: str
+) -> None:
+    """Assignment changes that arrive together are one transaction, each change's statements in the
+    order of their issues. A revoke holds its machine's row, then locks the machine's queue rows in
+    queue order (seq). Were the batch to take a row of that machine and then wait for the revoke,
+    for the machine's row (a later change's start to it: `cancel_then_start`) or for another of its
+    rows (an earlier row that a later change cancels: `two_cancels`), each would wait for the other
+    and Postgres would abort one (the webhooks late, or the operator's revoke answered 503). The
+    batch takes the machines it touches before any queue row: it waits for the revoke holding none,
+    the revoke cancels the machine's work and commits, and the batch then finds it gone.
+    (In `two_cancels`, the revoke's hold on the earlier row is a lock its transaction takes before
+    its statement.)"""
+    machine, _ = api.register(user="user-1")
+    # iss-b's dispatch first (the earlier row), then iss-a's: the batch cancels iss-a's row first
+    sessions = {i: api.webhook(issue_event(issue_id=i)).json()["sessionId"] for i in ("iss-b", "iss-a")}
+    changes = [_change(_assigned("iss-a", None, "user-1"), "d-un-a")]
+    if batch == "cancel_then_start":  # iss-c re-assigned to user-1: a start for the same machine
+        changes.append(_change(_assigned("iss-c", "user-1", "user-2"), "d-re-c"))
+    else:
+        changes.append(_change(_assigned("iss-b", None, "user-1"), "d-un-b"))
+
+    def written() -> Any:
+        try:
+            return intake._change_issues(api.pool, changes)
+        except Exception as error:  # (what the batch raised, to look at here)
+            return error
+
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": machine})  # the revoke, open
+        if batch == "two_cancels":
+            revoker.execute(
+                "SELECT 1 FROM dispatch_queue WHERE session_id = %s FOR UPDATE", (sessions["iss-b"],)
+            )
+        t, out = in_thread(written)
+        _blocked_by(api.pool, revoker.info.backend_pid)  # the batch waits for the revoke
+        revoker.execute(query("revoke_move_starts"), {"id": machine})
+        rest = revoker.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"}).fetchone()
+        revoker.commit()
+    t.join(timeout=10)
+    assert rest is not None and rest["cancelled"] == 2  # both dispatches, by the revoke
+    if batch == "cancel_then_start":
+        # The start finds its machine revoked: nothing is committed, and each change is tried again.
+        assert isinstance(out[0], MachineRevoked), out[0]
+        with api.pool.connection() as conn:
+            recorded = conn.execute(
+                "SELECT count(*) AS n FROM webhook_deliveries WHERE delivery_key LIKE 'delivery:d-%'"
+            ).fetchone()
+        assert recorded == {"n": 0}
+    else:
+        assert isinstance(out[0], list), out[0]
+        answers = [r.answer if r is not None else None for r in out[0]]
+        assert answers == [{"status": "ignored", "reason": "nothing_to_cancel"}] * 2, out[0]
+    assert queue_of(api.pool) == []
 
 
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
