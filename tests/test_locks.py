@@ -5,7 +5,6 @@ while the enqueue is committing. The events of one agent session wait for each o
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -29,11 +28,11 @@ from shared.delivery.queue import (
     sweep,
 )
 from shared.dispatch import RECHECK_SECONDS
-from shared.linear.webhooks import parse, what_it_asks
 from shared.plumbing.db import Conn, Pool, Tx, connect, transaction
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.changes import assigned, change_of
 from tests.helpers.data import MakeOrch, enqueue_one, follow_up_in, issue, queue_of
 
 
@@ -480,26 +479,6 @@ def test_a_reassignment_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: 
     assert row == {"outcome": "dispatched", "session_id": UUID(r.json()["sessionId"])}
 
 
-def _assigned(issue_id: str, user: str | None, before: str) -> dict[str, Any]:
-    """An existing issue assigned to `user` (None: unassigned); its assignee was `before`."""
-    return issue_event("update", issue_id=issue_id, assignee=user, updated_from={"assigneeId": before})
-
-
-def _change(payload: dict[str, Any], delivery: str) -> intake.Change:
-    """The assignment change a webhook asks for, as the group commit of assignment changes gets it
-    (`_cancel`, `_cancel_and_start`)."""
-    hook = parse(json.dumps(payload).encode())
-    ask = what_it_asks(hook)
-    plan = ask.plan
-    assert hook.org_id is not None and plan.cancel_issue_id is not None
-    record = intake._record_params(hook, plan, *hook.delivery_keys(delivery))
-    if ask.kind == "cancel":  # (an unassignment: the cancel alone)
-        return intake.Change(hook.org_id, plan.cancel_issue_id, intake._why(hook), record, None, None)
-    assert ask.kind == "cancel_and_start" and plan.issue is not None
-    start = DispatchPayload(issue=plan.issue, agent_session_id=None, kind="start", prompt=plan.prompt)
-    return intake.Change(hook.org_id, plan.issue.id, intake._why(hook), record, start, plan.user_id)
-
-
 @pytest.mark.parametrize("batch", ["cancel_then_start", "two_cancels"])
 def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
     batch: str, api: Api, db_url: str
@@ -517,11 +496,11 @@ def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
     machine, _ = api.register(user="user-1")
     # iss-b's dispatch first (the earlier row), then iss-a's: the batch cancels iss-a's row first
     sessions = {i: api.webhook(issue_event(issue_id=i)).json()["sessionId"] for i in ("iss-b", "iss-a")}
-    changes = [_change(_assigned("iss-a", None, "user-1"), "d-un-a")]
+    changes = [change_of(assigned("iss-a", None, "user-1"), "d-un-a")]
     if batch == "cancel_then_start":  # iss-c re-assigned to user-1: a start for the same machine
-        changes.append(_change(_assigned("iss-c", "user-1", "user-2"), "d-re-c"))
+        changes.append(change_of(assigned("iss-c", "user-1", "user-2"), "d-re-c"))
     else:
-        changes.append(_change(_assigned("iss-b", None, "user-1"), "d-un-b"))
+        changes.append(change_of(assigned("iss-b", None, "user-1"), "d-un-b"))
 
     def written() -> Any:
         try:

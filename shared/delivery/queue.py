@@ -794,14 +794,6 @@ def send_stop(
     return tx.execute(query("stop_for_delivery"), params)
 
 
-def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:
-    """Cancel the issue's undelivered dispatch (queued or claimed) in the caller's transaction.
-    Returns the cancelled session ids."""
-    tx = require_tx(tx, "cancel_issue")
-    rows = tx.all(query("cancel_open_issue"), {"org_id": org_id, "issue_id": issue_id, "reason": reason})
-    return [r["id"] for r in rows]
-
-
 # --- Operators' actions and the revoke: the queue's writes they make (queue.sql, last section). ---
 
 

@@ -7,12 +7,12 @@
 -- invariant trigger of migration 0001 checks that at every commit):
 --
 --   AVAILABLE  lease_expires_at IS NULL. Claimable once available_at <= now.
---              leaves by: claim (-> CLAIMED), cancel_open_issue (-> deleted, session cancelled)
+--              leaves by: claim (-> CLAIMED), cancel_open_issue_for_delivery (-> deleted, session cancelled)
 --   CLAIMED    lease_expires_at IS NOT NULL; claim_token is the fencing token of the latest claim.
 --              leaves by: ack (-> deleted, session delivered),
 --                         release / sweep, attempts < max (-> AVAILABLE after the backoff),
 --                         release / sweep, attempts >= max (-> deleted, session failed),
---                         cancel_open_issue (-> deleted, session cancelled)
+--                         cancel_open_issue_for_delivery (-> deleted, session cancelled)
 --
 -- A re-queued row keeps the claim token of its latest claim, so that claim can still ack (a laptop
 -- that wakes late still delivers) until a newer claim replaces the token.
@@ -587,29 +587,13 @@ DELETE FROM sweep_runs WHERE id <= (SELECT id FROM ran) - %(kept)s;
 -- name: cancel_removed
 -- A fragment, included after a `removed` CTE (the session_id of queue rows it deleted): those
 -- sessions become `cancelled` with %(reason)s, in the same statement, so the invariant holds at
--- commit. Serves cancel_open_issue, cancel_agent_session and revoke_cancel_rest.
+-- commit. Serves cancel_open_issue_for_delivery, cancel_agent_session and revoke_cancel_rest.
 cancelled AS (
     UPDATE dispatch_sessions ds
     SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
     FROM removed WHERE ds.id = removed.session_id AND ds.status = 'queued'
     RETURNING ds.id, ds.org_id, ds.agent_session_id, ds.issue_id, ds.kind
 )
-
--- name: cancel_open_issue
--- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: the issue's
--- still-undelivered assignment dispatch (not yet acked; never an agent session's message). Locks
--- the queue row first, in the same order as ack, sweep and release, so a racing ack either wins
--- (nothing is cancelled) or finds the row gone (404); never a deadlock, never both.
-WITH removed AS (
-    DELETE FROM dispatch_queue dq
-    USING dispatch_sessions s
-    WHERE dq.session_id = s.id
-      AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
-      AND s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
-    RETURNING dq.session_id
-),
--- include: cancel_removed
-SELECT id FROM cancelled;
 
 -- name: lock_machines_for_changes
 -- In the transaction of issues' assignment changes (`shared.delivery.intake._change_issues`), sent
@@ -645,14 +629,17 @@ ORDER BY o.id
 FOR KEY SHARE;
 
 -- name: cancel_open_issue_for_delivery
--- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
--- (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
--- only when that statement recorded the delivery and the delivery does something
+-- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: the issue's
+-- still-undelivered assignment dispatch (not yet acked; never an agent session's message). Locks
+-- the queue row first, in the same order as ack, sweep and release, so a racing ack either wins
+-- (nothing is cancelled) or finds the row gone (404); never a deadlock, never both.
+-- For the webhook intake, sent after `take_turns` (and `lock_machines_for_changes`) in its
+-- transaction (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken
+-- after it: it cancels only when that statement recorded the delivery and the delivery does something
 -- (`devpilot.verdict_<n>` 'go', `n` its element). The same statement writes what the delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
 -- `ignored` (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
 -- A start with a machine chosen (`devpilot.routed_<n>`) writes its own (`enqueue_routed_for_delivery`:
 -- dispatched, or the transaction aborts), so this one writes nothing then.
--- Same lock order as `cancel_open_issue`.
 WITH removed AS (
     DELETE FROM dispatch_queue dq
     USING dispatch_sessions s
@@ -782,8 +769,9 @@ SELECT (SELECT session_id FROM q) AS session_id, (SELECT id FROM told) AS notice
 
 -- name: cancel_agent_session
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
--- undelivered message of one agent session (Linear's stop). Same lock order as cancel_open_issue,
--- so an ack racing it either wins (delivered: the caller then queues a `stop`) or gets 404.
+-- undelivered message of one agent session (Linear's stop). Same lock order as
+-- cancel_open_issue_for_delivery, so an ack racing it either wins (delivered: the caller then
+-- queues a `stop`) or gets 404.
 -- Two lock orders keep a stop out of deadlocks, each with a party that holds one lock and then
 -- wants the stop's:
 -- * `machines` first: the machines of the conversation (of its queued and delivered messages)
