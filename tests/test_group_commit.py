@@ -19,9 +19,11 @@ from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
 from shared.plumbing.batching import Combiner
-from shared.plumbing.db import Pool, connect, statement
+from shared.plumbing.db import Pool, connect, open_pool, statement
+from shared.plumbing.settings import Settings
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.data import MakeOrch, bulk, issue, row_counts
+from tests.helpers.changes import change_of
+from tests.helpers.data import MakeOrch, bulk, enqueue_one, issue, row_counts
 from tests.helpers.linear import Linear
 
 
@@ -735,6 +737,38 @@ def test_assignment_changes_that_arrive_together_commit_together_each_answered_a
         again = api.webhook(body, delivery).json()
         assert again["status"] == "duplicate"
         assert again["sessionId"] == got[delivery].get("sessionId")
+
+
+def test_a_batch_the_database_fails_midway_commits_nothing_and_its_connection_stays_clean(
+    db_url: str, settings: Settings, make_orchestrator: MakeOrch
+) -> None:
+    """A batch of assignment changes is one transaction whose statements are sent at once. When the
+    database fails one of them after an earlier one wrote (here the second change's turn, held
+    elsewhere past the lock timeout, after the first change's delivery was recorded), nothing of
+    the batch commits, and the pooled connection goes back clean: the next batch on it (the only
+    one the pool has) is written as if nothing had happened."""
+    o = make_orchestrator()
+    pool_of_one = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        sid, _ = enqueue_one(pool_of_one, o, 1)
+        changes = [change_of(assigned(issue(n).id, None, "user-1"), f"d-midway-{n}") for n in (1, 2)]
+        holder = _hold_turns(db_url, [issue(2).id])
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            intake._change_issues(pool_of_one, changes)
+        with pool_of_one.connection() as conn:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert deliveries(pool_of_one) == {}
+        assert open_dispatches(pool_of_one, issue(1).id) == [o.id]
+        holder.rollback()
+        holder.close()
+        answers = [r.answer if r is not None else None for r in intake._change_issues(pool_of_one, changes)]
+        assert answers == [
+            {"status": "cancelled", "sessionId": str(sid)},
+            {"status": "ignored", "reason": "nothing_to_cancel"},
+        ]
+        assert set(deliveries(pool_of_one)) == {"delivery:d-midway-1", "delivery:d-midway-2"}
+    finally:
+        pool_of_one.close()
 
 
 # --- stops --------------------------------------------------------------------------------------------
