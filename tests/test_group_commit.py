@@ -834,3 +834,38 @@ def test_stops_that_arrive_together_commit_together_each_answered_as_alone(api: 
     with api.pool.connection() as conn:
         again = conn.execute("SELECT count(*) AS n FROM dispatch_sessions WHERE kind = 'stop'").fetchone()
     assert again == {"n": 3}
+
+
+def test_copies_of_one_stop_in_a_batch_stop_it_once(api: Api, db_url: str, across_instances: None) -> None:
+    """Copies of one stop (the same delivery again, or the same stop under another delivery id)
+    that reach one batch of stops: the first copy stops the agent session, and each other copy,
+    finding the delivery recorded by that same transaction, writes nothing and is answered
+    `duplicate`. The other stops of the batch are written as they would be alone."""
+    api.register(user="user-1", name="laptop")
+    starts = {
+        s: api.webhook(agent_session_event(session_id=s), f"d-{s}").json()["sessionId"]
+        for s in ("as-0", "as-1", "as-2", "as-3")
+    }
+
+    def stop(s: str) -> dict[str, Any]:
+        return agent_session_event(session_id=s, action="prompted", signal="stop")
+
+    holder = psycopg.connect(db_url)  # the leaders (one for each lane) wait for their turns
+    for s in ("as-0", "as-1"):
+        holder.execute("SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key('org-a', %s))", (s,))
+    leaders = [(stop("as-0"), "d-stop-as-0"), (stop("as-1"), "d-stop-as-1")]
+    copied = stop("as-2")  # (the same activity: under another delivery id, the same content)
+    copies = [(copied, "d-stop-as-2")] * 3 + [(copied, "d-stop-as-2-again")]
+    rest = [(stop("as-3"), "d-stop-as-3"), *copies]
+    combiner = intake._combiner(api.pool, "stops", intake._stop_agent_sessions)
+    answers = [a.json() for a in _pile_up(api, db_url, None, leaders + rest, combiner, holder)]
+    stopped = {"status": "stopped", "cancelledSessionIds": [starts["as-2"]], "stopSessionId": None}
+    duplicate = {"status": "duplicate", "sessionId": None}
+    assert sorted(answers[-4:], key=lambda a: a["status"] == "duplicate") == [stopped] + [duplicate] * 3
+    for s, answer in zip(("as-0", "as-1", "as-3"), answers[:3], strict=True):
+        assert answer == {"status": "stopped", "cancelledSessionIds": [starts[s]], "stopSessionId": None}
+    # The leaders alone, then as-3's stop and the first copy in one transaction.
+    assert commit_sizes(api.pool, "delivery_key LIKE 'delivery:d-stop-%'", "webhook_deliveries") == [
+        1
+    ] * intake.LANES + [2]
+    assert row_counts(api.pool)["queue"] == 0
