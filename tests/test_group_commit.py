@@ -22,7 +22,7 @@ from shared.plumbing.batching import Combiner
 from shared.plumbing.db import Pool, connect, open_pool, statement
 from shared.plumbing.settings import Settings
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.changes import change_of
+from tests.helpers.batches import change_of
 from tests.helpers.data import MakeOrch, bulk, enqueue_one, issue, row_counts
 from tests.helpers.linear import Linear
 

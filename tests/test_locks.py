@@ -32,7 +32,7 @@ from shared.plumbing.db import Conn, Pool, Tx, connect, transaction
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.changes import assigned, change_of
+from tests.helpers.batches import assigned, change_of, stop_of
 from tests.helpers.data import MakeOrch, enqueue_one, follow_up_in, issue, queue_of
 
 
@@ -923,6 +923,47 @@ def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_d
     assert rest is not None and rest["cancelled"] == 1  # the follow-up
     assert out[0].status_code == 200, out[0].text
     assert out[0].json() == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    assert queue_of(api.pool) == []
+
+
+def test_a_batch_of_stops_racing_a_revoke_never_deadlocks(api: Api, db_url: str) -> None:
+    """Stops that arrive together are one transaction, each stop's statements in the order of their
+    agent sessions. Here the first stop cancels a start still queued for the machine, and the
+    second queues a `stop` for that machine (it has the conversation). A revoke holds the machine's
+    row, then cancels the machine's messages. Were the first stop to cancel its start, a row of the
+    machine, and the second then wait for the machine, each would wait for the other. Each stop
+    takes the machines of its conversation before any of its rows (`cancel_agent_session`): the
+    batch waits for the revoke holding none, the revoke cancels the start and commits, and the
+    batch then finds the start gone and the machine revoked (no `stop` to queue)."""
+    machine, token = api.register()
+    api.webhook(agent_session_event(session_id="as-2-held"))
+    [start] = api.post_as(token, "/claim", {"max": 10}).json()["messages"]
+    ack = {"queueId": start["queueId"], "claimToken": start["claimToken"]}
+    assert api.post_as(token, "/ack", ack).status_code == 200
+    api.webhook(agent_session_event(session_id="as-1-queued"))  # queued for the machine, not claimed
+    stops = [
+        stop_of(agent_session_event(session_id=s, action="prompted", signal="stop"), f"d-stop-{s}")
+        for s in ("as-2-held", "as-1-queued")
+    ]
+
+    def written() -> Any:
+        try:
+            return intake._stop_agent_sessions(api.pool, stops)
+        except Exception as error:  # (what the batch raised, to look at here)
+            return error
+
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": machine})  # the revoke, open
+        t, out = in_thread(written)
+        _blocked_by(api.pool, revoker.info.backend_pid)  # the batch waits for the revoke
+        revoker.execute(query("revoke_move_starts"), {"id": machine})
+        rest = revoker.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"}).fetchone()
+        revoker.commit()
+    t.join(timeout=10)
+    assert rest is not None and rest["cancelled"] == 1  # the queued start, by the revoke
+    assert isinstance(out[0], list), out[0]
+    nothing_left = {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    assert [r.answer if r is not None else None for r in out[0]] == [nothing_left] * 2
     assert queue_of(api.pool) == []
 
 

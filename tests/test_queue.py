@@ -17,7 +17,7 @@ from shared.delivery.queue import AckItem, ack, ack_many, claim, enqueue_dispatc
 from shared.fleet.orchestrators import mark_listening
 from shared.plumbing.db import Pool, connect, statement, transaction
 from shared.plumbing.settings import Settings
-from tests.helpers.changes import unassign
+from tests.helpers.batches import unassign
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
 
 # A fixed instant after every row the test enqueues (enqueue uses the database clock).

@@ -283,7 +283,7 @@ def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestra
     while their machine acks their dispatches: each dispatch is either delivered or cancelled, never
     both or neither."""
     from shared.delivery.queue import ack
-    from tests.helpers.changes import unassign
+    from tests.helpers.batches import unassign
     from tests.helpers.data import issue
 
     o = make_orchestrator()

@@ -1,6 +1,6 @@
-"""Issues' assignment changes as the service writes them (`shared.delivery.intake._change_issues`,
-the group commit of assignment changes), without HTTP: a test can then put several in one batch,
-or race one against another transaction."""
+"""Webhooks as the intake hands them to its group commits (`shared.delivery.intake`): issues'
+assignment changes (`_change_issues`) and stops (`_stop_agent_sessions`), without HTTP, so a test
+can put several in one batch, or race one against another transaction."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
 from shared.linear.webhooks import parse, what_it_asks
 from shared.plumbing.db import Pool
+from shared.wire.messages import IssueRef
 from tests.helpers.api import issue_event
 
 
@@ -45,3 +46,17 @@ def unassign(pool: Pool, org_id: str, issue_id: str) -> dict[str, Any]:
     )
     assert done is not None
     return done.answer
+
+
+def stop_of(payload: dict[str, Any], delivery: str) -> intake.Stop:
+    """The stop a webhook asks for (an agent session's `prompted` with the stop signal), as the
+    intake hands it to the group commit of stops (`_stop`)."""
+    hook = parse(json.dumps(payload).encode())
+    plan = what_it_asks(hook).plan
+    org, agent_session = hook.org_id, plan.agent_session_id
+    assert plan.kind == "stop" and org is not None and agent_session is not None
+    message = DispatchPayload(
+        issue=plan.issue or IssueRef(id=""), agent_session_id=agent_session, kind="stop", prompt=None
+    )
+    record = intake._record_params(hook, plan, *hook.delivery_keys(delivery))
+    return intake.Stop(org, agent_session, record, plan, message)
