@@ -962,7 +962,7 @@ def test_a_batch_of_stops_racing_a_revoke_never_deadlocks(api: Api, db_url: str)
     t.join(timeout=10)
     assert rest is not None and rest["cancelled"] == 1  # the queued start, by the revoke
     assert isinstance(out[0], list), out[0]
-    nothing_left = {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    nothing_left: dict[str, Any] = {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
     assert [r.answer if r is not None else None for r in out[0]] == [nothing_left] * 2
     assert queue_of(api.pool) == []
 
