@@ -92,10 +92,11 @@ def test_killed_after_each_statement_of_the_intake_transaction(pool: Pool, db_ur
         assert after == {"s": before["s"] + 1, "q": before["q"], "d": before["d"] + 1}
         outcomes.add("everything")
         break
-    # Three statements, the re-assignment's transaction (`cancel_and_start`): the delivery with the
-    # issue's turn (and the routing choice), the cancel, the enqueue (and the delivery's outcome);
-    # a kill after each of them (each run by the server first), then the run that commits.
-    assert k == 4 and outcomes == {"nothing", "everything"}
+    # Four statements, the re-assignment's transaction (`cancel_and_start`): the delivery with the
+    # issue's turn (and the routing choice), the machines it touches locked, the cancel, the enqueue
+    # (and the delivery's outcome); a kill after each of them (each run by the server first), then
+    # the run that commits.
+    assert k == 5 and outcomes == {"nothing", "everything"}
     del reg
 
 
