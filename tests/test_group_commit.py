@@ -19,9 +19,11 @@ from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
 from shared.plumbing.batching import Combiner
-from shared.plumbing.db import Pool, connect, statement
+from shared.plumbing.db import Pool, connect, open_pool, statement
+from shared.plumbing.settings import Settings
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.data import MakeOrch, bulk, issue, row_counts
+from tests.helpers.batches import change_of
+from tests.helpers.data import MakeOrch, bulk, enqueue_one, issue, row_counts
 from tests.helpers.linear import Linear
 
 
@@ -737,6 +739,38 @@ def test_assignment_changes_that_arrive_together_commit_together_each_answered_a
         assert again["sessionId"] == got[delivery].get("sessionId")
 
 
+def test_a_batch_the_database_fails_midway_commits_nothing_and_its_connection_stays_clean(
+    db_url: str, settings: Settings, make_orchestrator: MakeOrch
+) -> None:
+    """A batch of assignment changes is one transaction whose statements are sent at once. When the
+    database fails one of them after an earlier one wrote (here the second change's turn, held
+    elsewhere past the lock timeout, after the first change's delivery was recorded), nothing of
+    the batch commits, and the pooled connection goes back clean: the next batch on it (the only
+    one the pool has) is written as if nothing had happened."""
+    o = make_orchestrator()
+    pool_of_one = open_pool(db_url, settings, min_size=1, max_size=1)
+    try:
+        sid, _ = enqueue_one(pool_of_one, o, 1)
+        changes = [change_of(assigned(issue(n).id, None, "user-1"), f"d-midway-{n}") for n in (1, 2)]
+        holder = _hold_turns(db_url, [issue(2).id])
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            intake._change_issues(pool_of_one, changes)
+        with pool_of_one.connection() as conn:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert deliveries(pool_of_one) == {}
+        assert open_dispatches(pool_of_one, issue(1).id) == [o.id]
+        holder.rollback()
+        holder.close()
+        answers = [r.answer if r is not None else None for r in intake._change_issues(pool_of_one, changes)]
+        assert answers == [
+            {"status": "cancelled", "sessionId": str(sid)},
+            {"status": "ignored", "reason": "nothing_to_cancel"},
+        ]
+        assert set(deliveries(pool_of_one)) == {"delivery:d-midway-1", "delivery:d-midway-2"}
+    finally:
+        pool_of_one.close()
+
+
 # --- stops --------------------------------------------------------------------------------------------
 def test_stops_that_arrive_together_commit_together_each_answered_as_alone(api: Api, db_url: str) -> None:
     """Stops that arrive while others are being written are written together: one transaction,
@@ -800,3 +834,38 @@ def test_stops_that_arrive_together_commit_together_each_answered_as_alone(api: 
     with api.pool.connection() as conn:
         again = conn.execute("SELECT count(*) AS n FROM dispatch_sessions WHERE kind = 'stop'").fetchone()
     assert again == {"n": 3}
+
+
+def test_copies_of_one_stop_in_a_batch_stop_it_once(api: Api, db_url: str, across_instances: None) -> None:
+    """Copies of one stop (the same delivery again, or the same stop under another delivery id)
+    that reach one batch of stops: the first copy stops the agent session, and each other copy,
+    finding the delivery recorded by that same transaction, writes nothing and is answered
+    `duplicate`. The other stops of the batch are written as they would be alone."""
+    api.register(user="user-1", name="laptop")
+    starts = {
+        s: api.webhook(agent_session_event(session_id=s), f"d-{s}").json()["sessionId"]
+        for s in ("as-0", "as-1", "as-2", "as-3")
+    }
+
+    def stop(s: str) -> dict[str, Any]:
+        return agent_session_event(session_id=s, action="prompted", signal="stop")
+
+    holder = psycopg.connect(db_url)  # the leaders (one for each lane) wait for their turns
+    for s in ("as-0", "as-1"):
+        holder.execute("SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key('org-a', %s))", (s,))
+    leaders = [(stop("as-0"), "d-stop-as-0"), (stop("as-1"), "d-stop-as-1")]
+    copied = stop("as-2")  # (the same activity: under another delivery id, the same content)
+    copies = [(copied, "d-stop-as-2")] * 3 + [(copied, "d-stop-as-2-again")]
+    rest = [(stop("as-3"), "d-stop-as-3"), *copies]
+    combiner = intake._combiner(api.pool, "stops", intake._stop_agent_sessions)
+    answers = [a.json() for a in _pile_up(api, db_url, None, leaders + rest, combiner, holder)]
+    stopped = {"status": "stopped", "cancelledSessionIds": [starts["as-2"]], "stopSessionId": None}
+    duplicate = {"status": "duplicate", "sessionId": None}
+    assert sorted(answers[-4:], key=lambda a: a["status"] == "duplicate") == [stopped] + [duplicate] * 3
+    for s, answer in zip(("as-0", "as-1", "as-3"), answers[:3], strict=True):
+        assert answer == {"status": "stopped", "cancelledSessionIds": [starts[s]], "stopSessionId": None}
+    # The leaders alone, then as-3's stop and the first copy in one transaction.
+    assert commit_sizes(api.pool, "delivery_key LIKE 'delivery:d-stop-%'", "webhook_deliveries") == [
+        1
+    ] * intake.LANES + [2]
+    assert row_counts(api.pool)["queue"] == 0

@@ -16,8 +16,10 @@ import httpx
 import psycopg
 import pytest
 
+from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import (
+    MachineRevoked,
     claim,
     end_claim_params,
     end_expired_claims,
@@ -30,6 +32,7 @@ from shared.plumbing.db import Conn, Pool, Tx, connect, transaction
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
+from tests.helpers.batches import assigned, change_of, stop_of
 from tests.helpers.data import MakeOrch, enqueue_one, follow_up_in, issue, queue_of
 
 
@@ -476,6 +479,63 @@ def test_a_reassignment_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: 
     assert row == {"outcome": "dispatched", "session_id": UUID(r.json()["sessionId"])}
 
 
+@pytest.mark.parametrize("batch", ["cancel_then_start", "two_cancels"])
+def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
+    batch: str, api: Api, db_url: str
+) -> None:
+    """Assignment changes that arrive together are one transaction, each change's statements in the
+    order of their issues. A revoke holds its machine's row, then locks the machine's queue rows in
+    queue order (seq). Were the batch to take a row of that machine and then wait for the revoke,
+    for the machine's row (a later change's start to it: `cancel_then_start`) or for another of its
+    rows (an earlier row that a later change cancels: `two_cancels`), each would wait for the other
+    and Postgres would abort one (the webhooks late, or the operator's revoke answered 503). The
+    batch takes the machines it touches before any queue row: it waits for the revoke holding none,
+    the revoke cancels the machine's work and commits, and the batch then finds it gone.
+    (In `two_cancels`, the revoke's hold on the earlier row is a lock its transaction takes before
+    its statement.)"""
+    machine, _ = api.register(user="user-1")
+    # iss-b's dispatch first (the earlier row), then iss-a's: the batch cancels iss-a's row first
+    sessions = {i: api.webhook(issue_event(issue_id=i)).json()["sessionId"] for i in ("iss-b", "iss-a")}
+    changes = [change_of(assigned("iss-a", None, "user-1"), "d-un-a")]
+    if batch == "cancel_then_start":  # iss-c re-assigned to user-1: a start for the same machine
+        changes.append(change_of(assigned("iss-c", "user-1", "user-2"), "d-re-c"))
+    else:
+        changes.append(change_of(assigned("iss-b", None, "user-1"), "d-un-b"))
+
+    def written() -> Any:
+        try:
+            return intake._change_issues(api.pool, changes)
+        except Exception as error:  # (what the batch raised, to look at here)
+            return error
+
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": machine})  # the revoke, open
+        if batch == "two_cancels":
+            revoker.execute(
+                "SELECT 1 FROM dispatch_queue WHERE session_id = %s FOR UPDATE", (sessions["iss-b"],)
+            )
+        t, out = in_thread(written)
+        _blocked_by(api.pool, revoker.info.backend_pid)  # the batch waits for the revoke
+        revoker.execute(query("revoke_move_starts"), {"id": machine})
+        rest = revoker.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"}).fetchone()
+        revoker.commit()
+    t.join(timeout=10)
+    assert rest is not None and rest["cancelled"] == 2  # both dispatches, by the revoke
+    if batch == "cancel_then_start":
+        # The start finds its machine revoked: nothing is committed, and each change is tried again.
+        assert isinstance(out[0], MachineRevoked), out[0]
+        with api.pool.connection() as conn:
+            recorded = conn.execute(
+                "SELECT count(*) AS n FROM webhook_deliveries WHERE delivery_key LIKE 'delivery:d-%'"
+            ).fetchone()
+        assert recorded == {"n": 0}
+    else:
+        assert isinstance(out[0], list), out[0]
+        answers = [r.answer if r is not None else None for r in out[0]]
+        assert answers == [{"status": "ignored", "reason": "nothing_to_cancel"}] * 2, out[0]
+    assert queue_of(api.pool) == []
+
+
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
     api: Api, db_url: str
 ) -> None:
@@ -863,6 +923,47 @@ def test_a_stop_racing_a_revoke_of_the_machine_that_has_the_conversation_never_d
     assert rest is not None and rest["cancelled"] == 1  # the follow-up
     assert out[0].status_code == 200, out[0].text
     assert out[0].json() == {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    assert queue_of(api.pool) == []
+
+
+def test_a_batch_of_stops_racing_a_revoke_never_deadlocks(api: Api, db_url: str) -> None:
+    """Stops that arrive together are one transaction, each stop's statements in the order of their
+    agent sessions. Here the first stop cancels a start still queued for the machine, and the
+    second queues a `stop` for that machine (it has the conversation). A revoke holds the machine's
+    row, then cancels the machine's messages. Were the first stop to cancel its start, a row of the
+    machine, and the second then wait for the machine, each would wait for the other. Each stop
+    takes the machines of its conversation before any of its rows (`cancel_agent_session`): the
+    batch waits for the revoke holding none, the revoke cancels the start and commits, and the
+    batch then finds the start gone and the machine revoked (no `stop` to queue)."""
+    machine, token = api.register()
+    api.webhook(agent_session_event(session_id="as-2-held"))
+    [start] = api.post_as(token, "/claim", {"max": 10}).json()["messages"]
+    ack = {"queueId": start["queueId"], "claimToken": start["claimToken"]}
+    assert api.post_as(token, "/ack", ack).status_code == 200
+    api.webhook(agent_session_event(session_id="as-1-queued"))  # queued for the machine, not claimed
+    stops = [
+        stop_of(agent_session_event(session_id=s, action="prompted", signal="stop"), f"d-stop-{s}")
+        for s in ("as-2-held", "as-1-queued")
+    ]
+
+    def written() -> Any:
+        try:
+            return intake._stop_agent_sessions(api.pool, stops)
+        except Exception as error:  # (what the batch raised, to look at here)
+            return error
+
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": machine})  # the revoke, open
+        t, out = in_thread(written)
+        _blocked_by(api.pool, revoker.info.backend_pid)  # the batch waits for the revoke
+        revoker.execute(query("revoke_move_starts"), {"id": machine})
+        rest = revoker.execute(query("revoke_cancel_rest"), {"id": machine, "reason": "revoked"}).fetchone()
+        revoker.commit()
+    t.join(timeout=10)
+    assert rest is not None and rest["cancelled"] == 1  # the queued start, by the revoke
+    assert isinstance(out[0], list), out[0]
+    nothing_left: dict[str, Any] = {"status": "stopped", "cancelledSessionIds": [], "stopSessionId": None}
+    assert [r.answer if r is not None else None for r in out[0]] == [nothing_left] * 2
     assert queue_of(api.pool) == []
 
 

@@ -17,6 +17,7 @@ from shared.delivery.queue import AckItem, ack, ack_many, claim, enqueue_dispatc
 from shared.fleet.orchestrators import mark_listening
 from shared.plumbing.db import Pool, connect, statement, transaction
 from shared.plumbing.settings import Settings
+from tests.helpers.batches import unassign
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
 
 # A fixed instant after every row the test enqueues (enqueue uses the database clock).
@@ -118,7 +119,9 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
             linear_user_id=None,
             message=DispatchPayload(issue=issue()),
         ),
-        "cancel_issue": lambda h: queue.cancel_issue(h, org_id=o.org_id, issue_id=issue().id, reason="x"),
+        "send_cancel_issue": lambda h: queue.send_cancel_issue(
+            h, org_id=o.org_id, issue_id=issue().id, reason="x", key="k"
+        ),
         "route_and_enqueue": lambda h: queue.route_and_enqueue(
             h,
             org_id=o.org_id,
@@ -449,21 +452,21 @@ def test_rerouting_goes_through_every_batch(
     assert [(r["orchestrator_id"], r["n"]) for r in held] == [(live.id, 21)]
 
 
-def test_cancel_issue_removes_queued_and_claimed(pool: Pool, make_orchestrator: MakeOrch) -> None:
+def test_an_unassignment_cancels_its_issues_dispatch_queued_or_claimed(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
     o = make_orchestrator()
     sid1, _ = enqueue_one(pool, o, 1)
     sid2, _ = enqueue_one(pool, o, 2)
     [m] = claim(pool, o.id, max=1, lease_seconds=60)
     assert m.session_id == sid1
-    with transaction(pool) as tx:
-        got = queue.cancel_issue(tx, org_id=o.org_id, issue_id=issue(1).id, reason="x")
-    assert got == [sid1]
+    assert unassign(pool, o.org_id, issue(1).id) == {"status": "cancelled", "sessionId": str(sid1)}
     assert session_status(pool, sid1)[0] == "cancelled"
     assert ack(pool, o.id, m.queue_id, m.claim_token) == "not_found"
     assert session_status(pool, sid2)[0] == "queued"
     # another org's issue with the same id is untouched
-    with transaction(pool) as tx:
-        assert queue.cancel_issue(tx, org_id="org-b", issue_id=issue(2).id, reason="x") == []
+    assert unassign(pool, "org-b", issue(2).id) == {"status": "ignored", "reason": "nothing_to_cancel"}
+    assert session_status(pool, sid2)[0] == "queued"
 
 
 def test_notification_is_sent_only_on_commit(pool: Pool, db_url: str, make_orchestrator: MakeOrch) -> None:

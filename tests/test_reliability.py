@@ -92,10 +92,11 @@ def test_killed_after_each_statement_of_the_intake_transaction(pool: Pool, db_ur
         assert after == {"s": before["s"] + 1, "q": before["q"], "d": before["d"] + 1}
         outcomes.add("everything")
         break
-    # Three statements, the re-assignment's transaction (`cancel_and_start`): the delivery with the
-    # issue's turn (and the routing choice), the cancel, the enqueue (and the delivery's outcome);
-    # a kill after each of them (each run by the server first), then the run that commits.
-    assert k == 4 and outcomes == {"nothing", "everything"}
+    # Four statements, the re-assignment's transaction (`cancel_and_start`): the delivery with the
+    # issue's turn (and the routing choice), the machines it touches locked, the cancel, the enqueue
+    # (and the delivery's outcome); a kill after each of them (each run by the server first), then
+    # the run that commits.
+    assert k == 5 and outcomes == {"nothing", "everything"}
     del reg
 
 
@@ -279,8 +280,11 @@ def test_a_header_that_never_ends_does_not_hold_the_server(api: Api, monkeypatch
 
 
 def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestrator: MakeOrch) -> None:
-    from shared.delivery.queue import ack, cancel_issue
-    from shared.plumbing.db import transaction
+    """Issues unassigned (each its own transaction of assignment changes, as the service writes it)
+    while their machine acks their dispatches: each dispatch is either delivered or cancelled, never
+    both or neither."""
+    from shared.delivery.queue import ack
+    from tests.helpers.batches import unassign
     from tests.helpers.data import issue
 
     o = make_orchestrator()
@@ -301,15 +305,9 @@ def test_cancel_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestra
     def canceller() -> None:
         barrier.wait()
         for i in range(n):
-            with transaction(pool) as tx:
-                cancelled.extend(
-                    cancel_issue(
-                        tx,
-                        org_id=o.org_id,
-                        issue_id=issue(i, o.org_id).id,
-                        reason="race",
-                    )
-                )
+            answer = unassign(pool, o.org_id, issue(i, o.org_id).id)
+            if answer["status"] == "cancelled":
+                cancelled.append(UUID(answer["sessionId"]))
 
     ts = [threading.Thread(target=acker), threading.Thread(target=canceller)]
     for t in ts:

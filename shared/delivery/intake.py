@@ -12,11 +12,12 @@
   session `created` by a person                               delivery`, through the group commit
   agent session `created` by automation   start_for_assignee  the intake transaction: a routing request,
                                                               routed after commit (Linear names the assignee)
-  issue unassigned or removed             cancel              `take_turns` + `cancel_open_issue_for_
-                                                              delivery`, together (`_change_issues`,
-                                                              through the group commit)
-  issue re-assigned (from someone)        cancel_and_start    `take_turns` + `cancel_open_issue_for_delivery`
-                                                              + `enqueue_routed_for_delivery`, together
+  issue unassigned or removed             cancel              `take_turns` + `lock_machines_for_changes`
+                                                              + `cancel_open_issue_for_delivery`, together
+                                                              (`_change_issues`, through the group commit)
+  issue re-assigned (from someone)        cancel_and_start    `take_turns` + `lock_machines_for_changes`
+                                                              + `cancel_open_issue_for_delivery` +
+                                                              `enqueue_routed_for_delivery`, together
                                                               (`_change_issues`, through the group commit)
   `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
                                                               group commit
@@ -91,6 +92,7 @@ from shared.delivery.queue import (
     route_and_enqueue_many,
     send_cancel_agent_session,
     send_cancel_issue,
+    send_lock_machines_for_changes,
     send_start_routed,
     send_stop,
 )
@@ -358,7 +360,9 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     (`shared.plumbing.db.together`): first each change's `take_turns` (its delivery recorded, its issue's
     turn taken, waiting, and its assignee's machine chosen), in the order of their issues, so two
     such transactions never wait for each other's turns in a circle, and no turn is waited for
-    while a row lock is held; then each one's cancel of its issue's undelivered assignment dispatch
+    while a row lock is held; then the machines the changes touch, in id order
+    (`send_lock_machines_for_changes`: machines before queue rows, so a revoke racing the batch
+    never deadlocks with it); then each one's cancel of its issue's undelivered assignment dispatch
     and start, which read its verdict (`take_turns`) and write what the delivery did (cancelled or
     ignored; dispatched; or, the user's machines differing, a routing request, the repository asked
     first). One round trip: nothing is read before the commit. A machine revoked meanwhile: the
@@ -369,6 +373,7 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     try:
         with together(pool) as tx:
             turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
+            send_lock_machines_for_changes(tx, [(i, changes[i].org_id, changes[i].issue_id) for i in order])
             cancels, started = {}, {}
             for i in order:
                 c = changes[i]

@@ -701,6 +701,20 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
     return SweepResult(requeued, dead, rerouted, rescued)
 
 
+def send_lock_machines_for_changes(tx: Tx, changes: list[tuple[int, str, str]]) -> None:
+    """In the transaction of issues' assignment changes, after every change's `take_turns` and
+    before its first cancel: the machines the changes go on to touch, locked in id order
+    (`lock_machines_for_changes`), so a revoke racing them never deadlocks with them. `changes`:
+    each change's element `n`, org and issue. Sent, not waited for (`shared.plumbing.db.together`)."""
+    tx = require_tx(tx, "send_lock_machines_for_changes")
+    params = {
+        "ns": [n for n, _, _ in changes],
+        "org_ids": [org for _, org, _ in changes],
+        "issue_ids": [issue for _, _, issue in changes],
+    }
+    tx.execute(query("lock_machines_for_changes"), params)
+
+
 def send_cancel_issue(
     tx: Tx, *, org_id: str, issue_id: str, reason: str, key: str, n: int = 0
 ) -> psycopg.Cursor[DictRow]:
@@ -778,14 +792,6 @@ def send_stop(
         "n": n,
     }
     return tx.execute(query("stop_for_delivery"), params)
-
-
-def cancel_issue(tx: Tx, *, org_id: str, issue_id: str, reason: str) -> list[UUID]:
-    """Cancel the issue's undelivered dispatch (queued or claimed) in the caller's transaction.
-    Returns the cancelled session ids."""
-    tx = require_tx(tx, "cancel_issue")
-    rows = tx.all(query("cancel_open_issue"), {"org_id": org_id, "issue_id": issue_id, "reason": reason})
-    return [r["id"] for r in rows]
 
 
 # --- Operators' actions and the revoke: the queue's writes they make (queue.sql, last section). ---

@@ -7,12 +7,12 @@
 -- invariant trigger of migration 0001 checks that at every commit):
 --
 --   AVAILABLE  lease_expires_at IS NULL. Claimable once available_at <= now.
---              leaves by: claim (-> CLAIMED), cancel_open_issue (-> deleted, session cancelled)
+--              leaves by: claim (-> CLAIMED), cancel_open_issue_for_delivery (-> deleted, session cancelled)
 --   CLAIMED    lease_expires_at IS NOT NULL; claim_token is the fencing token of the latest claim.
 --              leaves by: ack (-> deleted, session delivered),
 --                         release / sweep, attempts < max (-> AVAILABLE after the backoff),
 --                         release / sweep, attempts >= max (-> deleted, session failed),
---                         cancel_open_issue (-> deleted, session cancelled)
+--                         cancel_open_issue_for_delivery (-> deleted, session cancelled)
 --
 -- A re-queued row keeps the claim token of its latest claim, so that claim can still ack (a laptop
 -- that wakes late still delivers) until a newer claim replaces the token.
@@ -587,7 +587,7 @@ DELETE FROM sweep_runs WHERE id <= (SELECT id FROM ran) - %(kept)s;
 -- name: cancel_removed
 -- A fragment, included after a `removed` CTE (the session_id of queue rows it deleted): those
 -- sessions become `cancelled` with %(reason)s, in the same statement, so the invariant holds at
--- commit. Serves cancel_open_issue, cancel_agent_session and revoke_cancel_rest.
+-- commit. Serves cancel_open_issue_for_delivery, cancel_agent_session and revoke_cancel_rest.
 cancelled AS (
     UPDATE dispatch_sessions ds
     SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
@@ -595,31 +595,51 @@ cancelled AS (
     RETURNING ds.id, ds.org_id, ds.agent_session_id, ds.issue_id, ds.kind
 )
 
--- name: cancel_open_issue
+-- name: lock_machines_for_changes
+-- In the transaction of issues' assignment changes (`shared.delivery.intake._change_issues`), sent
+-- after every change's `take_turns` and before the first cancel: machines first, as
+-- `cancel_agent_session` takes them. Every machine the batch goes on to lock or delete rows of is
+-- locked FOR KEY SHARE, in id order, to the commit: each machine chosen for a start
+-- (`devpilot.routed_<n>`: the lock its enqueue takes next), and each machine an undelivered
+-- assignment dispatch of a change's issue is queued for (the rows its cancel deletes next), for
+-- the changes whose delivery does something (`devpilot.verdict_<n>` 'go'; `ns`, `org_ids`,
+-- `issue_ids`: the elements, aligned). A revoke holds its machine's row FOR UPDATE, then locks the
+-- machine's queue rows in queue order (seq). Without this, the batch could delete one of them (a
+-- cancel takes no machine's lock) and then wait for that machine (a later change's start to it),
+-- or hold a later row while it waited for an earlier one (two changes' cancels on one machine, in
+-- the order of their issues): each would wait for the other, and Postgres would abort one. With
+-- it, either the revoke holds the machine first, and the batch waits here, holding none of its
+-- rows; or the batch does, and the revoke waits for its commit. Revoked machines are locked too: a
+-- revoke again (of one with work left, by the sweep) cancels its rows. The rows are found with a
+-- snapshot taken after the issues' turns, as the cancels find them; one moved to another machine
+-- between the two (by an operator, or a revoke) is deleted without that machine's lock.
+SELECT o.id FROM orchestrators o
+WHERE o.id IN (
+    SELECT nullif(current_setting('devpilot.routed_' || c.n, true), '')::uuid
+    FROM unnest(%(ns)s::int[]) AS c(n)
+    WHERE current_setting('devpilot.verdict_' || c.n, true) = 'go'
+    UNION
+    SELECT s.orchestrator_id
+    FROM unnest(%(ns)s::int[], %(org_ids)s::text[], %(issue_ids)s::text[]) AS c(n, org_id, issue_id)
+    JOIN dispatch_sessions s ON s.org_id = c.org_id AND s.issue_id = c.issue_id
+    WHERE s.status = 'queued' AND s.agent_session_id IS NULL
+      AND current_setting('devpilot.verdict_' || c.n, true) = 'go'
+)
+ORDER BY o.id
+FOR KEY SHARE;
+
+-- name: cancel_open_issue_for_delivery
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: the issue's
 -- still-undelivered assignment dispatch (not yet acked; never an agent session's message). Locks
 -- the queue row first, in the same order as ack, sweep and release, so a racing ack either wins
 -- (nothing is cancelled) or finds the row gone (404); never a deadlock, never both.
-WITH removed AS (
-    DELETE FROM dispatch_queue dq
-    USING dispatch_sessions s
-    WHERE dq.session_id = s.id
-      AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
-      AND s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
-    RETURNING dq.session_id
-),
--- include: cancel_removed
-SELECT id FROM cancelled;
-
--- name: cancel_open_issue_for_delivery
--- `cancel_open_issue` for the webhook intake, sent after `take_turns` in its transaction
--- (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken after it: it cancels
--- only when that statement recorded the delivery and the delivery does something
+-- For the webhook intake, sent after `take_turns` (and `lock_machines_for_changes`) in its
+-- transaction (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken
+-- after it: it cancels only when that statement recorded the delivery and the delivery does something
 -- (`devpilot.verdict_<n>` 'go', `n` its element). The same statement writes what the delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
 -- `ignored` (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
 -- A start with a machine chosen (`devpilot.routed_<n>`) writes its own (`enqueue_routed_for_delivery`:
 -- dispatched, or the transaction aborts), so this one writes nothing then.
--- Same lock order as `cancel_open_issue`.
 WITH removed AS (
     DELETE FROM dispatch_queue dq
     USING dispatch_sessions s
@@ -749,8 +769,9 @@ SELECT (SELECT session_id FROM q) AS session_id, (SELECT id FROM told) AS notice
 
 -- name: cancel_agent_session
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
--- undelivered message of one agent session (Linear's stop). Same lock order as cancel_open_issue,
--- so an ack racing it either wins (delivered: the caller then queues a `stop`) or gets 404.
+-- undelivered message of one agent session (Linear's stop). Same lock order as
+-- cancel_open_issue_for_delivery, so an ack racing it either wins (delivered: the caller then
+-- queues a `stop`) or gets 404.
 -- Two lock orders keep a stop out of deadlocks, each with a party that holds one lock and then
 -- wants the stop's:
 -- * `machines` first: the machines of the conversation (of its queued and delivered messages)
