@@ -291,11 +291,9 @@ def _stopped(
 ) -> Received | None:
     """What one stop of `_stop_agent_sessions` did, from its statements' rows (read after the commit:
     its statements wrote what the delivery did)."""
-    recorded = turn.fetchone()
-    if recorded is None:
-        return None
-    if recorded["verdict"] != "go":
-        return Received(_not_taken(recorded).answer, recorded=True)
+    taken = _taken(turn)
+    if not isinstance(taken, dict):
+        return taken
     cancelled = [str(r["id"]) for r in cancel.fetchall()]
     row = sent.fetchone()
     assert row is not None
@@ -401,11 +399,9 @@ def _changed(
 ) -> Received | None:
     """What one change of `_change_issues` did, from its statements' rows (read after the commit:
     its statements wrote what the delivery did)."""
-    recorded = turns.fetchone()
-    if recorded is None:
-        return None
-    if recorded["verdict"] != "go":
-        return Received(_not_taken(recorded).answer, recorded=True)
+    taken = _taken(turns)
+    if not isinstance(taken, dict):
+        return taken
     cancelled = [r["id"] for r in cancel.fetchall()]
     enq = start.fetchone() if start is not None else None
     answer: dict[str, Any]
@@ -432,6 +428,17 @@ def _changed(
 def _why(hook: Webhook) -> str:
     """The reason a cancelled assignment dispatch gives."""
     return f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed"
+
+
+def _taken(turns: psycopg.Cursor[DictRow]) -> DictRow | Received | None:
+    """`take_turns`'s row of one element of a batch when its delivery may go on; its answer when
+    it was recorded and does nothing (`_not_taken`); None when it was seen before."""
+    recorded = turns.fetchone()
+    if recorded is None:
+        return None
+    if recorded["verdict"] != "go":
+        return Received(_not_taken(recorded).answer, recorded=True)
+    return recorded
 
 
 def _not_taken(recorded: DictRow) -> Received:
