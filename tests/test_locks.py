@@ -536,6 +536,45 @@ def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
     assert queue_of(api.pool) == []
 
 
+def test_two_batches_of_changes_of_the_same_issues_never_wait_for_each_other_in_a_circle(
+    api: Api, db_url: str
+) -> None:
+    """Two batches of assignment changes of the same two issues, listed in opposite orders, each one
+    transaction that holds every issue's turn it takes to its commit. Each takes its turns in the
+    order of the turns' keys, whatever the order of its changes. Were a batch to take them in the
+    order given, the first (`hi`, then `lo`) would get `hi` once another transaction let go of it,
+    while the second held `lo` and waited for `hi`: each would wait for the other, and Postgres
+    would abort one (its webhooks answered 500, late)."""
+    api.register(user="user-1")
+    with api.pool.connection() as conn:
+        keys = {
+            i: conn.execute("SELECT devpilot_issue_turn_key('org-a', %s) AS k", (i,)).fetchone()["k"]  # type: ignore[index]
+            for i in ("iss-a", "iss-b")
+        }
+    lo, hi = sorted(keys, key=keys.__getitem__)
+    first = [change_of(assigned(i, None, "user-1"), f"d-1-{i}") for i in (hi, lo)]
+    second = [change_of(assigned(i, None, "user-1"), f"d-2-{i}") for i in (lo, hi)]
+
+    def written(changes: list[intake.Change]) -> Any:
+        try:
+            return intake._change_issues(api.pool, changes)
+        except Exception as error:  # (what the batch raised, to look at here)
+            return error
+
+    with connect(db_url, autocommit=False) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (keys[hi],))  # `hi`'s turn, held
+        t1, out1 = in_thread(lambda: written(first))
+        _blocked_by(api.pool, holder.info.backend_pid)
+        t2, out2 = in_thread(lambda: written(second))
+        _blocked_by(api.pool, count=2)  # both batches wait
+        holder.rollback()
+    t1.join(timeout=10)
+    t2.join(timeout=10)
+    for out in (out1, out2):
+        assert isinstance(out[0], list), out[0]
+        assert [r.answer["status"] if r is not None else None for r in out[0]] == ["ignored"] * 2
+
+
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(
     api: Api, db_url: str
 ) -> None:

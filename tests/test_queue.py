@@ -119,8 +119,8 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
             linear_user_id=None,
             message=DispatchPayload(issue=issue()),
         ),
-        "send_cancel_issue": lambda h: queue.send_cancel_issue(
-            h, org_id=o.org_id, issue_id=issue().id, reason="x", key="k"
+        "send_cancel_issues": lambda h: queue.send_cancel_issues(
+            h, [queue.IssueCancel(0, o.org_id, issue().id, "x", "k")]
         ),
         "route_and_enqueue": lambda h: queue.route_and_enqueue(
             h,

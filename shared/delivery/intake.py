@@ -13,10 +13,10 @@
   agent session `created` by automation   start_for_assignee  the intake transaction: a routing request,
                                                               routed after commit (Linear names the assignee)
   issue unassigned or removed             cancel              `take_turns` + `lock_machines_for_changes`
-                                                              + `cancel_open_issue_for_delivery`, together
+                                                              + `cancel_open_issues_for_delivery`, together
                                                               (`_change_issues`, through the group commit)
   issue re-assigned (from someone)        cancel_and_start    `take_turns` + `lock_machines_for_changes`
-                                                              + `cancel_open_issue_for_delivery` +
+                                                              + `cancel_open_issues_for_delivery` +
                                                               `enqueue_routed_for_delivery`, together
                                                               (`_change_issues`, through the group commit)
   `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
@@ -81,6 +81,8 @@ from shared.delivery.queue import (
     NO_MACHINE,
     SWEEP_BATCH,
     FollowUp,
+    IssueCancel,
+    IssueStart,
     MachineRevoked,
     Routed,
     RouteOutcome,
@@ -91,9 +93,9 @@ from shared.delivery.queue import (
     route_and_enqueue,
     route_and_enqueue_many,
     send_cancel_agent_session,
-    send_cancel_issue,
+    send_cancel_issues,
     send_lock_machines_for_changes,
-    send_start_routed,
+    send_starts_routed,
     send_stop,
 )
 from shared.linear import auth as linear_auth
@@ -252,17 +254,18 @@ class Stop(NamedTuple):
 
 def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]:
     """Stops written in one transaction, its statements sent at once (`shared.plumbing.db.together`):
-    first each one's `take_turns` (its delivery recorded, its agent session's turn taken, waiting),
-    in the order of their agent sessions, so two such transactions never wait for each other's turns
-    in a circle and no turn is waited for while a row lock is held; then, for each, reading its
+    first `take_turns` (the deliveries recorded, every agent session's turn taken, waiting, in the
+    order of the turns' keys, so two such transactions never wait for each other's turns in a
+    circle, and no turn is waited for while a row lock is held); then, for each, reading its
     verdict in SQL: what no machine has yet cancelled (messages waiting to be routed, queued
     messages), the stop recorded (`record_stop`), and the machine that had one delivered told with a
     `stop`, or, if none had, Linear with a final response (`send_stop`). Nothing is decided here
     between them: one round trip, one commit. One answer per stop, in order; None: the delivery was
     seen before, and nothing was written."""
-    order = sorted(range(len(stops)), key=lambda i: (stops[i].org_id, stops[i].agent_session_id))
+    written = firsts((s.record["key"], s.record["content_key"]) for s in stops)
+    order = sorted(written, key=lambda i: (stops[i].org_id, stops[i].agent_session_id))
     with together(pool) as tx:
-        turns = {i: tx.execute(query("take_turns"), {**stops[i].record, "n": i}) for i in order}
+        turns = _take_turns(tx, [(i, stops[i].record) for i in written])
         cancels, sent = {}, {}
         for i in order:
             org, agent_session, plan = stops[i].org_id, stops[i].agent_session_id, stops[i].plan
@@ -283,11 +286,14 @@ def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]
                 unstarted_notice=STOPPED_BEFORE_START,
                 n=i,
             )
-    return [_stopped(turns[i], cancels[i], sent[i]) for i in range(len(stops))]
+    verdicts = _verdicts(turns)
+    return [
+        _stopped(verdicts.get(i), cancels[i], sent[i]) if i in cancels else None for i in range(len(stops))
+    ]
 
 
 def _stopped(
-    turn: psycopg.Cursor[DictRow], cancel: psycopg.Cursor[DictRow], sent: psycopg.Cursor[DictRow]
+    turn: DictRow | None, cancel: psycopg.Cursor[DictRow], sent: psycopg.Cursor[DictRow]
 ) -> Received | None:
     """What one stop of `_stop_agent_sessions` did, from its statements' rows (read after the commit:
     its statements wrote what the delivery did)."""
@@ -355,55 +361,61 @@ def _assignment_changes(pool: Pool) -> Combiner[Change, Received | None]:
 
 def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     """Issues' assignment changes written in one transaction, its statements sent together
-    (`shared.plumbing.db.together`): first each change's `take_turns` (its delivery recorded, its issue's
-    turn taken, waiting, and its assignee's machine chosen), in the order of their issues, so two
+    (`shared.plumbing.db.together`), four statements for the whole batch: `take_turns` (the
+    deliveries recorded, every issue's turn taken, waiting, in the order of the turns' keys, so two
     such transactions never wait for each other's turns in a circle, and no turn is waited for
-    while a row lock is held; then the machines the changes touch, in id order
-    (`send_lock_machines_for_changes`: machines before queue rows, so a revoke racing the batch
-    never deadlocks with it); then each one's cancel of its issue's undelivered assignment dispatch
-    and start, which read its verdict (`take_turns`) and write what the delivery did (cancelled or
-    ignored; dispatched; or, the user's machines differing, a routing request, the repository asked
-    first). One round trip: nothing is read before the commit. A machine revoked meanwhile: the
+    while a row lock is held; each assignee's machine chosen); the machines the changes touch, in id
+    order (`send_lock_machines_for_changes`: machines before queue rows, so a revoke racing the
+    batch never deadlocks with it); the cancels of the issues' undelivered assignment dispatches
+    (`send_cancel_issues`), then the starts (`send_starts_routed`), which read each element's
+    verdict and write what its delivery did (cancelled or ignored; dispatched; or, the user's
+    machines differing, a routing request, the repository asked first). One round trip: nothing is
+    read before the commit. Copies of one delivery in the batch: the first is written, the others
+    answered None. A machine revoked meanwhile: the
     start's statement aborts the transaction (MachineRevoked), nothing is committed, and the group
     commit tries each change again alone (each, in its caller's rounds, seeing the revoke). One
     answer per change, in order; None: the delivery was seen before, and nothing was written."""
-    order = sorted(range(len(changes)), key=lambda i: (changes[i].org_id, changes[i].issue_id))
+    written = firsts((c.record["key"], c.record["content_key"]) for c in changes)
     try:
         with together(pool) as tx:
-            turns = {i: tx.execute(query("take_turns"), {**changes[i].record, "n": i}) for i in order}
-            send_lock_machines_for_changes(tx, [(i, changes[i].org_id, changes[i].issue_id) for i in order])
-            cancels, started = {}, {}
-            for i in order:
-                c = changes[i]
-                key = c.record["key"]
-                cancels[i] = send_cancel_issue(
-                    tx, org_id=c.org_id, issue_id=c.issue_id, reason=c.reason, key=key, n=i
-                )
-                if c.start is not None:
-                    assert c.user is not None
-                    started[i] = send_start_routed(
-                        tx, org_id=c.org_id, linear_user_id=c.user, message=c.start, delivery_key=key, n=i
-                    )
+            turns = _take_turns(tx, [(i, changes[i].record) for i in written])
+            send_lock_machines_for_changes(tx, [(i, changes[i].org_id, changes[i].issue_id) for i in written])
+            cancel = send_cancel_issues(
+                tx,
+                [
+                    IssueCancel(i, c.org_id, c.issue_id, c.reason, c.record["key"])
+                    for i, c in ((i, changes[i]) for i in written)
+                ],
+            )
+            starts = [
+                IssueStart(i, c.org_id, c.user, c.start, c.record["key"])
+                for i, c in ((i, changes[i]) for i in written)
+                if c.start is not None and c.user is not None
+            ]
+            started = send_starts_routed(tx, starts) if starts else None
     except psycopg.Error as error:
         if revoked_meanwhile(error):
             raise MachineRevoked(str(error)) from error
         raise
-    return [_changed(c, turns[i], cancels[i], started.get(i)) for i, c in enumerate(changes)]
+    verdicts = _verdicts(turns)
+    cancelled: dict[int, list[UUID]] = {}
+    for row in cancel.fetchall():
+        cancelled.setdefault(row["n"], []).append(row["id"])
+    enqueued = {row["n"]: row for row in started.fetchall()} if started is not None else {}
+    out: list[Received | None] = [None] * len(changes)
+    for i in written:
+        out[i] = _changed(changes[i], verdicts.get(i), cancelled.get(i, []), enqueued.get(i))
+    return out
 
 
 def _changed(
-    change: Change,
-    turns: psycopg.Cursor[DictRow],
-    cancel: psycopg.Cursor[DictRow],
-    start: psycopg.Cursor[DictRow] | None,
+    change: Change, turn: DictRow | None, cancelled: list[UUID], enq: DictRow | None
 ) -> Received | None:
     """What one change of `_change_issues` did, from its statements' rows (read after the commit:
     its statements wrote what the delivery did)."""
-    taken = _taken(turns)
+    taken = _taken(turn)
     if not isinstance(taken, dict):
         return taken
-    cancelled = [r["id"] for r in cancel.fetchall()]
-    enq = start.fetchone() if start is not None else None
     answer: dict[str, Any]
     routes: list[UUID] = []
     if enq is not None and enq["session_id"] is not None:
@@ -425,15 +437,41 @@ def _changed(
     return Received(answer, recorded=True, route_ids=routes)
 
 
+def _take_turns(tx: Tx, records: list[tuple[int, dict[str, Any]]]) -> psycopg.Cursor[DictRow]:
+    """The deliveries of one transaction recorded and their turns taken (`take_turns`: every turn
+    waited for in the order of the turns' keys, before anything is written), each with its verdict
+    kept for the statements sent after it. `records`: each element's `n` and its `record_delivery`
+    parameters (`_record_params`); their keys distinct. Sent, not waited for: its rows, one per
+    delivery recorded (`n`), are read from the cursor (`_verdicts`)."""
+    batch = [
+        {
+            **record,
+            "n": n,
+            "event_at": _iso(record["event_at"]),
+            "prompt_at": _iso(record["prompt_at"]),
+        }
+        for n, record in records
+    ]
+    return tx.execute(query("take_turns"), {"batch": Jsonb(batch)})
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def _verdicts(turns: psycopg.Cursor[DictRow]) -> dict[int, DictRow]:
+    """`take_turns`'s rows by element: the deliveries it recorded."""
+    return {row["n"]: row for row in turns.fetchall()}
+
+
 def _why(hook: Webhook) -> str:
     """The reason a cancelled assignment dispatch gives."""
     return f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed"
 
 
-def _taken(turns: psycopg.Cursor[DictRow]) -> DictRow | Received | None:
+def _taken(recorded: DictRow | None) -> DictRow | Received | None:
     """`take_turns`'s row of one element of a batch when its delivery may go on; its answer when
-    it was recorded and does nothing (`_not_taken`); None when it was seen before."""
-    recorded = turns.fetchone()
+    it was recorded and does nothing (`_not_taken`); None when it was seen before (no row)."""
     if recorded is None:
         return None
     if recorded["verdict"] != "go":

@@ -715,40 +715,64 @@ def send_lock_machines_for_changes(tx: Tx, changes: list[tuple[int, str, str]]) 
     tx.execute(query("lock_machines_for_changes"), params)
 
 
-def send_cancel_issue(
-    tx: Tx, *, org_id: str, issue_id: str, reason: str, key: str, n: int = 0
-) -> psycopg.Cursor[DictRow]:
-    """The webhook intake's cancel of the issue's undelivered dispatch, sent after `take_turns` in
-    its transaction (`cancel_open_issue_for_delivery`: only for a delivery that transaction recorded
-    and that does something, `n` its element there; with no machine chosen for a start, what the
-    delivery `key` did written by the same statement). Sent, not waited for
-    (`shared.plumbing.db.together`): its rows, the cancelled session ids, the one recorded first, are
+class IssueCancel(NamedTuple):
+    """One element of `send_cancel_issues`: its element `n` in the transaction (`take_turns`), the
+    issue, why its undelivered assignment dispatch is cancelled, and the delivery's key."""
+
+    n: int
+    org_id: str
+    issue_id: str
+    reason: str
+    key: str
+
+
+def send_cancel_issues(tx: Tx, cancels: list[IssueCancel]) -> psycopg.Cursor[DictRow]:
+    """The webhook intake's cancels of issues' undelivered assignment dispatches, sent after
+    `take_turns` in its transaction (`cancel_open_issues_for_delivery`: for each, only when that
+    transaction recorded its delivery and it does something; with no machine chosen for a start,
+    what the delivery did written by the same statement). Sent, not waited for
+    (`shared.plumbing.db.together`): its rows, each cancelled session's id and its element `n`, are
     read from the cursor."""
-    tx = require_tx(tx, "send_cancel_issue")
-    params = {"org_id": org_id, "issue_id": issue_id, "reason": reason, "key": key, "n": n}
-    return tx.execute(query("cancel_open_issue_for_delivery"), params)
+    tx = require_tx(tx, "send_cancel_issues")
+    batch = [c._asdict() for c in cancels]
+    return tx.execute(query("cancel_open_issues_for_delivery"), {"batch": Jsonb(batch)})
 
 
-def send_start_routed(
-    tx: Tx, *, org_id: str, linear_user_id: str, message: DispatchPayload, delivery_key: str, n: int = 0
-) -> psycopg.Cursor[DictRow]:
-    """The webhook intake's start for the machine `take_turns` chose, sent after it in its
-    transaction (`enqueue_routed_for_delivery`; `n` its element there), the delivery recorded as
-    dispatched to it, or, the user's machines differing, as routing (a request, the repository
-    asked first). Sent, not waited for (`shared.plumbing.db.together`): its row (session_id,
-    queue_id, message_id, orchestrator_id; or route_id) is read from the cursor. That machine revoked
-    meanwhile: the statement aborts the transaction (`revoked_meanwhile`)."""
-    tx = require_tx(tx, "send_start_routed")
-    if message.kind != "start" or message.agent_session_id is not None:
-        raise ValueError("send_start_routed is for an issue's start")
-    params = {
-        **_session_params(message, None, None),
-        "org_id": org_id,
-        "linear_user_id": linear_user_id,
-        "delivery_key": delivery_key,
-        "n": n,
-    }
-    return tx.execute(query("enqueue_routed_for_delivery"), params)
+class IssueStart(NamedTuple):
+    """One element of `send_starts_routed`: its element `n` in the transaction (`take_turns`), the
+    start for `linear_user_id`'s machine, and the delivery's key."""
+
+    n: int
+    org_id: str
+    linear_user_id: str
+    message: DispatchPayload
+    delivery_key: str
+
+
+def send_starts_routed(tx: Tx, starts: list[IssueStart]) -> psycopg.Cursor[DictRow]:
+    """The webhook intake's starts of issues for the machines `take_turns` chose, sent after it in
+    their transaction (`enqueue_routed_for_delivery`), each delivery recorded as dispatched, or,
+    the user's machines differing, as routing (a request, the repository asked first). Sent, not
+    waited for (`shared.plumbing.db.together`): its rows, one per start in the order of `n`
+    (session_id, queue_id, message_id, orchestrator_id; or route_id), are read from the cursor. A
+    machine revoked meanwhile: the statement aborts the transaction (`revoked_meanwhile`)."""
+    tx = require_tx(tx, "send_starts_routed")
+    if any(st.message.kind != "start" or st.message.agent_session_id is not None for st in starts):
+        raise ValueError("send_starts_routed is for issues' starts")
+    batch = [
+        {
+            "n": st.n,
+            "org_id": st.org_id,
+            "linear_user_id": st.linear_user_id,
+            "delivery_key": st.delivery_key,
+            "session_id": str(uuid4()),
+            "issue_id": st.message.issue.id,
+            "issue_identifier": st.message.issue.identifier,
+            "payload": st.message.wire(),
+        }
+        for st in sorted(starts, key=lambda st: st.n)
+    ]
+    return tx.execute(query("enqueue_routed_for_delivery"), {"batch": Jsonb(batch), "now": None})
 
 
 def send_cancel_agent_session(

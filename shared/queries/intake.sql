@@ -51,12 +51,24 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
                THEN 'stopped' END AS seen
 
 -- name: take_turns
--- `record_delivery` (the delivery recorded, its turn taken, the routing choice made), and its
--- verdict kept for the statements sent after it in the same transaction (`shared.plumbing.db.together`):
--- they read it, in SQL, rather than waiting here for a decision between them, so the whole
--- transaction is sent at once. Each statement after it reads a snapshot taken after the turn was
--- granted, as in the intake transaction. Kept under the transaction's element `n` (several
--- webhooks written in one transaction each have their own), local to the transaction:
+-- `record_delivery` for the deliveries of one transaction written together (a batch of the group
+-- commit: `shared.delivery.intake._change_issues`, `_stop_agent_sessions`), in one statement, and
+-- each one's verdict kept for the statements sent after it in the same transaction
+-- (`shared.plumbing.db.together`): they read it, in SQL, rather than waiting here for a decision
+-- between them, so the whole transaction is sent at once. `batch`: a JSON array, one element per
+-- delivery, numbered `n`, with `record_delivery`'s parameters; their keys are distinct (the
+-- caller leaves copies out: a key twice would match one inserted record twice).
+-- * `turns`: every element's turn (its agent session's, or its issue's: `agent_session_turn`,
+--   `issue_turn`), taken waiting, before anything is written, in the order of the turns' keys (a
+--   turn is re-entrant: one key twice is taken once). Every transaction that holds several turns
+--   takes them here, in that order, so two of them never wait for each other in a circle, and none
+--   waits for a turn while it holds a row lock (the deliveries are inserted after the last turn).
+-- * the deliveries inserted ON CONFLICT DO NOTHING (a delivery seen before, or a concurrent copy
+--   once that commits, gets no row and no verdict), and for each one inserted, read with
+--   snapshots taken after the turns (the VOLATILE functions of migrations 0014 to 0016):
+--   `superseded` and `seen`, as `record_delivery` reads them; the routing choice for its
+--   `route_user` (`route`, read with the statement's snapshot, as in `record_delivery`).
+-- The verdicts, kept under each element's `n`, local to the transaction:
 -- * `devpilot.verdict_<n>`: 'go' when this transaction recorded the delivery and it does something;
 --   'no' when it recorded it and it does nothing (an assignment superseded, an agent session's
 --   event it may no longer take: `superseded`, `seen`); unset (NULL or '') when the delivery was
@@ -66,16 +78,45 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
 --   when the user's machines differ (`mixed`: the start needs its repository first).
 -- * `devpilot.mixed_<n>`: 'true' when they differ (a recorded delivery's start then writes a
 --   routing request: `enqueue_routed_for_delivery`).
-WITH recorded AS (
--- include: record_delivery_rows
+-- One row per delivery recorded, in the order of `n`.
+WITH want AS (  -- (one JSON array: the client dumps it in C)
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, key text, content_key text, org_id text, route_user text, agent_session_id text,
+             issue_id text, event_at timestamptz, created boolean, prompt_at timestamptz)
+), turns AS MATERIALIZED (  -- (each lock taken as the sorted keys come: in key order)
+    SELECT pg_advisory_xact_lock(k.key) FROM (
+        SELECT DISTINCT CASE WHEN w.agent_session_id IS NOT NULL
+                             THEN devpilot_agent_session_turn_key(w.org_id, w.agent_session_id)
+                             ELSE devpilot_issue_turn_key(w.org_id, w.issue_id) END AS key
+        FROM want w WHERE w.agent_session_id IS NOT NULL OR w.issue_id IS NOT NULL
+        ORDER BY 1 OFFSET 0
+    ) k
+), recorded AS (
+    INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)
+    SELECT w.key, w.content_key, w.org_id, w.issue_id, w.event_at FROM want w
+    WHERE (SELECT count(*) FROM turns) >= 0  -- (true: the turns come first)
+    ON CONFLICT DO NOTHING
+    RETURNING delivery_key
+), judged AS (
+    SELECT want.n, r.id AS routed, coalesce(r.mixed, false) AS mixed,
+           want.event_at IS NOT NULL
+           AND devpilot_issue_event_superseded(want.org_id, want.issue_id, want.event_at) AS superseded,
+           CASE WHEN want.created THEN devpilot_agent_session_seen(want.org_id, want.agent_session_id, true)
+                WHEN want.prompt_at IS NOT NULL
+                     AND devpilot_agent_session_stopped_since(want.org_id, want.agent_session_id, want.prompt_at)
+                THEN 'stopped' END AS seen
+    FROM recorded d JOIN want ON want.key = d.delivery_key LEFT JOIN LATERAL (
+-- include: route
+    ) r ON true
 )
-SELECT r.*,
-       set_config('devpilot.verdict_' || %(n)s,
-                  CASE WHEN r.superseded OR r.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict,
-       set_config('devpilot.routed_' || %(n)s,
-                  CASE WHEN r.mixed THEN '' ELSE coalesce(r.routed::text, '') END, true) AS routed_machine,
-       set_config('devpilot.mixed_' || %(n)s, r.mixed::text, true) AS mixed_machines
-FROM recorded r;
+SELECT j.*,
+       set_config('devpilot.verdict_' || j.n,
+                  CASE WHEN j.superseded OR j.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict,
+       set_config('devpilot.routed_' || j.n,
+                  CASE WHEN j.mixed THEN '' ELSE coalesce(j.routed::text, '') END, true) AS routed_machine,
+       set_config('devpilot.mixed_' || j.n, j.mixed::text, true) AS mixed_machines
+FROM judged j
+ORDER BY j.n;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).

@@ -7,12 +7,12 @@
 -- invariant trigger of migration 0001 checks that at every commit):
 --
 --   AVAILABLE  lease_expires_at IS NULL. Claimable once available_at <= now.
---              leaves by: claim (-> CLAIMED), cancel_open_issue_for_delivery (-> deleted, session cancelled)
+--              leaves by: claim (-> CLAIMED), cancel_open_issues_for_delivery (-> deleted, session cancelled)
 --   CLAIMED    lease_expires_at IS NOT NULL; claim_token is the fencing token of the latest claim.
 --              leaves by: ack (-> deleted, session delivered),
 --                         release / sweep, attempts < max (-> AVAILABLE after the backoff),
 --                         release / sweep, attempts >= max (-> deleted, session failed),
---                         cancel_open_issue_for_delivery (-> deleted, session cancelled)
+--                         cancel_open_issues_for_delivery (-> deleted, session cancelled)
 --
 -- A re-queued row keeps the claim token of its latest claim, so that claim can still ack (a laptop
 -- that wakes late still delivers) until a newer claim replaces the token.
@@ -587,7 +587,7 @@ DELETE FROM sweep_runs WHERE id <= (SELECT id FROM ran) - %(kept)s;
 -- name: cancel_removed
 -- A fragment, included after a `removed` CTE (the session_id of queue rows it deleted): those
 -- sessions become `cancelled` with %(reason)s, in the same statement, so the invariant holds at
--- commit. Serves cancel_open_issue_for_delivery, cancel_agent_session and revoke_cancel_rest.
+-- commit. Serves cancel_agent_session and revoke_cancel_rest.
 cancelled AS (
     UPDATE dispatch_sessions ds
     SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
@@ -628,79 +628,109 @@ WHERE o.id IN (
 ORDER BY o.id
 FOR KEY SHARE;
 
--- name: cancel_open_issue_for_delivery
--- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: the issue's
--- still-undelivered assignment dispatch (not yet acked; never an agent session's message). Locks
--- the queue row first, in the same order as ack, sweep and release, so a racing ack either wins
--- (nothing is cancelled) or finds the row gone (404); never a deadlock, never both.
+-- name: cancel_open_issues_for_delivery
+-- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: each issue's
+-- still-undelivered assignment dispatch (not yet acked; never an agent session's message), for
+-- several issues' assignment changes (`batch`, a JSON array, one element per change: `n`, `org_id`,
+-- `issue_id`, `reason`, `key`, the delivery's). The rows are locked first, in queue order (seq),
+-- as ack, sweep and release lock theirs, so a racing ack either wins (nothing is cancelled) or
+-- finds the row gone (404); never a deadlock, never both.
 -- For the webhook intake, sent after `take_turns` (and `lock_machines_for_changes`) in its
--- transaction (`shared.plumbing.db.together`), so under the issue's turn and with a snapshot taken
--- after it: it cancels only when that statement recorded the delivery and the delivery does something
--- (`devpilot.verdict_<n>` 'go', `n` its element). The same statement writes what the delivery did: `cancelled`, with the first of the sessions cancelled (the first row returned), or
--- `ignored` (nothing to cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict).
--- A start with a machine chosen (`devpilot.routed_<n>`) writes its own (`enqueue_routed_for_delivery`:
--- dispatched, or the transaction aborts), so this one writes nothing then.
-WITH removed AS (
-    DELETE FROM dispatch_queue dq
-    USING dispatch_sessions s
-    WHERE dq.session_id = s.id
-      AND s.org_id = %(org_id)s AND s.issue_id = %(issue_id)s AND s.status = 'queued'
-      AND s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
-      AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
-    RETURNING dq.session_id
-),
--- include: cancel_removed
-, finished AS (
-    UPDATE webhook_deliveries
-    SET session_id = (SELECT min(id::text)::uuid FROM cancelled),
-        outcome = CASE WHEN EXISTS (SELECT FROM cancelled) THEN 'cancelled' ELSE 'ignored' END
-    WHERE delivery_key = %(key)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
-      AND coalesce(current_setting('devpilot.routed_' || %(n)s, true), '') = ''
+-- transaction (`shared.plumbing.db.together`), so under the issues' turns and with a snapshot
+-- taken after them: it cancels an element's only when that statement recorded its delivery and the
+-- delivery does something (`devpilot.verdict_<n>` 'go'). The same statement writes what each
+-- delivery did: `cancelled`, with the first of its sessions cancelled, or `ignored` (nothing to
+-- cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict). A start with a
+-- machine chosen (`devpilot.routed_<n>`) writes its own (`enqueue_routed_for_delivery`:
+-- dispatched, or the transaction aborts), so this one writes nothing then. One row per session
+-- cancelled (`n`, `id`), in the order of `n`, then of the ids as text.
+WITH want AS (  -- (one JSON array: the client dumps it in C)
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, org_id text, issue_id text, reason text, key text)
+), doomed AS (
+    SELECT dq.id, w.n, w.reason
+    FROM want w
+    JOIN dispatch_sessions s ON s.org_id = w.org_id AND s.issue_id = w.issue_id AND s.status = 'queued'
+    JOIN dispatch_queue dq ON dq.session_id = s.id
+    WHERE s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
+      AND current_setting('devpilot.verdict_' || w.n, true) = 'go'
+    ORDER BY dq.seq
+    FOR UPDATE OF dq
+), removed AS (
+    DELETE FROM dispatch_queue dq USING doomed d WHERE dq.id = d.id
+    RETURNING dq.session_id, d.n, d.reason
+), cancelled AS (  -- (as `cancel_removed`, each with its own element's reason)
+    UPDATE dispatch_sessions ds
+    SET status = 'cancelled', updated_at = now(), failure_reason = r.reason
+    FROM removed r WHERE ds.id = r.session_id AND ds.status = 'queued'
+    RETURNING ds.id, r.n
+), firsts AS (
+    SELECT c.n, min(c.id::text)::uuid AS id FROM cancelled c GROUP BY c.n
+), finished AS (
+    UPDATE webhook_deliveries d
+    SET session_id = f.id, outcome = CASE WHEN f.id IS NOT NULL THEN 'cancelled' ELSE 'ignored' END
+    FROM want w LEFT JOIN firsts f ON f.n = w.n
+    WHERE d.delivery_key = w.key AND current_setting('devpilot.verdict_' || w.n, true) IN ('go', 'no')
+      AND coalesce(current_setting('devpilot.routed_' || w.n, true), '') = ''
 )
-SELECT id FROM cancelled ORDER BY id::text;
+SELECT n, id FROM cancelled ORDER BY n, id::text;
 
 -- name: enqueue_routed_for_delivery
--- `enqueue_for_delivery` for the webhook intake's start, sent after `take_turns` and the issue's
--- cancel in its transaction (`shared.plumbing.db.together`): for the machine `take_turns` chose
--- (`devpilot.routed_<n>`, `n` its element; none: nothing is written), only when the delivery does
--- something (`devpilot.verdict_<n>` 'go'). The machine's row is read FOR KEY SHARE if it is still
--- active, as `enqueue`'s `target`. Revoked meanwhile (a machine chosen, none locked), the statement
--- aborts the transaction (`devpilot_machine_revoked`, migration 0023): nothing commits, the
--- delivery's record neither, and the caller decides again. The delivery is recorded as dispatched
--- to the new session by the same statement. A user whose machines differ (`devpilot.mixed_<n>`):
--- the start's routing request instead (`routing_request_insert`'s row: which of the user's
--- machines has the issue's repository is asked of Linear after the commit), and the delivery
--- recorded as `routing`. One row: the session queued (NULL: none), or the request written.
-WITH target AS (
-    SELECT id, name, listening_until > now() AS listening
-    FROM orchestrators
-    WHERE id = nullif(current_setting('devpilot.routed_' || %(n)s, true), '')::uuid AND revoked_at IS NULL
-      AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
-    FOR KEY SHARE
+-- `enqueue_for_delivery` for the webhook intake's starts of issues (`batch`, a JSON array, one
+-- element per start: `n`, `org_id`, `linear_user_id`, `delivery_key`, `session_id`, `issue_id`,
+-- `issue_identifier`, `payload`), sent after `take_turns` and the issues' cancels in its
+-- transaction (`shared.plumbing.db.together`): each for the machine `take_turns` chose
+-- (`devpilot.routed_<n>`; none: nothing is written for it), only when its delivery does something
+-- (`devpilot.verdict_<n>` 'go'). Each machine's row is read FOR KEY SHARE if it is still active,
+-- as `enqueue`'s `target` (`lock_machines_for_changes` took the same locks, in id order, before).
+-- One revoked meanwhile (a machine chosen, none locked), the statement aborts the transaction
+-- (`devpilot_machine_revoked`, migration 0023): nothing commits, the deliveries' records neither,
+-- and the caller decides again. Each delivery is recorded as dispatched to its new session by the
+-- same statement. A user whose machines differ (`devpilot.mixed_<n>`): the start's routing request
+-- instead (which of the user's machines has the issue's repository is asked of Linear after the
+-- commit), and the delivery recorded as `routing`. One row per element, in the order of `n`: the
+-- session queued (NULL: none), or the request written (`route_id`).
+WITH want AS (  -- (one JSON array: the client dumps it in C)
+    SELECT w.*, nullif(current_setting('devpilot.routed_' || w.n, true), '')::uuid AS routed,
+           current_setting('devpilot.verdict_' || w.n, true) = 'go' AS go,
+           current_setting('devpilot.mixed_' || w.n, true) = 'true' AS mixed
+    FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, org_id text, linear_user_id text, delivery_key text, session_id uuid, issue_id text,
+             issue_identifier text, payload jsonb)
+), machine AS (
+    SELECT w.n, o.id, o.name, o.listening_until > now() AS listening
+    FROM want w JOIN orchestrators o ON o.id = w.routed
+    WHERE w.go AND o.revoked_at IS NULL
+    FOR KEY SHARE OF o
 ), revoked AS (
-    SELECT devpilot_machine_revoked(nullif(current_setting('devpilot.routed_' || %(n)s, true), '')::uuid)
-    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
-      AND nullif(current_setting('devpilot.routed_' || %(n)s, true), '') IS NOT NULL
-      AND NOT EXISTS (SELECT FROM target)
+    SELECT devpilot_machine_revoked(w.routed) FROM want w
+    WHERE w.go AND w.routed IS NOT NULL AND NOT EXISTS (SELECT FROM machine m WHERE m.n = w.n)
+), target AS (
+    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.linear_user_id, w.issue_id,
+           w.issue_identifier, NULL::text AS agent_session_id, 'start'::text AS kind, w.payload
+    FROM machine m JOIN want w ON w.n = m.n
 ),
--- include: enqueue_session_rows
-,
--- include: delivery_dispatched
-, asked AS (
+-- include: batch_session_rows
+, delivered AS (
+    UPDATE webhook_deliveries d SET session_id = q.session_id, outcome = 'dispatched'
+    FROM q JOIN want w ON w.session_id = q.session_id
+    WHERE d.delivery_key = w.delivery_key
+), asked AS (
     INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
                                   linear_user_id)
-    SELECT %(org_id)s, NULL, %(issue_id)s, 'repository', %(payload)s, %(delivery_key)s, %(linear_user_id)s
-    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
-      AND current_setting('devpilot.mixed_' || %(n)s, true) = 'true'
-    RETURNING id
+    SELECT w.org_id, NULL, w.issue_id, 'repository', w.payload, w.delivery_key, w.linear_user_id
+    FROM want w WHERE w.go AND w.mixed
+    RETURNING id, delivery_key
 ), routing AS (
     UPDATE webhook_deliveries d SET session_id = NULL, outcome = 'routing'
-    FROM asked WHERE d.delivery_key = %(delivery_key)s
+    FROM asked a WHERE d.delivery_key = a.delivery_key
 )
-SELECT q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id, (SELECT id FROM asked) AS route_id,
+SELECT w.n, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id, a.id AS route_id,
        (SELECT count(*) FROM revoked) AS revoked,
-       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening) AS notified
-FROM (SELECT) one LEFT JOIN q ON true;
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
+        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
+FROM want w LEFT JOIN q ON q.session_id = w.session_id LEFT JOIN asked a ON a.delivery_key = w.delivery_key
+ORDER BY w.n;
 
 -- name: stop_for_delivery
 -- The last statement of a stop's transaction (`shared.delivery.intake._stop`), sent after
@@ -770,7 +800,7 @@ SELECT (SELECT session_id FROM q) AS session_id, (SELECT id FROM told) AS notice
 -- name: cancel_agent_session
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
 -- undelivered message of one agent session (Linear's stop). Same lock order as
--- cancel_open_issue_for_delivery, so an ack racing it either wins (delivered: the caller then
+-- cancel_open_issues_for_delivery, so an ack racing it either wins (delivered: the caller then
 -- queues a `stop`) or gets 404.
 -- Two lock orders keep a stop out of deadlocks, each with a party that holds one lock and then
 -- wants the stop's:
