@@ -22,7 +22,7 @@ import time
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from bench.loadgen import agent_created, assignment, edit, prompted, reassigned
+from bench.loadgen import agent_created, assignment, edit, prompted, reassigned, stopped
 from shared.delivery import queue
 from shared.delivery.queue import AckItem
 from shared.dispatch import Dispatch
@@ -202,7 +202,7 @@ def workload(pool: Pool, settings: Settings, year: Year) -> dict[str, Any]:
     found: dict[str, Any] = {}
     try:
         m = year.machines
-        # webhooks: starts, edits, a re-assignment, an agent session, a follow-up to its holder
+        # webhooks: starts, edits, a re-assignment, an agent session, a follow-up to its holder, a stop
         for i in range(20):
             user = f"u{i}"
             service.receive_webhook(_hook(assignment(f"new-{i}", f"NEW-{i}", user)), f"w-{i}")
@@ -229,6 +229,8 @@ def workload(pool: Pool, settings: Settings, year: Year) -> dict[str, Any]:
                 )
             service.accept_plan(orch, agent, [{"content": "read", "status": "completed"}])
             found.setdefault("transcript", len(service.activities_of(orch, agent)))
+            if i % 2:  # stop pressed in some of them
+                service.receive_webhook(_hook(stopped(agent, f"ai-{i}", f"u{i}")), f"s-{i}")
         # the sweep: expired leases, routing, posts to Linear, delivery records, retention
         service.sweep()
         # the operators: dashboard and `devpilot status`, a metrics scrape, pages and searches

@@ -788,6 +788,8 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
     """A stop's cancel (`cancel_agent_session`, which locks the rows in the agent session's order)
     reads them from the agent-order index in both plans, never the table, beside 50,000 messages of
     other agent sessions of its org."""
+    from psycopg.types.json import Jsonb
+
     from shared.plumbing.sql import query
 
     o = make_orchestrator()
@@ -796,7 +798,7 @@ def test_a_stop_reads_its_agent_sessions_rows_by_key(
     bulk(pool, "UPDATE dispatch_queue SET agent_session_id = 'as-other-' || (seq % 1000)")
     with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_queue")
-    params = {"org_id": o.org_id, "agent_session_id": "as-1", "reason": "stopped", "n": None}
+    params = {"batch": Jsonb([{"org_id": o.org_id, "agent_session_id": "as-1"}]), "reason": "stopped"}
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         with conn.transaction():
             plan = explain(conn, query("cancel_agent_session"), params, mode=mode)

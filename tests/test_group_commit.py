@@ -137,10 +137,12 @@ def _pile_up(
     bodies: list[tuple[dict[str, Any], str]],
     combiner: Combiner[Any, Any] | None = None,
     holder: psycopg.Connection[Any] | None = None,
+    waiting: int = 0,
 ) -> list[httpx.Response]:
     """The first webhooks, one for each lane of the group commit (`combiner`: the issues' unless
     given), lead alone and wait on a lock (machine `oid`'s row, or what `holder` holds); the others
-    arrive meanwhile and wait in line for the next batch; then the lock is let go (rolled back)."""
+    arrive meanwhile and wait in line for the next batch; then the lock is let go (rolled back).
+    `waiting`: the lock requests of this database already waiting before the first leader's."""
     locker = holder or _lock_machine(db_url, str(oid))
     combiner = combiner or intake._group_commit(api.pool, False)
     lanes = intake.LANES
@@ -150,7 +152,9 @@ def _pile_up(
             with connect(db_url) as watch:
                 for n, body in enumerate(bodies[:lanes], start=1):
                     futures.append(ex.submit(api.webhook, *body))
-                    _wait_for(lambda n=n: waiting_on_locks(watch) == n, "each leader to wait on the lock")
+                    _wait_for(
+                        lambda n=n: waiting_on_locks(watch) == waiting + n, "each leader to wait on the lock"
+                    )
             futures += [ex.submit(api.webhook, *b) for b in bodies[lanes:]]
             _wait_for(lambda: len(combiner._waiting) == len(bodies) - lanes, "the others to wait in line")
             locker.rollback()
@@ -336,9 +340,11 @@ def test_existing_issues_assigned_together_commit_together_and_a_reassignment_ca
     assert first["status"] == "dispatched" and first["orchestratorId"] == laptop
     bodies = [(assigned(f"iss-{i}", "user-1"), f"d-{i}") for i in range(12)]
     reassigned = (assigned("iss-re", "user-2", "user-1"), "d-re-1")
-    with ThreadPoolExecutor(1) as ex:
+    locker = _lock_machine(db_url, laptop)
+    with ThreadPoolExecutor(1) as ex, connect(db_url) as watch:
         moved = ex.submit(api.webhook, *reassigned)
-        answers = [a.json() for a in _pile_up(api, db_url, laptop, bodies)]
+        _wait_for(lambda: waiting_on_locks(watch) == 1, "the re-assignment to wait on the lock")
+        answers = [a.json() for a in _pile_up(api, db_url, None, bodies, holder=locker, waiting=1)]
         answers.append(moved.result(30).json())
     bodies.append(reassigned)
     assert [a["status"] for a in answers] == ["dispatched"] * 13

@@ -15,6 +15,7 @@ from uuid import UUID, uuid4
 import httpx
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
@@ -392,7 +393,8 @@ def test_a_created_waiting_behind_its_stop_sees_the_stop(
     with connect(db_url, autocommit=False) as stop:
         stop.execute(query("agent_session_turn_alone"), {"org_id": "org-a", "agent_session_id": "as-stopped"})
         stop.execute(
-            query("record_stop"), {"org_id": "org-a", "agent_session_id": "as-stopped", "at": None, "n": None}
+            query("record_stop"),
+            {"batch": Jsonb([{"org_id": "org-a", "agent_session_id": "as-stopped", "at": None, "n": None}])},
         )
         late = _answer_once_committed(api, stop, agent_session_event(session_id="as-stopped"))
     assert late.json() == {"status": "ignored", "reason": "agent_session_stopped"}
@@ -420,7 +422,17 @@ def test_a_follow_up_waiting_behind_a_later_stop_sees_the_stop(
         )
         stop.execute(
             query("record_stop"),
-            {"org_id": "org-a", "agent_session_id": "as-stopping", "at": datetime.now(UTC), "n": None},
+            {
+                "batch": Jsonb(
+                    [
+                        {
+                            "org_id": "org-a",
+                            "agent_session_id": "as-stopping",
+                            "at": datetime.now(UTC).isoformat(),
+                        }
+                    ]
+                )
+            },
         )
         stop.execute("UPDATE dispatch_sessions SET status = 'cancelled' WHERE id = %s", (start["sessionId"],))
         stop.execute("DELETE FROM dispatch_queue WHERE session_id = %s", (start["sessionId"],))

@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from psycopg.types.json import Jsonb
 
 from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import ack, claim, enqueue_dispatch, release, sweep
@@ -106,7 +107,10 @@ class QueueMachine(RuleBasedStateMachine):
         with transaction(self.pool) as tx:
             got = tx.all(
                 query("cancel_agent_session"),
-                {"org_id": self.orch.org_id, "agent_session_id": agent, "reason": "stopped", "n": None},
+                {
+                    "batch": Jsonb([{"org_id": self.orch.org_id, "agent_session_id": agent}]),
+                    "reason": "stopped",
+                },
             )
         cancelled = [r for r in self._live() if r.agent == agent]
         assert sorted(g["id"] for g in got) == sorted(r.session_id for r in cancelled)

@@ -92,11 +92,12 @@ from shared.delivery.queue import (
     revoked_meanwhile,
     route_and_enqueue,
     route_and_enqueue_many,
-    send_cancel_agent_session,
+    send_cancel_agent_sessions,
     send_cancel_issues,
     send_lock_machines_for_changes,
     send_starts_routed,
-    send_stop,
+    send_stops,
+    stop_element,
 )
 from shared.linear import auth as linear_auth
 from shared.linear import notices
@@ -253,56 +254,66 @@ class Stop(NamedTuple):
 
 
 def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]:
-    """Stops written in one transaction, its statements sent at once (`shared.plumbing.db.together`):
-    first `take_turns` (the deliveries recorded, every agent session's turn taken, waiting, in the
-    order of the turns' keys, so two such transactions never wait for each other's turns in a
-    circle, and no turn is waited for while a row lock is held); then, for each, reading its
-    verdict in SQL: what no machine has yet cancelled (messages waiting to be routed, queued
-    messages), the stop recorded (`record_stop`), and the machine that had one delivered told with a
-    `stop`, or, if none had, Linear with a final response (`send_stop`). Nothing is decided here
-    between them: one round trip, one commit. One answer per stop, in order; None: the delivery was
-    seen before, and nothing was written."""
-    written = firsts((s.record["key"], s.record["content_key"]) for s in stops)
-    order = sorted(written, key=lambda i: (stops[i].org_id, stops[i].agent_session_id))
+    """Stops written in one transaction, its statements sent at once (`shared.plumbing.db.together`),
+    five statements for the whole batch (one JSON array, one element per stop): `take_turns` (the
+    deliveries recorded, every agent session's turn taken, waiting, in the order of the turns'
+    keys, so two such transactions never wait for each other's turns in a circle, and no turn is
+    waited for while a row lock is held); then, each reading every element's verdict in SQL: what
+    no machine has yet cancelled (messages waiting to be routed, queued messages), the stops
+    recorded (`record_stop`), and the machine that had one delivered told with a `stop`, or, if none
+    had, Linear with a final response (`send_stops`). Nothing is decided here between them: one
+    round trip, one commit. One answer per stop, in order; None: the delivery was seen before, and
+    nothing was written. A second stop of one agent session in the batch (never from one process,
+    whose webhooks of an agent session go one at a time) is written after it, in a transaction of
+    its own, as it would be had it come later."""
+    written = firsts(
+        (s.record["key"], s.record["content_key"], (s.org_id, s.agent_session_id)) for s in stops
+    )
     with together(pool) as tx:
         turns = _take_turns(tx, [(i, stops[i].record) for i in written])
-        cancels, sent = {}, {}
-        for i in order:
-            org, agent_session, plan = stops[i].org_id, stops[i].agent_session_id, stops[i].plan
-            routing.cancel(tx, org, agent_session, i)
-            cancels[i] = send_cancel_agent_session(tx, org_id=org, agent_session_id=agent_session, n=i)
-            # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
-            # (a follow-up's, without the turn) held that row, the cancel waited for it, and this
-            # statement, with a snapshot taken after, marks its dead letter too (`record_stop`).
-            params = {"org_id": org, "agent_session_id": agent_session, "at": plan.activity_at, "n": i}
-            tx.execute(query("record_stop"), params)
-            sent[i] = send_stop(
-                tx,
-                org_id=org,
-                linear_user_id=plan.user_id,
-                message=stops[i].message,
-                issue_given=plan.issue is not None,
-                delivery_key=stops[i].record["key"],
-                unstarted_notice=STOPPED_BEFORE_START,
-                n=i,
-            )
+        batch = Jsonb([_stop_element(i, stops[i]) for i in written])
+        routing.cancel(tx, batch)
+        cancel = send_cancel_agent_sessions(tx, batch)
+        # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile
+        # (a follow-up's, without the turn) held that row, the cancel waited for it, and this
+        # statement, with a snapshot taken after, marks its dead letter too (`record_stop`).
+        tx.execute(query("record_stop"), {"batch": batch})
+        sent = send_stops(tx, batch)
     verdicts = _verdicts(turns)
-    return [
-        _stopped(verdicts.get(i), cancels[i], sent[i]) if i in cancels else None for i in range(len(stops))
-    ]
+    cancelled: dict[int, list[str]] = {}
+    for row in cancel.fetchall():
+        cancelled.setdefault(row["n"], []).append(str(row["id"]))
+    told = {row["n"]: row for row in sent.fetchall()}
+    out: list[Received | None] = [None] * len(stops)
+    for i in written:
+        out[i] = _stopped(verdicts.get(i), cancelled.get(i, []), told[i])
+    later = [i for i in range(len(stops)) if i not in set(written)]
+    if later:
+        for i, received in zip(later, _stop_agent_sessions(pool, [stops[i] for i in later]), strict=True):
+            out[i] = received
+    return out
 
 
-def _stopped(
-    turn: DictRow | None, cancel: psycopg.Cursor[DictRow], sent: psycopg.Cursor[DictRow]
-) -> Received | None:
+def _stop_element(n: int, stop: Stop) -> dict[str, Any]:
+    plan = stop.plan
+    return stop_element(
+        n,
+        org_id=stop.org_id,
+        linear_user_id=plan.user_id,
+        message=stop.message,
+        issue_given=plan.issue is not None,
+        delivery_key=stop.record["key"],
+        unstarted_notice=STOPPED_BEFORE_START,
+        at=plan.activity_at,
+    )
+
+
+def _stopped(turn: DictRow | None, cancelled: list[str], row: DictRow) -> Received | None:
     """What one stop of `_stop_agent_sessions` did, from its statements' rows (read after the commit:
     its statements wrote what the delivery did)."""
     taken = _taken(turn)
     if not isinstance(taken, dict):
         return taken
-    cancelled = [str(r["id"]) for r in cancel.fetchall()]
-    row = sent.fetchone()
-    assert row is not None
     sid = row["session_id"]
     answer = {
         "status": "stopped",

@@ -775,19 +775,8 @@ def send_starts_routed(tx: Tx, starts: list[IssueStart]) -> psycopg.Cursor[DictR
     return tx.execute(query("enqueue_routed_for_delivery"), {"batch": Jsonb(batch), "now": None})
 
 
-def send_cancel_agent_session(
-    tx: Tx, *, org_id: str, agent_session_id: str, n: int = 0
-) -> psycopg.Cursor[DictRow]:
-    """A stop's cancel of every undelivered message of its agent session, sent after `take_turns`
-    in its transaction (`cancel_agent_session`: only for a delivery that statement recorded, `n` its
-    element). Sent, not waited for: its rows, the cancelled session ids, are read from the cursor."""
-    tx = require_tx(tx, "send_cancel_agent_session")
-    params = {"org_id": org_id, "agent_session_id": agent_session_id, "reason": "stopped in Linear", "n": n}
-    return tx.execute(query("cancel_agent_session"), params)
-
-
-def send_stop(
-    tx: Tx,
+def stop_element(
+    n: int,
     *,
     org_id: str,
     linear_user_id: str | None,
@@ -795,27 +784,49 @@ def send_stop(
     issue_given: bool,
     delivery_key: str,
     unstarted_notice: str,
-    n: int = 0,
-) -> psycopg.Cursor[DictRow]:
-    """The last statement of a stop's transaction, sent after its cancel (`stop_for_delivery`): a
-    `stop` for the machine that holds the agent session, or, held by none, `unstarted_notice` for
-    Linear; and what the delivery did. `message`: the stop (the holder's issue is used when the
-    webhook names none, `issue_given` False). Sent, not waited for: its row (session_id, the
-    stop's or None; notice_id, the notice's or None) is read from the cursor."""
-    tx = require_tx(tx, "send_stop")
+    at: datetime | None,
+) -> dict[str, Any]:
+    """One stop as an element of the JSON batch a transaction of stops sends to each of its
+    statements (`send_cancel_agent_sessions`, `send_stops`; `record_stop`, routing's cancel): its
+    element `n` (`take_turns`), the agent session, the `stop` for its holder (`message`; the
+    holder's issue is used when the webhook names none, `issue_given` False), Linear's notice when
+    nobody holds it (`unstarted_notice`), the delivery's key, and when the person pressed stop."""
     if message.kind != "stop" or message.agent_session_id is None:
-        raise ValueError("send_stop is for an agent session's stop")
-    params = {
-        **_session_params(message, None, None),
+        raise ValueError("a stop element is for an agent session's stop")
+    return {
+        "n": n,
         "org_id": org_id,
+        "agent_session_id": message.agent_session_id,
         "linear_user_id": linear_user_id,
+        "session_id": str(uuid4()),
         "issue_given": issue_given,
+        "issue_id": message.issue.id,
+        "issue_identifier": message.issue.identifier,
+        "payload": message.wire(),
         "notice_issue_id": message.issue.id if issue_given else None,
         "body": unstarted_notice,
         "key": delivery_key,
-        "n": n,
+        "at": at.isoformat() if at is not None else None,
     }
-    return tx.execute(query("stop_for_delivery"), params)
+
+
+def send_cancel_agent_sessions(tx: Tx, stops: Jsonb) -> psycopg.Cursor[DictRow]:
+    """A transaction of stops' cancel of every undelivered message of their agent sessions, sent
+    after `take_turns` (`cancel_agent_session`: for each only when that statement recorded its
+    delivery). `stops`: the batch of `stop_element`s. Sent, not waited for: its rows, each cancelled
+    session's id and its element `n`, are read from the cursor."""
+    tx = require_tx(tx, "send_cancel_agent_sessions")
+    return tx.execute(query("cancel_agent_session"), {"batch": stops, "reason": "stopped in Linear"})
+
+
+def send_stops(tx: Tx, stops: Jsonb) -> psycopg.Cursor[DictRow]:
+    """The last statement of a transaction of stops, sent after their cancel (`stop_for_delivery`):
+    for each, a `stop` for the machine that holds the agent session, or, held by none, its notice
+    for Linear; and what its delivery did. `stops`: the batch of `stop_element`s. Sent, not waited
+    for: its rows, one per element in the order of `n` (session_id, the stop's or None; notice_id,
+    the notice's or None), are read from the cursor."""
+    tx = require_tx(tx, "send_stops")
+    return tx.execute(query("stop_for_delivery"), {"batch": stops, "now": None})
 
 
 # --- Operators' actions and the revoke: the queue's writes they make (queue.sql, last section). ---

@@ -107,14 +107,12 @@ def waiting(tx: Tx, org_id: str, agent_session_id: str) -> bool:
     return bool(row and row["open"])
 
 
-def cancel(tx: Tx, org_id: str, agent_session_id: str, n: int = 0) -> None:
-    """In a stop's transaction, after its `take_turns` (element `n`): the agent session's open
-    requests are done, if that statement recorded the delivery. Sent, not waited for: in a pipeline
-    (`shared.plumbing.db.together`) it goes with the stop's next statements."""
-    require_tx(tx, "routing.cancel").execute(
-        query("routing_cancel_agent_session"),
-        {"org_id": org_id, "agent_session_id": agent_session_id, "n": n},
-    )
+def cancel(tx: Tx, stops: Jsonb) -> None:
+    """In a transaction of stops, after their `take_turns`: each agent session's open requests are
+    done, if that statement recorded its delivery (`stops`: the batch of
+    `shared.delivery.queue.stop_element`s). Sent, not waited for: in a pipeline
+    (`shared.plumbing.db.together`) it goes with the stops' next statements."""
+    require_tx(tx, "routing.cancel").execute(query("routing_cancel_agent_session"), {"batch": stops})
 
 
 def release_elsewhere(

@@ -203,29 +203,32 @@ SELECT orchestrator_id, issue_id, issue_identifier, opened_for
 FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
 
 -- name: record_stop
--- In the intake transaction of a stop, after its agent session's turn: the agent session is
--- stopped, so a `created` of it handled later (Linear's retry of a delivery that failed, or one
--- that reached another instance first) starts nothing (`devpilot_agent_session_seen`), nor does a
--- follow-up written at or before the stop (`at`, when the person pressed it; NULL: unknown, and no
+-- In a transaction of stops, after their agent sessions' turns: each agent session of `batch` (a
+-- JSON array, one element per stop: `n`, `org_id`, `agent_session_id`, `at`) is stopped, so a
+-- `created` of it handled later (Linear's retry of a delivery that failed, or one that reached
+-- another instance first) starts nothing (`devpilot_agent_session_seen`), nor does a follow-up
+-- written at or before the stop (`at`, when the person pressed it; NULL: unknown, and no
 -- follow-up is held back by this stop; `devpilot_agent_session_stopped_since`). The latest stop's
 -- time is kept, and the record is kept from the latest stop on (`prune_deliveries`). The agent
 -- session's dead letters at this moment are marked stopped (`letters`, migration 0017): an
--- operator's retry never queues one of them again (`retry_overtaken`). Run after the stop's
+-- operator's retry never queues one of them again (`retry_overtaken`). Run after the stops'
 -- cancel (`cancel_agent_session`): a message dead-lettered by a release or the sweep while the
 -- stop ran (a follow-up's is, without the turn) held its queue row, the cancel waited for that
 -- commit, and this statement's snapshot, taken after, sees its dead letter.
--- Sent after `take_turns`: only when that statement recorded the delivery (`devpilot.verdict_<n>`
--- 'go', `n` its element; `n` NULL: a statement used alone, always).
+-- Sent after `take_turns`: for each element only when that statement recorded its delivery
+-- (`devpilot.verdict_<n>` 'go'; `n` NULL: an element used alone, always). Elements of one agent
+-- session are written as one stop, the latest `at` kept.
 WITH go AS (
-    SELECT WHERE %(n)s::int IS NULL OR current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
+    SELECT w.* FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, org_id text, agent_session_id text, at timestamptz)
+    WHERE w.n IS NULL OR current_setting('devpilot.verdict_' || w.n, true) = 'go'
 ), letters AS (
     UPDATE dead_letters d SET stopped_at = now()
-    FROM dispatch_sessions s
-    WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s AND s.status = 'failed'
-      AND d.session_id = s.id AND d.stopped_at IS NULL AND EXISTS (SELECT FROM go)
+    FROM go JOIN dispatch_sessions s ON s.org_id = go.org_id AND s.agent_session_id = go.agent_session_id
+    WHERE s.status = 'failed' AND d.session_id = s.id AND d.stopped_at IS NULL
 )
 INSERT INTO agent_session_stops (org_id, agent_session_id, last_stop_at)
-SELECT %(org_id)s, %(agent_session_id)s, %(at)s::timestamptz FROM go
+SELECT go.org_id, go.agent_session_id, max(go.at) FROM go GROUP BY go.org_id, go.agent_session_id
 ON CONFLICT (org_id, agent_session_id) DO UPDATE
 SET stopped_at = excluded.stopped_at,
     last_stop_at = greatest(agent_session_stops.last_stop_at, excluded.last_stop_at);

@@ -587,7 +587,7 @@ DELETE FROM sweep_runs WHERE id <= (SELECT id FROM ran) - %(kept)s;
 -- name: cancel_removed
 -- A fragment, included after a `removed` CTE (the session_id of queue rows it deleted): those
 -- sessions become `cancelled` with %(reason)s, in the same statement, so the invariant holds at
--- commit. Serves cancel_agent_session and revoke_cancel_rest.
+-- commit. Serves revoke_cancel_rest.
 cancelled AS (
     UPDATE dispatch_sessions ds
     SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
@@ -733,109 +733,124 @@ FROM want w LEFT JOIN q ON q.session_id = w.session_id LEFT JOIN asked a ON a.de
 ORDER BY w.n;
 
 -- name: stop_for_delivery
--- The last statement of a stop's transaction (`shared.delivery.intake._stop`), sent after
--- `take_turns`, `routing_cancel_agent_session`, `cancel_agent_session` and `record_stop`
--- (`shared.plumbing.db.together`), so under the agent session's turn, with a snapshot taken after
--- the cancel: only when `take_turns` recorded the delivery (`devpilot.verdict_<n>` 'go', `n` its
--- element), it tells the machine that has had a message of the agent session delivered (`holder`,
--- `devpilot_agent_session_holder`, as the intake transaction reads it) with a `stop`, or, with no
--- such machine, writes Linear's notice that nothing had started (for an org Linear is told
--- about), and writes what the delivery did (`stopped`; `ignored` for a verdict 'no'). The whole
--- stop is then one round trip, with nothing decided between its statements.
--- The `stop` is `enqueue_session_rows` with the holder's values: the message names the agent
+-- The last statement of a transaction of stops (`shared.delivery.intake._stop_agent_sessions`),
+-- for each of them (`batch`, a JSON array, one element per stop: `n`, `org_id`, `agent_session_id`,
+-- `linear_user_id`, `session_id`, `issue_given`, `issue_id`, `issue_identifier`, `payload`,
+-- `notice_issue_id`, `body`, `key`), sent after `take_turns`, `routing_cancel_agent_session`,
+-- `cancel_agent_session` and `record_stop` (`shared.plumbing.db.together`), so under the agent
+-- sessions' turns, with a snapshot taken after the cancel: only for a stop whose delivery
+-- `take_turns` recorded (`devpilot.verdict_<n>` 'go'), it tells the machine that has had a
+-- message of the agent session delivered (`holder`, `devpilot_agent_session_holder`, as the
+-- intake transaction reads it) with a `stop`, or, with no such machine, writes Linear's notice
+-- that nothing had started (for an org Linear is told about), and writes what the delivery did
+-- (`stopped`; `ignored` for a verdict 'no'). The whole transaction is then one round trip, with
+-- nothing decided between its statements. The elements' agent sessions are distinct.
+-- The `stop` is `batch_session_rows` with the holder's values: the message names the agent
 -- session as its machine knows it (`devpilot:<id>` for one devpilot opened for an assignment), and
 -- the holder's issue when the webhook names none (`issue_given`). The holder's machine cannot be
--- revoked meanwhile: the cancel locked the machines of the conversation's queued and delivered
+-- revoked meanwhile: the cancel locked the machines of the conversations' queued and delivered
 -- messages (FOR KEY SHARE, to the commit), so a revoke either committed before that (and the
 -- holder, read after, is another machine or none) or waits for this commit; `target` reads the
 -- row FOR KEY SHARE again, as `enqueue`'s, and without it the stop is told as to nobody.
-WITH holder AS (
-    SELECT h.orchestrator_id, h.issue_id, h.issue_identifier, h.opened_for
-    FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, true) h
-    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
-), target AS (
-    SELECT o.id, o.name, o.listening_until > now() AS listening,
-           h.issue_id, h.issue_identifier, h.opened_for
-    FROM orchestrators o JOIN holder h ON o.id = h.orchestrator_id
+-- One row per element, in the order of `n`: the stop's session (NULL: none), the notice (NULL: none).
+WITH want AS (  -- (one JSON array: the client dumps it in C)
+    SELECT w.*, current_setting('devpilot.verdict_' || w.n, true) AS verdict
+    FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(n int, org_id text, agent_session_id text, linear_user_id text, session_id uuid,
+             issue_given boolean, issue_id text, issue_identifier text, payload jsonb,
+             notice_issue_id text, body text, key text)
+), holder AS (
+    SELECT w.n, h.orchestrator_id, h.issue_id, h.issue_identifier, h.opened_for
+    FROM want w CROSS JOIN LATERAL devpilot_agent_session_holder(w.org_id, w.agent_session_id, true) h
+    WHERE w.verdict = 'go'
+), machine AS (
+    SELECT h.n, o.id, o.name, o.listening_until > now() AS listening
+    FROM holder h JOIN orchestrators o ON o.id = h.orchestrator_id
     WHERE o.revoked_at IS NULL
     FOR KEY SHARE OF o
-), s AS (
-    INSERT INTO dispatch_sessions (id, org_id, orchestrator_id, status, linear_user_id, issue_id,
-                                   issue_identifier, agent_session_id, kind, queue_id, message_id)
-    SELECT %(session_id)s, %(org_id)s, t.id, 'queued', %(linear_user_id)s,
-           CASE WHEN %(issue_given)s THEN %(issue_id)s ELSE coalesce(t.issue_id, '') END,
-           CASE WHEN %(issue_given)s THEN %(issue_identifier)s ELSE t.issue_identifier END,
-           %(agent_session_id)s, 'stop', gen_random_uuid(), gen_random_uuid()
-    FROM target t
-    RETURNING id, queue_id, message_id, orchestrator_id, org_id
-), q AS (
-    INSERT INTO dispatch_queue (id, message_id, session_id, orchestrator_id, org_id, payload,
-                                agent_session_id, available_at)
-    SELECT s.queue_id, s.message_id, s.id, s.orchestrator_id, s.org_id,
-           %(payload)s::jsonb
-           || jsonb_build_object('agentSessionId', coalesce('devpilot:' || t.opened_for, %(agent_session_id)s))
-           || CASE WHEN %(issue_given)s THEN '{}'::jsonb
+), target AS (
+    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.linear_user_id,
+           CASE WHEN w.issue_given THEN w.issue_id ELSE coalesce(h.issue_id, '') END AS issue_id,
+           CASE WHEN w.issue_given THEN w.issue_identifier ELSE h.issue_identifier END AS issue_identifier,
+           w.agent_session_id, 'stop'::text AS kind,
+           w.payload
+           || jsonb_build_object('agentSessionId', coalesce('devpilot:' || h.opened_for, w.agent_session_id))
+           || CASE WHEN w.issue_given THEN '{}'::jsonb
                    ELSE jsonb_build_object('issue', jsonb_build_object(
-                            'id', coalesce(t.issue_id, ''), 'identifier', t.issue_identifier,
-                            'title', NULL, 'url', NULL, 'description', NULL)) END,
-           %(agent_session_id)s, now()
-    FROM s JOIN target t ON t.id = s.orchestrator_id
-    RETURNING id, message_id, session_id, orchestrator_id
-), told AS (
+                            'id', coalesce(h.issue_id, ''), 'identifier', h.issue_identifier,
+                            'title', NULL, 'url', NULL, 'description', NULL)) END AS payload
+    FROM machine m JOIN holder h ON h.n = m.n JOIN want w ON w.n = m.n
+),
+-- include: batch_session_rows
+, told AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body)
-    SELECT %(org_id)s, NULL, 'stopped', %(agent_session_id)s, %(notice_issue_id)s, %(body)s
-    WHERE current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
-      AND NOT EXISTS (SELECT FROM target) AND EXISTS (SELECT FROM devpilot_notified(%(org_id)s))
-    RETURNING id
+    SELECT w.org_id, NULL, 'stopped', w.agent_session_id, w.notice_issue_id, w.body
+    FROM want w
+    WHERE w.verdict = 'go' AND NOT EXISTS (SELECT FROM target t WHERE t.n = w.n)
+      AND EXISTS (SELECT FROM devpilot_notified(w.org_id))
+    RETURNING id, agent_session_id
 ), finished AS (
-    UPDATE webhook_deliveries
-    SET outcome = CASE WHEN current_setting('devpilot.verdict_' || %(n)s, true) = 'go' THEN 'stopped'
-                       ELSE 'ignored' END
-    WHERE delivery_key = %(key)s AND current_setting('devpilot.verdict_' || %(n)s, true) IN ('go', 'no')
+    UPDATE webhook_deliveries d
+    SET outcome = CASE WHEN w.verdict = 'go' THEN 'stopped' ELSE 'ignored' END
+    FROM want w
+    WHERE d.delivery_key = w.key AND w.verdict IN ('go', 'no')
 )
-SELECT (SELECT session_id FROM q) AS session_id, (SELECT id FROM told) AS notice_id,
-       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t
-        WHERE t.listening AND EXISTS (SELECT FROM q)) AS notified;
+SELECT w.n, q.session_id, told.id AS notice_id,
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
+        FROM (SELECT DISTINCT t.id FROM target t JOIN q ON q.session_id = t.session_id WHERE t.listening) l)
+           AS notified
+FROM want w
+LEFT JOIN q ON q.session_id = w.session_id
+LEFT JOIN told ON told.agent_session_id = w.agent_session_id
+ORDER BY w.n;
 
 -- name: cancel_agent_session
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
--- undelivered message of one agent session (Linear's stop). Same lock order as
+-- undelivered message of each agent session of `batch` (a JSON array, one element per stop: `n`,
+-- `org_id`, `agent_session_id`; Linear's stop). Same lock order as
 -- cancel_open_issues_for_delivery, so an ack racing it either wins (delivered: the caller then
 -- queues a `stop`) or gets 404.
 -- Two lock orders keep a stop out of deadlocks, each with a party that holds one lock and then
 -- wants the stop's:
--- * `machines` first: the machines of the conversation (of its queued and delivered messages)
---   FOR KEY SHARE, the lock the stop's own enqueue takes next, before any queue row. A revoke holds
---   its machine's row, then cancels that machine's rows; a stop holding one of those while it
---   waited for the machine would deadlock with it.
--- * then the rows in the agent session's order (seq), not in the order a scan meets them: the sweep
---   or a release that dead-letters a start holds the start's row, then deletes the rows behind it
---   (`end_claims`); a stop holding a later row while it waited for the start's would deadlock.
+-- * `machines` first: the machines of the conversations (of their queued and delivered messages)
+--   FOR KEY SHARE, in id order, the lock the stop's own enqueue takes next, before any queue row.
+--   A revoke holds its machine's row, then cancels that machine's rows; a stop holding one of
+--   those while it waited for the machine would deadlock with it.
+-- * then the rows in queue order (seq, so each agent session's in its order), not in the order a
+--   scan meets them: the sweep or a release that dead-letters a start holds the start's row, then
+--   deletes the rows behind it (`end_claims`); a stop holding a later row while it waited for the
+--   start's would deadlock.
 -- Rows gone by then (the sweep or the revoke took them) are skipped.
--- In the stop's transaction (`shared.delivery.intake._stop`), sent after `take_turns`: it cancels
--- only when that statement recorded the delivery (`devpilot.verdict_<n>` 'go', `n` its element;
--- `n` NULL: a statement used alone, always).
-WITH machines AS (
+-- In a transaction of stops (`shared.delivery.intake._stop_agent_sessions`), sent after
+-- `take_turns`: it cancels an element's only when that statement recorded its delivery
+-- (`devpilot.verdict_<n>` 'go'; `n` NULL: an element used alone, always). One row per session
+-- cancelled (`n`, `id`).
+WITH want AS (
+    SELECT w.* FROM jsonb_to_recordset(%(batch)s::jsonb) AS w(n int, org_id text, agent_session_id text)
+    WHERE w.n IS NULL OR current_setting('devpilot.verdict_' || w.n, true) = 'go'
+), machines AS (
     SELECT o.id FROM orchestrators o
-    WHERE o.id IN (SELECT s.orchestrator_id FROM dispatch_sessions s
-                   WHERE s.org_id = %(org_id)s AND s.agent_session_id = %(agent_session_id)s
-                     AND s.status IN ('queued', 'delivered'))
-      AND (%(n)s::int IS NULL OR current_setting('devpilot.verdict_' || %(n)s, true) = 'go')
+    WHERE o.id IN (SELECT s.orchestrator_id FROM want w
+                   JOIN dispatch_sessions s ON s.org_id = w.org_id AND s.agent_session_id = w.agent_session_id
+                   WHERE s.status IN ('queued', 'delivered'))
     ORDER BY o.id
     FOR KEY SHARE
 ), doomed AS (
-    SELECT id FROM dispatch_queue
-    WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s
-      AND (SELECT count(*) FROM machines) >= 0  -- (true: it makes the machines come first)
-      AND (%(n)s::int IS NULL OR current_setting('devpilot.verdict_' || %(n)s, true) = 'go')
-    ORDER BY seq
-    FOR UPDATE
+    SELECT dq.id, w.n FROM want w
+    JOIN dispatch_queue dq ON dq.org_id = w.org_id AND dq.agent_session_id = w.agent_session_id
+    WHERE (SELECT count(*) FROM machines) >= 0  -- (true: it makes the machines come first)
+    ORDER BY dq.seq
+    FOR UPDATE OF dq
 ), removed AS (
     DELETE FROM dispatch_queue dq USING doomed WHERE dq.id = doomed.id
-    RETURNING dq.session_id
-),
--- include: cancel_removed
-SELECT id FROM cancelled;
+    RETURNING dq.session_id, doomed.n
+), cancelled AS (  -- (as `cancel_removed`, each with its element's `n`)
+    UPDATE dispatch_sessions ds
+    SET status = 'cancelled', updated_at = now(), failure_reason = %(reason)s
+    FROM removed WHERE ds.id = removed.session_id AND ds.status = 'queued'
+    RETURNING ds.id, removed.n
+)
+SELECT n, id FROM cancelled;
 
 -- name: moving
 -- A fragment, the body of a `moving` CTE after a `rows` CTE of starts that are moving (id, org_id,

@@ -95,13 +95,16 @@ SET lease_expires_at = NULL, last_error = %(error)s, attempts = greatest(r.attem
 WHERE r.id = %(id)s AND r.done_at IS NULL;
 
 -- name: routing_cancel_agent_session
--- In a stop's intake transaction (after the agent session's turn): the agent session's open
--- requests are done, cancelled; a routing that comes later finds them done and writes nothing.
--- Sent after `take_turns`: only when that statement recorded the delivery (`devpilot.verdict_<n>`).
-UPDATE routing_requests SET done_at = now(), outcome = 'cancelled', lease_expires_at = NULL
-WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
-  AND current_setting('devpilot.verdict_' || %(n)s, true) = 'go'
-RETURNING id;
+-- In a transaction of stops (after their agent sessions' turns): the open requests of each agent
+-- session of `batch` (a JSON array, one element per stop: `n`, `org_id`, `agent_session_id`) are
+-- done, cancelled; a routing that comes later finds them done and writes nothing. Sent after
+-- `take_turns`: for each element only when that statement recorded its delivery
+-- (`devpilot.verdict_<n>` 'go').
+UPDATE routing_requests r SET done_at = now(), outcome = 'cancelled', lease_expires_at = NULL
+FROM jsonb_to_recordset(%(batch)s::jsonb) AS w(n int, org_id text, agent_session_id text)
+WHERE r.org_id = w.org_id AND r.agent_session_id = w.agent_session_id AND r.done_at IS NULL
+  AND current_setting('devpilot.verdict_' || w.n, true) = 'go'
+RETURNING r.id;
 
 -- name: agent_session_turn_alone
 -- `agent_session_turn` as a statement of the routing transaction: it serialises the routing of an
