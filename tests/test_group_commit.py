@@ -4,6 +4,7 @@ before its rows commit. Real Postgres, real HTTP into the real app."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,7 +18,7 @@ from psycopg import sql
 
 from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
-from shared.delivery.queue import NO_MACHINE, Routed, Start, route_and_enqueue_many
+from shared.delivery.queue import NO_MACHINE, SUPERSEDED, UNDELIVERED, Routed, Start, route_and_enqueue_many
 from shared.plumbing.batching import Combiner
 from shared.plumbing.db import Pool, connect, open_pool, statement
 from shared.plumbing.settings import Settings
@@ -50,7 +51,9 @@ def test_each_element_of_a_batch_is_answered_as_it_would_be_alone(
     with statement(pool) as tx:
         out = route_and_enqueue_many(tx, batch)
     assert isinstance(out[0], Routed) and isinstance(out[3], Routed)
-    assert out[1] == NO_MACHINE and out[2] is None
+    # (seen before, its own dispatch still queued: a cancel first, as alone; the re-assignment's way
+    # then finds the delivery recorded, and nothing is written)
+    assert out[1] == NO_MACHINE and out[2] == UNDELIVERED
     assert out[0].orchestrator_id == out[3].orchestrator_id == mine.id
     assert out[0].enqueued.session_id != out[3].enqueued.session_id
     recorded = deliveries(pool)
@@ -284,13 +287,16 @@ def open_dispatches(pool: Pool, issue_id: str) -> list[Any]:
         ]
 
 
-def test_an_issue_with_something_undelivered_or_whose_turn_is_taken_is_left_to_the_transaction(
+def test_an_issues_start_waits_for_its_turn_and_decides_all_but_a_cancel(
     pool: Pool, make_orchestrator: MakeOrch, db_url: str
 ) -> None:
-    """The batch writes an element only when it has the issue's turn, nothing of the issue is
-    undelivered (then an assignment is a creation) and no later assignment change of the issue was
-    handled; otherwise nothing at all for it, not even its delivery, and it does not wait for the
-    turn. Two elements of one issue: the second is left."""
+    """The batch takes each issue's turn, waiting for one another transaction holds, and then
+    decides every element with what it reads after the turn: written when nothing of the issue is
+    undelivered (then an assignment is a creation); recorded as superseded when a later assignment
+    change of the issue was handled; nothing at all, not even its delivery, when something of the
+    issue is undelivered (a cancel first, which its snapshot, taken before the turn, cannot see
+    whole: `UNDELIVERED`, carried out as a re-assignment). Two elements of one issue: the second is
+    left (its caller writes it after the first)."""
     make_orchestrator(linear_user_id="u")
     earlier = start("u", 1)
     at = datetime(2026, 12, 7, 10, tzinfo=UTC)
@@ -300,31 +306,40 @@ def test_an_issue_with_something_undelivered_or_whose_turn_is_taken_is_left_to_t
     with statement(pool) as tx:
         assert route_and_enqueue_many(tx, [changed])[0] == NO_MACHINE
     busy = start("u", 4)
+    older = start("u", 5)._replace(event_at=at - timedelta(milliseconds=1))
+    same = start("u", 6)._replace(event_at=at)  # (another issue: orders against none)
+    batch = [start("u", 1), start("u", 2), start("u", 3), start("u", 3), busy, older, same]
     holder = psycopg.connect(db_url)  # another intake transaction has issue 4's turn
     holder.execute(
         "SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (busy.message.issue.id,)
     )
-    try:
-        older = start("u", 5)._replace(event_at=at - timedelta(milliseconds=1))
-        same = start("u", 6)._replace(event_at=at)  # (another issue: orders against none)
-        batch = [start("u", 1), start("u", 2), start("u", 3), start("u", 3), busy, older, same]
+    out: list[Any] = []
+
+    def written() -> None:
         with statement(pool) as tx:
-            out = route_and_enqueue_many(tx, batch)
+            out.extend(route_and_enqueue_many(tx, batch))
+
+    try:
+        with connect(db_url) as watch:
+            t = threading.Thread(target=written, daemon=True)
+            t.start()
+            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait for issue 4's turn")
+            assert out == []  # (it waits, and has written nothing)
+            holder.rollback()
+            t.join(10)
     finally:
         holder.close()
-    assert out[0] is None  # issue 1 has an undelivered dispatch: a cancel must be decided
-    assert isinstance(out[1], Routed) and isinstance(out[2], Routed) and isinstance(out[6], Routed)
-    assert out[3] is None and out[4] is None  # (issue 3 again; issue 4's turn was taken)
-    assert out[5] is None  # issue 5 was assigned again after this (its retry, say)
+    assert out[0] == UNDELIVERED  # issue 1 has an undelivered dispatch: a cancel first
+    assert all(isinstance(out[i], Routed) for i in (1, 2, 4, 6)), out
+    assert out[3] is None  # (issue 3 again)
+    assert out[5] == SUPERSEDED  # issue 5 was assigned again after this (its retry, say)
     recorded = deliveries(pool)
     assert set(recorded) == {
         earlier.delivery_key,
         changed.delivery_key,
-        batch[1].delivery_key,
-        batch[2].delivery_key,
-        batch[6].delivery_key,
+        *(batch[i].delivery_key for i in (1, 2, 4, 5, 6)),
     }
-    assert row_counts(pool)["sessions"] == 4
+    assert row_counts(pool)["sessions"] == 5
 
 
 def test_existing_issues_assigned_together_commit_together_and_a_reassignment_cancels(

@@ -21,15 +21,18 @@ from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import (
     MachineRevoked,
+    Routed,
+    Start,
     claim,
     end_claim_params,
     end_expired_claims,
     enqueue_dispatch,
     release,
+    route_and_enqueue_many,
     sweep,
 )
 from shared.dispatch import RECHECK_SECONDS
-from shared.plumbing.db import Conn, Pool, Tx, connect, transaction
+from shared.plumbing.db import Conn, Pool, Tx, connect, statement, transaction
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
@@ -585,6 +588,51 @@ def test_two_batches_of_changes_of_the_same_issues_never_wait_for_each_other_in_
     for out in (out1, out2):
         assert isinstance(out[0], list), out[0]
         assert [r.answer["status"] if r is not None else None for r in out[0]] == ["ignored"] * 2
+
+
+def test_two_batches_of_starts_of_the_same_issues_never_wait_for_each_other_in_a_circle(
+    api: Api, db_url: str
+) -> None:
+    """The same for the issues' starts' one statement, which waits for each issue's turn: two
+    batches of starts of the same two issues, listed in opposite orders, each take the turns in the
+    order of their keys, and both are written (the second finds the first's dispatch undelivered:
+    a cancel first, as a re-assignment)."""
+    api.register(user="user-1")
+    with api.pool.connection() as conn:
+        keys = {
+            i: conn.execute("SELECT devpilot_issue_turn_key('org-a', %s) AS k", (issue(i).id,)).fetchone()[
+                "k"
+            ]  # type: ignore[index]
+            for i in (1, 2)
+        }
+    lo, hi = sorted(keys, key=keys.__getitem__)
+
+    def starts(order: tuple[int, int], tag: str) -> list[Start]:
+        return [
+            Start("org-a", "user-1", DispatchPayload(issue=issue(i)), f"{tag}-{i}", f"c-{tag}-{i}")
+            for i in order
+        ]
+
+    def written(batch: list[Start]) -> Any:
+        try:
+            with statement(api.pool) as tx:
+                return route_and_enqueue_many(tx, batch)
+        except Exception as error:  # (what the statement raised, to look at here)
+            return error
+
+    with connect(db_url, autocommit=False) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (keys[hi],))  # `hi`'s turn, held
+        t1, out1 = in_thread(lambda: written(starts((hi, lo), "first")))
+        _blocked_by(api.pool, holder.info.backend_pid)
+        t2, out2 = in_thread(lambda: written(starts((lo, hi), "second")))
+        _blocked_by(api.pool, count=2)  # both batches wait
+        holder.rollback()
+    t1.join(timeout=10)
+    t2.join(timeout=10)
+    outcomes = [out1[0], out2[0]]
+    assert all(isinstance(o, list) for o in outcomes), outcomes
+    # One batch dispatched both issues; the other found them undelivered.
+    assert sorted(sum(isinstance(r, Routed) for r in o) for o in outcomes) == [0, 2], outcomes
 
 
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(

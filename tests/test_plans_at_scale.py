@@ -97,7 +97,12 @@ def test_no_statement_reads_a_growing_table_whole(
         assert expected in first, expected
     for expected in ("take_turns", "cancel_open_issues_for_delivery", "enqueue_routed_for_delivery"):
         assert expected in first, expected  # (a re-assignment's)
-    for expected in ("routing_cancel_agent_session", "cancel_agent_session", "record_stop", "stop_for_delivery"):
+    for expected in (
+        "routing_cancel_agent_session",
+        "cancel_agent_session",
+        "record_stop",
+        "stop_for_delivery",
+    ):
         assert expected in first, expected  # (a stop's)
     found: list[str] = []
     with psycopg.connect(url, row_factory=psycopg.rows.dict_row, autocommit=True) as conn:

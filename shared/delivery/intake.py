@@ -9,7 +9,9 @@
   our app uninstalled (OAuthApp revoked)  disconnect          the intake transaction: the org disconnected
   issue created with an assignee, or      start               `route_and_enqueue_many_for_delivery` /
   assigned with nobody before; agent                          `route_and_start_agent_sessions_many_for_
-  session `created` by a person                               delivery`, through the group commit
+  session `created` by a person                               delivery`, through the group commit (an
+                                                              issue's with a dispatch to cancel first:
+                                                              as cancel_and_start)
   agent session `created` by automation   start_for_assignee  the intake transaction: a routing request,
                                                               routed after commit (Linear names the assignee)
   issue unassigned or removed             cancel              `take_turns` + `lock_machines_for_changes`
@@ -37,12 +39,15 @@ verdict in SQL, so nothing waits for a decision made here between them.
 
 What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
 statement finds it under the turn), no machine for the user, a machine revoked meanwhile (the way
-is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). The two ways through
-the group commit's one statement (start, follow-up) never wait for a turn; what they cannot decide
-is decided by their kind's transaction, waiting for the turn: an issue's start with something
-undelivered as a re-assignment is (`_cancel_and_start`), anything else by the intake transaction (a
-turn another transaction holds, an agent session's user without a machine, a user whose machines
-differ, an agent session nobody holds yet or behind a start still waiting to be routed).
+is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). An issue's start
+waits for the issue's turn in its statement and decides there whether it is superseded, which
+machine, or, the user's machines differing, that Linear is asked the repository first; the one
+thing its snapshot (taken before the turn) cannot decide is a dispatch of the issue still
+undelivered, to cancel first: that start is carried out as a re-assignment (`_cancel_and_start`).
+The agent sessions' statements (start, follow-up) never wait for a turn; what they cannot decide is
+decided by the intake transaction, waiting for the turn (a turn another transaction holds, a user
+without a machine or whose machines differ, an agent session nobody holds yet or behind a start
+still waiting to be routed).
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
@@ -79,7 +84,11 @@ from shared.delivery import routing
 from shared.delivery.models import DispatchPayload, Enqueued
 from shared.delivery.queue import (
     NO_MACHINE,
+    REVOKED,
+    SUPERSEDED,
     SWEEP_BATCH,
+    UNDELIVERED,
+    Asked,
     FollowUp,
     IssueCancel,
     IssueStart,
@@ -195,23 +204,56 @@ def _transaction(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key:
 
 
 def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """A start for a person's machine that usually has nothing to cancel first (an issue created
-    with an assignee, or assigned with nobody before; an agent session `created` by a person): its
-    statement through the pool's group commit of starts (`_start_at_once`). What that statement,
-    which never waits for a turn, leaves is decided waiting for the turn: an issue's assignment as
-    a re-assignment is (`_cancel_and_start`), anything else by the intake transaction."""
+    """A start for a person's machine (an issue created with an assignee, or assigned with nobody
+    before; an agent session `created` by a person): its statement through the pool's group commit
+    of starts. An issue's statement waits for the issue's turn and decides the start whole
+    (`_issue_started`), but for one thing its snapshot, taken before the turn, cannot: something of
+    the issue still undelivered, to cancel first, which makes the assignment a re-assignment
+    (`_cancel_and_start`: an unassignment lost, or handled after this). The machine chosen revoked
+    meanwhile: the statement again, in rounds. An agent session's statement never waits for its
+    turn: what it leaves, the intake transaction decides (`_start_at_once`)."""
     assert hook.org_id is not None and plan.issue is not None and plan.user_id is not None
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
     )
     start = Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
-    done = _start_at_once(pool, start)
-    if done is not None:
-        return done
-    if plan.cancel_issue_id is not None:
+    if plan.agent_session_id is not None:
+        done = _start_at_once(pool, start)
+        if done is not None:
+            return done
+        # (its statement was the first round)
+        return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key), ROUNDS - 1)
+    starts = _group_commit(pool, agent_sessions=False)
+    outcome = starts.submit(start)
+    for _ in range(ROUNDS - 1):
+        if outcome != REVOKED:
+            break
+        outcome = starts.submit(start)
+    if outcome == REVOKED:
+        raise MachineRevoked(f"every machine chosen for issue {plan.issue.id} was revoked meanwhile")
+    if outcome == UNDELIVERED:
         return _cancel_and_start(pool, hook, plan, key, content_key)
-    # (its statement was the first round)
-    return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key), ROUNDS - 1)
+    return _issue_started(pool, start, outcome)
+
+
+def _issue_started(pool: Pool, start: Start, outcome: RouteOutcome) -> Received:
+    """The answer to an issue's start from what its statement wrote (`route_and_enqueue_many`)."""
+    if outcome is None:
+        return _duplicate(pool, start.delivery_key, start.content_key)
+    if outcome == NO_MACHINE:
+        # Most assignments in a workspace go to people without a machine, and Linear is not told
+        # about a plain issue.
+        return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)
+    if outcome == SUPERSEDED:
+        return Received({"status": "ignored", "reason": "assignment_superseded"}, recorded=True)
+    if isinstance(outcome, Asked):  # which of the user's machines depends on the repository
+        return Received(
+            {"status": "routing", "routeId": str(outcome.route_id)},
+            recorded=True,
+            route_ids=[outcome.route_id],
+        )
+    assert isinstance(outcome, Routed), outcome
+    return Received(_dispatched(outcome.enqueued, outcome.orchestrator_id, None), recorded=True)
 
 
 def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
@@ -529,34 +571,29 @@ def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_k
 
 
 def _start_at_once(pool: Pool, start: Start) -> Received | None:
-    """The start as one statement, its own transaction: the delivery recorded, the agent session's
-    or the issue's turn taken, the machine chosen and the message queued (with Linear's first
+    """An agent session's start as one statement, its own transaction: the delivery recorded, the
+    agent session's turn taken, the machine chosen and the message queued (with Linear's first
     notice) in one round trip. None: it wrote nothing (a delivery seen before, the machine chosen
-    revoked meanwhile, an agent session's user without a machine, a user whose machines differ, or
-    a turn another transaction has).
+    revoked meanwhile, the user without a machine or with machines that differ, or a turn another
+    transaction has).
 
     Starts go through the pool's group commit (`_group_commit`): starts that arrive while another
     batch is being written are written together, in one statement and one commit (issues with
     issues, agent sessions with agent sessions)."""
-    routed = _group_commit(pool, start.message.agent_session_id is not None).submit(start)
-    if routed is None:
+    routed = _group_commit(pool, agent_sessions=True).submit(start)
+    if not isinstance(routed, Routed):
         return None
-    if routed == NO_MACHINE:
-        # As the transaction answers it: most assignments in a workspace go to people without a
-        # machine, and Linear is not told about a plain issue.
-        return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)
     enq = routed.enqueued
-    answer = _dispatched(enq, routed.orchestrator_id, "start" if start.message.agent_session_id else None)
-    return Received(answer, _notices(enq), recorded=True)
+    return Received(_dispatched(enq, routed.orchestrator_id, "start"), _notices(enq), recorded=True)
 
 
 BATCH = 64  # the most webhooks written in one statement
 # Batches of one kind (issues' starts, agent sessions' starts, follow-ups, edits) written at once:
 # with one, every caller waited for the batch ahead of it to commit (its WAL flush) while the cores
 # idled; with two, the next batch is written meanwhile (bench/README.md, "What was tried"). Two
-# batches holding one issue, or one agent session, are kept apart by its turn, which each statement
-# tries without waiting (`devpilot_issue_turn_free`; `free` in the agent sessions';
-# `devpilot_agent_session_holder` for the follow-ups').
+# batches holding one issue, or one agent session, are kept apart by its turn: the issues'
+# statement waits for each, in the order of their keys; the agent sessions' try it without waiting
+# (`free` in the starts'; `devpilot_agent_session_holder` for the follow-ups').
 LANES = 2
 _COMBINERS: weakref.WeakKeyDictionary[Pool, dict[str, Combiner[Any, Any]]] = weakref.WeakKeyDictionary()
 _COMBINERS_LOCK = threading.Lock()
@@ -590,8 +627,20 @@ def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutc
 
 
 def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
+    """Starts written in one statement (`route_and_enqueue_many`); a second of one issue or agent
+    session (never from one process, whose webhooks of one go one at a time; a copy of a delivery,
+    say) written after it, in a statement of its own, as it would be had it come later."""
+    first = firsts(((s.org_id, s.message.agent_session_id or s.message.issue.id),) for s in starts)
     with statement(pool) as tx:
-        return route_and_enqueue_many(tx, starts)
+        written = route_and_enqueue_many(tx, [starts[i] for i in first])
+    out: list[RouteOutcome] = [None] * len(starts)
+    for i, outcome in zip(first, written, strict=True):
+        out[i] = outcome
+    later = [i for i in range(len(starts)) if i not in set(first)]
+    if later:
+        for i, outcome in zip(later, _starts(pool, [starts[i] for i in later]), strict=True):
+            out[i] = outcome
+    return out
 
 
 def _follow_ups(pool: Pool) -> Combiner[FollowUp, Routed | None]:

@@ -150,8 +150,18 @@ class Routed(NamedTuple):
     orchestrator_id: UUID
 
 
+class Asked(NamedTuple):
+    """An issue's start for a user whose machines differ in what they have: its routing request
+    (which of them has the issue's repository is asked of Linear after the commit)."""
+
+    route_id: UUID
+
+
 NO_MACHINE: Final = "no_machine"  # `route_and_enqueue` recorded a plain issue's delivery as ignored
-RouteOutcome = Routed | Literal["no_machine"] | None
+SUPERSEDED: Final = "superseded"  # recorded as ignored: a later assignment change of the issue was handled
+UNDELIVERED: Final = "undelivered"  # nothing written: something of the issue is undelivered (a cancel first)
+REVOKED: Final = "revoked"  # nothing written: the machine chosen was revoked meanwhile (write it again)
+RouteOutcome = Routed | Asked | Literal["no_machine", "superseded", "undelivered", "revoked"] | None
 
 
 class Start(NamedTuple):
@@ -190,11 +200,17 @@ def route_and_enqueue(
     every write to the queue; a `shared.plumbing.db.statement()` makes the statement its own transaction
     (one round trip in all). An issue's start is `route_and_enqueue_many` of one.
 
-    None: nothing was written. The delivery was seen before (or a concurrent copy committed it),
-    the machine chosen was revoked while this waited for it, an agent session's user has no
-    machine, or an issue has something undelivered to cancel first (or another transaction has
-    its turn, or a later assignment change of it, Linear's at `event_at`, was handled); the caller
-    decides in a full intake transaction, which tells those apart."""
+    An issue's start (`route_and_enqueue_many_for_delivery`) is decided whole by the statement:
+    dispatched (`Routed`), no machine (`NO_MACHINE`), a user whose machines differ (`Asked`: the
+    routing request written), a later assignment change of the issue handled already
+    (`SUPERSEDED`, recorded), and, nothing written: the machine chosen revoked meanwhile
+    (`REVOKED`: write it again), something of the issue undelivered (`UNDELIVERED`: a cancel
+    first, as a re-assignment), or the delivery seen before (None).
+
+    An agent session's, None: nothing was written. The delivery was seen before (or a concurrent
+    copy committed it), the machine chosen was revoked while this waited for it, the user has no
+    machine or machines that differ, or another transaction has its turn; the caller decides in a
+    full intake transaction, which tells those apart."""
     tx = require_tx(tx, "route_and_enqueue")
     if not isinstance(message, DispatchPayload):
         raise TypeError("route_and_enqueue() message must be a DispatchPayload")
@@ -277,6 +293,14 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
 
 def _route_outcome(row: DictRow | None) -> RouteOutcome:
     """What a row of `route_enqueue_answer` (or of the batch's answer) says was written."""
+    if row is not None and row.get("undelivered"):
+        return UNDELIVERED
+    if row is not None and row.get("revoked"):
+        return REVOKED
+    if row is not None and row.get("superseded") and row["outcome"] is not None:
+        return SUPERSEDED
+    if row is not None and row.get("route_id") is not None:
+        return Asked(row["route_id"])
     if row is None or row["outcome"] is None:
         return None
     if row["outcome"] != "dispatched":
@@ -296,10 +320,11 @@ def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
     agent sessions `created` (`route_and_start_agent_sessions_many_for_delivery`). Each element's
     outcome is what `route_and_enqueue` would answer it alone, in order, and all of them commit
     together. A copy of an earlier element (its delivery key or content key again), or a second
-    element of the same issue or agent session, is not written: it is answered None, and its
-    caller's intake transaction then finds the first one's record (a copy: `duplicate`) or its
-    dispatch. So is an element whose turn another transaction holds (the statement does not wait
-    for it, where the intake transaction does)."""
+    element of the same issue or agent session, is not written: it is answered None (the caller
+    writes it after the first: a copy then finds the first one's record, `duplicate`). An issue's
+    start waits for its turn (`route_and_enqueue_many_for_delivery`); an agent session's that
+    another transaction holds the turn of is answered None (the statement does not wait for it,
+    where the intake transaction does)."""
     tx = require_tx(tx, "route_and_enqueue_many")
     return _route_and_enqueue_many(tx, starts, None, None)
 

@@ -59,7 +59,11 @@ def resolve(queries: dict[str, str]) -> dict[str, str]:
 
 
 def _without_comment_lines(statement: str) -> str:
-    return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
+    """The statement as sent: without its comment lines, each line without its indentation (both
+    for people, and psycopg keeps a statement's converted placeholders only up to 4,096 bytes)."""
+    return "\n".join(
+        line.strip() for line in statement.splitlines() if line.strip() and not line.lstrip().startswith("--")
+    )
 
 
 @cache

@@ -188,9 +188,9 @@ WHERE %(agent_session_id)s::text IS NOT NULL
 -- name: issue_turn
 -- A fragment (in `record_delivery`): serialises the intake transactions of one issue's assignment
 -- events (assigned, re-assigned, unassigned, removed) until commit, so that each one's cancel sees
--- the dispatch of the one before it; the group commit's statement tries the same turn without
--- waiting (`devpilot_issue_turn_free`, migration 0012) and leaves an issue whose turn is taken to
--- this transaction. Every statement after it reads a snapshot taken after the turn was granted.
+-- the dispatch of the one before it; the starts' group commit statement waits for the same turn
+-- (`route_and_enqueue_many_for_delivery`). Every statement after it reads a snapshot taken after
+-- the turn was granted.
 SELECT pg_advisory_xact_lock(devpilot_issue_turn_key(%(org_id)s, %(issue_id)s))
 WHERE %(issue_id)s::text IS NOT NULL
 

@@ -936,37 +936,56 @@ FROM sessions;
 
 -- name: route_and_enqueue_many_for_delivery
 -- (none) -> AVAILABLE: the whole intake of issue starts (an issue created with an assignee, or an
--- existing issue assigned) for one or several webhooks (`batch`, a JSON array, one element per
--- webhook, numbered `n`), in one statement that is its own transaction (`shared.plumbing.db.statement`), so the whole batch
--- commits together or not at all, after one round trip and one commit. The caller answers no
--- webhook before the commit. Every element is judged alone: its issue's turn (below), its routing
--- choice (`route`), its machine's lock FOR KEY SHARE (as `enqueue`'s `target`: a revoke committed
--- meanwhile is seen, and nothing is written for that element), its delivery (two keys, as
--- `record_delivery`) ON CONFLICT DO NOTHING, recorded as dispatched to the new session, or as
--- ignored when the user has no active machine (Linear is not told about a plain issue). The elements' keys are distinct (`route_and_enqueue_many` leaves copies
--- out): a delivery key or content key twice in one batch would match one inserted record twice.
--- One row per element, in order: `outcome` NULL means nothing was written for it.
+-- existing issue assigned with nobody before) for one or several webhooks (`batch`, a JSON array,
+-- one element per webhook, numbered `n`), in one statement that is its own transaction
+-- (`shared.plumbing.db.statement`), so the whole batch commits together or not at all, after one
+-- round trip and one commit. The caller answers no webhook before the commit. The elements'
+-- issues are distinct, and so are their keys (the caller writes a second element of an issue
+-- after the first: a turn is re-entrant within one transaction, and a key twice would match one
+-- inserted record twice).
 --
--- An element may be an existing issue's assignment (`updatedFrom.assigneeId`) as well as a
--- creation: each element first takes its issue's turn without waiting (`free`,
--- `devpilot_issue_turn_free` of migrations 0012 and 0015) and goes on only when it has it, nothing
--- of the issue is undelivered (an assignment is then the same work as a creation) and no later
--- assignment change of the issue was handled (`event_at`, Linear's time of the change, recorded
--- with the delivery: a retry of an older assignment does nothing). Otherwise nothing is
--- written for it (not even the delivery), and its full intake transaction takes the turn, cancels
--- and dispatches, or answers it superseded. The turn is held to the commit, so an assignment of the same issue that comes
--- meanwhile waits for this one and then finds its dispatch to cancel. The elements' issues are
--- distinct (`route_and_enqueue_many` leaves a second one out): a turn is re-entrant within one
--- transaction, so two elements of one issue would both have it.
-WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of text are escaped in Python)
+-- * `turns`: every element's issue turn (`issue_turn`), taken waiting, before anything is read or
+--   written, in the order of the turns' keys, as `take_turns` takes a batch's (two batches never
+--   wait for each other in a circle, and no turn is waited for while a row lock is held). Held to
+--   the commit, so an assignment change of the same issue that comes meanwhile waits for this one
+--   and then finds its dispatch to cancel.
+-- * `judged`, read with snapshots taken after the turns (VOLATILE functions, migrations 0012 and
+--   0015): `superseded`, a later assignment change of the issue was handled already (`event_at`,
+--   Linear's time of the change, recorded with the delivery): the delivery is recorded `ignored`
+--   and nothing else is written; `undelivered`, something of the issue is still undelivered (its
+--   own dispatch, for a delivery seen before, which the caller's way then finds recorded): an
+--   assignment is then the cancel of it and a start, which this statement, whose own snapshot
+--   predates the turn, cannot decide; nothing is written for it (the caller carries it out as a
+--   re-assignment, `shared.delivery.intake._cancel_and_start`).
+-- * for the rest, the routing choice (`route`), the machine's lock FOR KEY SHARE (as `enqueue`'s
+--   `target`: a revoke committed meanwhile is seen, nothing is written for the element, and it
+--   answers `revoked`: the caller writes it again), the delivery (two keys, as `record_delivery`)
+--   ON CONFLICT DO NOTHING, recorded as dispatched to the new session; as ignored when the user has
+--   no active machine (Linear is not told about a plain issue); or, the user's machines differing
+--   in what they have (`mixed`), as `routing`, with the start's routing request (which of them
+--   has the issue's repository is asked of Linear after the commit).
+-- One row per element, in order: `outcome` NULL means nothing was written for it (a delivery seen
+-- before, `revoked`, or `undelivered`).
+-- (`want`: one JSON array, the client dumps it in C; `turns`: each lock taken as the sorted keys
+-- come, in key order; `judged`: after every turn, by functions that read with snapshots taken
+-- after it.)
+WITH want AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
              issue_id text, issue_identifier text, event_at timestamptz, payload jsonb)
-), free AS MATERIALIZED (  -- (each issue's turn tried once, before anything is written)
-    SELECT want.n FROM want WHERE devpilot_issue_turn_free(want.org_id, want.issue_id, want.event_at)
+), turns AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(k.key) FROM (
+        SELECT DISTINCT devpilot_issue_turn_key(w.org_id, w.issue_id) AS key FROM want w ORDER BY 1 OFFSET 0
+    ) k
+), judged AS MATERIALIZED (
+    SELECT want.n,
+           want.event_at IS NOT NULL
+           AND devpilot_issue_event_superseded(want.org_id, want.issue_id, want.event_at) AS superseded,
+           NOT devpilot_issue_turn_free(want.org_id, want.issue_id) AS undelivered
+    FROM want WHERE (SELECT count(*) FROM turns) >= 0
 ), routed AS (
-    SELECT want.n, r.id, r.mixed
-    FROM want JOIN free ON free.n = want.n LEFT JOIN LATERAL (
+    SELECT want.n, r.id, coalesce(r.mixed, false) AS mixed
+    FROM want JOIN judged j ON j.n = want.n AND NOT j.superseded AND NOT j.undelivered LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
 ), machine AS (
@@ -978,12 +997,18 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome, org_id, issue_id, event_at)
     SELECT w.delivery_key, w.content_key,
            CASE WHEN m.id IS NOT NULL THEN w.session_id END,
-           CASE WHEN m.id IS NOT NULL THEN 'dispatched' ELSE 'ignored' END,
+           CASE WHEN m.id IS NOT NULL THEN 'dispatched' WHEN r.mixed THEN 'routing' ELSE 'ignored' END,
            w.org_id, w.issue_id, w.event_at
-    FROM want w JOIN routed r ON r.n = w.n LEFT JOIN machine m ON m.n = w.n
-    WHERE m.id IS NOT NULL OR r.id IS NULL
+    FROM want w JOIN judged j ON j.n = w.n LEFT JOIN routed r ON r.n = w.n LEFT JOIN machine m ON m.n = w.n
+    WHERE j.superseded OR m.id IS NOT NULL OR (r.n IS NOT NULL AND (r.id IS NULL OR r.mixed))
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
+), asked AS (
+    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
+                                  linear_user_id)
+    SELECT w.org_id, NULL, w.issue_id, 'repository', w.payload, w.delivery_key, w.route_user
+    FROM want w JOIN d ON d.delivery_key = w.delivery_key AND d.outcome = 'routing'
+    RETURNING id, delivery_key
 ), target AS (
     SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.route_user AS linear_user_id, w.issue_id,
            w.issue_identifier, NULL::text AS agent_session_id, 'start'::text AS kind, w.payload
@@ -991,9 +1016,19 @@ WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of te
     JOIN d ON d.delivery_key = w.delivery_key AND d.outcome = 'dispatched'
 ),
 -- include: batch_session_rows
-, told AS (SELECT NULL::uuid AS id, NULL::uuid AS session_id WHERE false)  -- (no notice)
--- include: batch_answer
-;
+SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       NULL::uuid AS notice_id, a.id AS route_id, j.superseded, j.undelivered AND NOT j.superseded AS undelivered,
+       r.id IS NOT NULL AND NOT r.mixed AND m.id IS NULL AS revoked,
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
+        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
+FROM want w
+JOIN judged j ON j.n = w.n
+LEFT JOIN routed r ON r.n = w.n
+LEFT JOIN machine m ON m.n = w.n
+LEFT JOIN d ON d.delivery_key = w.delivery_key
+LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
+LEFT JOIN asked a ON a.delivery_key = w.delivery_key
+ORDER BY w.n;
 
 
 -- name: route_and_start_agent_sessions_many_for_delivery

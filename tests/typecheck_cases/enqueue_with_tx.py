@@ -2,7 +2,7 @@
 from uuid import UUID
 
 from shared.delivery.models import DispatchPayload, Enqueued
-from shared.delivery.queue import Routed, enqueue_dispatch, route_and_enqueue
+from shared.delivery.queue import RouteOutcome, enqueue_dispatch, route_and_enqueue
 from shared.plumbing.db import Pool, statement, transaction
 from shared.wire.messages import IssueRef
 
@@ -18,7 +18,7 @@ def right(pool: Pool, orchestrator_id: UUID) -> Enqueued:
         )
 
 
-def right_in_one_statement(pool: Pool) -> Routed | str | None:
+def right_in_one_statement(pool: Pool) -> RouteOutcome:
     with statement(pool) as tx:
         return route_and_enqueue(
             tx,
