@@ -90,6 +90,7 @@ print(json.dumps({
     "modules": modules,
     "plugins_read": plugins_read,
     "frozen": gc.get_freeze_count(),
+    "collecting": gc.isenabled(),
     "collectable": len(gc.get_objects()),
 }))
 """
@@ -161,6 +162,8 @@ def test_each_target_serves_its_first_request_without_what_it_does_not_need(
         # The target's imports are out of the collector's walks (functions/main.py): even after the
         # first request, most of what the process holds was frozen when the target was loaded.
         assert seen["frozen"] > seen["collectable"], (target, seen["frozen"], seen["collectable"])
+        # ...and the collector, off while the target was imported, is on again for what follows.
+        assert seen["collecting"], target
         assert not modules & NOT_ON_FIRST_REQUEST, (target, sorted(modules & NOT_ON_FIRST_REQUEST))
         if target == "webhook":  # (so the checks above are not vacuous: it loads what it uses)
             assert modules >= FLEET_NEVER - ROUTING_ON_USE
