@@ -77,6 +77,8 @@ def _needed(value: str | None, where: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ClaimBody(PlainBody):
+    """A poll: how many messages at most, and how long to wait for one (0: not at all)."""
+
     max: int = 10
     wait_seconds: int = 0
 
@@ -90,6 +92,8 @@ class ClaimBody(PlainBody):
 
 @dataclass(frozen=True, slots=True)
 class AckOne(PlainBody):
+    """One ack of a batch."""
+
     queue_id: str
     claim_token: str
 
@@ -136,6 +140,8 @@ def _one(item: object, where: str) -> AckOne:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseBody(PlainBody):
+    """A claimed message given back, and why."""
+
     queue_id: str
     claim_token: str
     reason: str | None = None
