@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Self
 from uuid import UUID
 
+from functions.plain_body import BodyError as BodyError
+from functions.plain_body import PlainBody as PlainBody
+
 NIL = UUID(int=0)  # matches no row and no token: how a malformed id is judged
 
 
@@ -23,22 +26,7 @@ def loose_uuid(value: str) -> UUID:
         return NIL
 
 
-class BodyError(ValueError):
-    """A body that breaks its route's rules; the message starts with the field's place."""
-
-    def __init__(self, where: str, why: str) -> None:
-        super().__init__(f"{where}: {why}")
-
-
 _MISSING = object()
-
-
-class PlainBody:
-    """A request body read without pydantic: `parse` takes the JSON object, or raises BodyError."""
-
-    @classmethod
-    def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
-        raise NotImplementedError
 
 
 def _get(data: Mapping[str, Any], wire: str, name: str) -> object:

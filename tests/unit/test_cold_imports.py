@@ -165,6 +165,8 @@ def test_each_target_serves_its_first_request_without_what_it_does_not_need(
         # ...and the collector, off while the target was imported, is on again for what follows.
         assert seen["collecting"], target
         assert not modules & NOT_ON_FIRST_REQUEST, (target, sorted(modules & NOT_ON_FIRST_REQUEST))
+        # The fleet's bodies are built by the targets that read one (functions/plain_body.py).
+        assert ("functions.fleet_bodies" in modules) == (target in ("claim", "ack")), target
         if target == "webhook":  # (so the checks above are not vacuous: it loads what it uses)
             assert modules >= FLEET_NEVER - ROUTING_ON_USE
             # An issue's plain assignment: dispatched without the routing chain (loaded on use).
