@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Self
 from uuid import UUID
 
+from functions.plain_body import BodyError as BodyError
+from functions.plain_body import PlainBody as PlainBody
+
 NIL = UUID(int=0)  # matches no row and no token: how a malformed id is judged
 
 
@@ -23,22 +26,7 @@ def loose_uuid(value: str) -> UUID:
         return NIL
 
 
-class BodyError(ValueError):
-    """A body that breaks its route's rules; the message starts with the field's place."""
-
-    def __init__(self, where: str, why: str) -> None:
-        super().__init__(f"{where}: {why}")
-
-
 _MISSING = object()
-
-
-class PlainBody:
-    """A request body read without pydantic: `parse` takes the JSON object, or raises BodyError."""
-
-    @classmethod
-    def parse(cls, data: Mapping[str, Any], where: str = "") -> Self:
-        raise NotImplementedError
 
 
 def _get(data: Mapping[str, Any], wire: str, name: str) -> object:
@@ -77,6 +65,8 @@ def _needed(value: str | None, where: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ClaimBody(PlainBody):
+    """A poll: how many messages at most, and how long to wait for one (0: not at all)."""
+
     max: int = 10
     wait_seconds: int = 0
 
@@ -90,6 +80,8 @@ class ClaimBody(PlainBody):
 
 @dataclass(frozen=True, slots=True)
 class AckOne(PlainBody):
+    """One ack of a batch."""
+
     queue_id: str
     claim_token: str
 
@@ -136,6 +128,8 @@ def _one(item: object, where: str) -> AckOne:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseBody(PlainBody):
+    """A claimed message given back, and why."""
+
     queue_id: str
     claim_token: str
     reason: str | None = None

@@ -16,19 +16,29 @@ _root = str(Path(__file__).resolve().parent.parent)
 if _root not in sys.path:
     sys.path.insert(0, _root)
 
-import flask  # noqa: E402
+# What follows imports the target's chain (psycopg, the pool, this project's modules): objects that
+# live as long as the process, nearly none of them garbage. The cyclic collector, left on, walked
+# them again and again as they came: about 40 passes that found nothing, 12-14 ms timed by
+# gc.callbacks (19 M instructions). Off until they are frozen below (as the gc module's
+# documentation advises before a fork), then on again if it was. bench/README.md (Cold start).
+_collecting = gc.isenabled()
+gc.disable()
+try:
+    import flask
 
-from functions.app import Handler, serve_request, target  # noqa: E402
-from functions.logs import setup_logging  # noqa: E402
-from functions.routes import BY_NAME  # noqa: E402
+    from functions.app import Handler, serve_request, target
+    from functions.logs import setup_logging
+    from functions.routes import BY_NAME
 
-setup_logging()
-
-# What the target imported lives as long as the process: frozen out of the cyclic collector, so the
-# first full collection (which a first request's own imports can set off) walks only what came
-# after, not every module's objects, nor touches the pages a forked worker (gunicorn's, on Cloud
-# Run) shares with its parent. bench/README.md (Cold start).
-gc.freeze()
+    setup_logging()
+finally:
+    # What the target imported lives as long as the process: frozen out of the cyclic collector, so
+    # the first full collection (which a first request's own imports can set off) walks only what
+    # came after, not every module's objects, nor touches the pages a forked worker (gunicorn's, on
+    # Cloud Run) shares with its parent. bench/README.md (Cold start).
+    gc.freeze()
+    if _collecting:
+        gc.enable()
 
 
 def api(request: flask.Request) -> flask.Response:

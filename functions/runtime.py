@@ -26,6 +26,8 @@ from shared.dispatch import (
 
 @dataclass
 class Runtime:
+    """A function instance's state: what `get_runtime` builds on first use."""
+
     settings: Settings
     database: Database
     pool: Pool

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import flask
 
-from functions.fleet_bodies import BodyError, PlainBody
+from functions.plain_body import BodyError, PlainBody
 from functions.runtime import Runtime
 from shared.dispatch import UNAUTHORIZED, Dispatch, Orchestrator, authenticate, authenticate_agent, jsoninput
 from shared.wire import agent_tokens

@@ -80,7 +80,6 @@ import psycopg
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from shared.delivery import routing
 from shared.delivery.models import DispatchPayload, Enqueued
 from shared.delivery.queue import (
     NO_MACHINE,
@@ -108,9 +107,12 @@ from shared.delivery.queue import (
     send_stops,
     stop_element,
 )
-from shared.linear import auth as linear_auth
-from shared.linear import notices
 from shared.linear.webhooks import Asks, Intent, Webhook, what_it_asks
+
+# (ROUTING_ON_USE) The routing chain (`shared.delivery.routing`: the repository choice, Linear's API
+# and auth, the machines' repositories), Linear's notices and its auth are imported where they are
+# used: an issue's plain assignment, most of the webhooks Linear sends, needs none of them, and a
+# cold instance's first such webhook loaded them all, about 6 ms (bench/README.md, "Cold start").
 from shared.plumbing.batching import Combiner, firsts
 from shared.plumbing.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, together
 from shared.plumbing.in_order import InOrder
@@ -308,6 +310,8 @@ def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]
     nothing was written. A second stop of one agent session in the batch (never from one process,
     whose webhooks of an agent session go one at a time) is written after it, in a transaction of
     its own, as it would be had it come later."""
+    from shared.delivery import routing  # (ROUTING_ON_USE)
+
     written = firsts(
         (s.record["key"], s.record["content_key"], (s.org_id, s.agent_session_id)) for s in stops
     )
@@ -778,6 +782,8 @@ def _apply(
             )
         return Received(_ignored(plan))
     if plan.kind == "disconnect":  # the app was uninstalled: posts wait for a new install
+        from shared.linear import auth as linear_auth  # (ROUTING_ON_USE)
+
         linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
         return Received({"status": "ignored", "reason": plan.reason})
     if plan.kind == "prompt":
@@ -800,7 +806,7 @@ def _apply(
         plan.kind in ("dispatch", "prompt")
         and plan.agent_session_id is not None
         and plan.issue is not None
-        and (plan.user_id is None or routing.waiting(tx, org, plan.agent_session_id))
+        and (plan.user_id is None or _waiting_to_route(tx, org, plan.agent_session_id))
     ):
         # Linear must be asked whose machine takes it (no creator), or an earlier message of the
         # conversation is still waiting for that answer: routed after the commit, in order.
@@ -863,6 +869,8 @@ def _route_later(
         kind="start" if plan.kind == "dispatch" else "prompt",
         prompt=plan.prompt,
     )
+    from shared.delivery import routing  # (ROUTING_ON_USE)
+
     user = plan.user_id if need == "repository" else None
     rid = routing.request(tx, org_id=org, message=message, delivery_key=key, need=need, linear_user_id=user)
     answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
@@ -880,6 +888,8 @@ def _answer(tx: Tx, org: str, plan: Intent) -> Received | None:
         return None
     meta = prompt.signal_metadata or {}
     picked = prompt.body or str(meta.get("value") or meta.get("label") or "")
+    from shared.delivery import routing  # (ROUTING_ON_USE)
+
     rid = routing.answer(tx, org, plan.agent_session_id, picked)
     if rid is None:
         return None
@@ -905,7 +915,16 @@ def _holder(tx: Tx, org: str, agent_session_id: str | None, *, delivered_only: b
     return Holder(row["orchestrator_id"], issue, opened)
 
 
+def _waiting_to_route(tx: Tx, org: str, agent_session_id: str) -> bool:
+    """An earlier message of the agent session is still waiting to be routed (`routing.waiting`)."""
+    from shared.delivery import routing  # (ROUTING_ON_USE)
+
+    return routing.waiting(tx, org, agent_session_id)
+
+
 def _tell(tx: Tx, org: str, plan: Intent, kind: str, body: str) -> list[UUID]:
+    from shared.linear import notices  # (ROUTING_ON_USE)
+
     nid = notices.write(
         tx,
         org_id=org,

@@ -23,6 +23,8 @@ class DispatchPayload(Wire):
 
 @dataclass(frozen=True, slots=True)
 class Enqueued(Wire):
+    """What an enqueue wrote: the session, the queue row and the message."""
+
     session_id: UUID
     queue_id: UUID
     message_id: UUID

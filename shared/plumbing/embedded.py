@@ -18,6 +18,8 @@ from shared.plumbing.settings import SettingsError
 
 @dataclass
 class Database:
+    """The database the service uses: its URL, and whether it is the embedded one."""
+
     url: str
     embedded: bool
     handle: Any = None  # the pgserver.PostgresServer keeping the embedded server alive

@@ -148,6 +148,8 @@ def _outlives_linears_retries(hours: int) -> None:
 
 @dataclass(frozen=True, init=False)
 class Settings:
+    """The service's settings, each field read from its variable (`var`)."""
+
     # Not hashable, as the pydantic model was not: `endpoints` is a dict, so a hash (a cache keyed
     # by the settings) would work only where DEVPILOT_ENDPOINTS is unset.
     __hash__ = None  # type: ignore[assignment]

@@ -44,6 +44,14 @@ def parse(text: str, into: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def resolve(queries: dict[str, str]) -> dict[str, str]:
+    """Every statement of `queries` with its includes resolved and its comment lines left out."""
+    return {name: resolve_one(queries, name) for name in queries}
+
+
+def resolve_one(queries: dict[str, str], name: str) -> str:
+    """The statement `name` of `queries` with its includes resolved and its comment lines left out
+    (KeyError: no such statement)."""
+
     def expand(name: str, seen: tuple[str, ...]) -> str:
         if name in seen:
             raise QueryFileError(f"query {name!r} includes itself")
@@ -55,7 +63,7 @@ def resolve(queries: dict[str, str]) -> dict[str, str]:
 
         return _INCLUDE.sub(one, queries[name])
 
-    return {name: _without_comment_lines(expand(name, ())) for name in queries}
+    return _without_comment_lines(expand(name, ()))
 
 
 def _without_comment_lines(statement: str) -> str:
@@ -67,16 +75,31 @@ def _without_comment_lines(statement: str) -> str:
 
 
 @cache
-def load(folder: Path = FOLDER) -> dict[str, str]:
+def blocks(folder: Path = FOLDER) -> dict[str, str]:
+    """Every named block of the files, as written (read and split once; a name defined twice in
+    any of them raises here)."""
     queries: dict[str, str] = {}
     for path in sorted(folder.glob("*.sql")):
         parse(path.read_text(encoding="utf-8"), into=queries)
-    return resolve(queries)
+    return queries
+
+
+@cache
+def load(folder: Path = FOLDER) -> dict[str, str]:
+    """Every statement of the files, resolved."""
+    return resolve(blocks(folder))
+
+
+@cache
+def _statement(name: str) -> str:
+    # Resolved on first use, one statement at a time: resolving all of them (load) took about 4 ms
+    # of a cold instance's first request, which needs one or two (bench/README.md, "Cold start").
+    return resolve_one(blocks(), name)
 
 
 def query(name: str) -> LiteralString:
     """The named statement (from files we ship, hence LiteralString)."""
-    text: LiteralString = load()[name]
+    text: LiteralString = _statement(name)
     return text
 
 

@@ -107,6 +107,8 @@ def _instant(at: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class IssueRef(Wire):
+    """The issue a message is about: Linear's id, and what a machine shows of it."""
+
     id: str
     identifier: str | None = None
     title: str | None = None
@@ -173,6 +175,8 @@ REPOSITORY_MISSING = "repository_missing"
 
 @dataclass(frozen=True, slots=True)
 class TaskDispatchMessage(Wire):
+    """One queued message as a machine claims it: its ids, its lease and what it asks."""
+
     message_id: UUID
     queue_id: UUID
     session_id: UUID

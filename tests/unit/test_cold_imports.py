@@ -13,7 +13,7 @@ from uuid import uuid4
 import pytest
 
 from shared.linear.webhooks import sign
-from tests.helpers.api import SECRET, issue_event
+from tests.helpers.api import SECRET, agent_session_event, app_revoked_event, issue_event
 from tests.helpers.data import MakeOrch
 from tests.helpers.fresh_python import ROOT, run_json
 
@@ -44,20 +44,29 @@ def test_fleet_targets_do_not_load_what_only_linear_routes_need(target: str) -> 
     assert not loaded_by(target) & set(HEAVY)
 
 
+# What the intake imports where it is used (shared/delivery/intake.py, ROUTING_ON_USE): the routing
+# chain, Linear's notices and auth. An issue's plain assignment needs none of them.
+ROUTING_ON_USE = {
+    "shared.delivery.routing",
+    "shared.delivery.repository_choice",
+    "shared.linear.api",
+    "shared.linear.notices",
+    "shared.linear.auth",
+    "shared.fleet.machines",
+}
+
+
 def test_the_webhook_target_loads_its_intake_when_it_first_answers() -> None:
     # (the check above would pass vacuously if nothing could ever load them; httpx itself waits
-    # until a notice is sent: tests/test_cloud_shape.py)
+    # until a notice is sent: tests/test_cloud_shape.py; the routing chain until a webhook needs
+    # it: the first requests below)
     code = (
         "import sys, json, functions.webhook, shared.dispatch, shared.delivery.intake; "
         "print(json.dumps(sorted(sys.modules)))"
     )
     loaded = set(run_json(code))
-    assert {
-        "shared.linear.webhooks",
-        "shared.delivery.intake",
-        "shared.linear.notices",
-        "shared.linear.auth",
-    } <= loaded
+    assert {"shared.linear.webhooks", "shared.delivery.intake"} <= loaded
+    assert not loaded & ROUTING_ON_USE, sorted(loaded & ROUTING_ON_USE)
     assert "httpx" not in loaded
 
 
@@ -81,6 +90,7 @@ print(json.dumps({
     "modules": modules,
     "plugins_read": plugins_read,
     "frozen": gc.get_freeze_count(),
+    "collecting": gc.isenabled(),
     "collectable": len(gc.get_objects()),
 }))
 """
@@ -152,9 +162,15 @@ def test_each_target_serves_its_first_request_without_what_it_does_not_need(
         # The target's imports are out of the collector's walks (functions/main.py): even after the
         # first request, most of what the process holds was frozen when the target was loaded.
         assert seen["frozen"] > seen["collectable"], (target, seen["frozen"], seen["collectable"])
+        # ...and the collector, off while the target was imported, is on again for what follows.
+        assert seen["collecting"], target
         assert not modules & NOT_ON_FIRST_REQUEST, (target, sorted(modules & NOT_ON_FIRST_REQUEST))
+        # The fleet's bodies are built by the targets that read one (functions/plain_body.py).
+        assert ("functions.fleet_bodies" in modules) == (target in ("claim", "ack")), target
         if target == "webhook":  # (so the checks above are not vacuous: it loads what it uses)
-            assert modules >= FLEET_NEVER
+            assert modules >= FLEET_NEVER - ROUTING_ON_USE
+            # An issue's plain assignment: dispatched without the routing chain (loaded on use).
+            assert not modules & ROUTING_ON_USE, sorted(modules & ROUTING_ON_USE)
         else:
             assert not modules & FLEET_NEVER, (target, sorted(modules & FLEET_NEVER))
 
@@ -170,3 +186,24 @@ def test_a_route_whose_body_is_a_pydantic_model_loads_it_without_reading_plugins
     assert seen["status"] == 200, seen["body"]
     assert {"pydantic", "functions.bodies"} <= set(seen["modules"])
     assert seen["plugins_read"] is False
+
+
+@pytest.mark.parametrize("kind", ["uninstalled", "unroutable_agent_session"])
+def test_a_webhook_that_needs_what_the_intake_loads_on_use_is_served_as_a_first_request(
+    db_url: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (ROUTING_ON_USE is imported where it is used: a cold instance's first such webhook still
+    # does what it asks: the org disconnected (Linear's auth), Linear told the session is unroutable
+    # (its notices))
+    monkeypatch.setenv("LINEAR_CLIENT_ID", "client-id")
+    if kind == "uninstalled":
+        event, status, needs = app_revoked_event("org-cold"), "ignored", "shared.linear.auth"
+    else:
+        event = agent_session_event(org="org-cold", creator="nobody", session_id="as-cold")
+        status, needs = "ignored", "shared.linear.notices"
+    hook = json.dumps(event).encode()
+    headers = {"Linear-Signature": sign(SECRET, hook), "Content-Type": "application/json"}
+    seen = first_request(db_url, "webhook", "POST", hook, headers)
+    assert seen["status"] == 200, seen["body"]
+    assert json.loads(seen["body"])["status"] == status, seen["body"]
+    assert needs in set(seen["modules"])
