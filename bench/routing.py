@@ -2,9 +2,10 @@
 
     bench/.venv/bin/python -m bench.routing [--rounds 3] [--n 2000] [--latency-n 100] [--linear-ms 0]
 
-1. **The one-machine path is unchanged**: the webhook's one statement for a start
-   (`route_and_start_agent_session_for_delivery`; an issue's start is the group commit's statement
-   since issue 48) as this commit has it (its routing read also compares the
+1. **The one-machine path is unchanged**: the webhook's one statement for an agent session's start
+   (`route_and_start_agent_sessions_many_for_delivery` with one element: the single statement was
+   folded into it in issue 61; an issue's start is the group commit's statement since issue 48) as
+   this commit has it (its routing read also compares the
    user's machines) against the statement of the commit before routing by repository
    (e1de21c, read from git), run alternately round by round on one database, one client, by the
    library (`statement()`): mean µs per start, for a user with one machine and with two alike.
@@ -74,8 +75,8 @@ def one_statement(db_url: str, rounds: int, n: int) -> dict[str, Any]:
 
     settings = Settings()
     versions = {
-        "now": query("route_and_start_agent_session_for_delivery"),
-        "base": base_statement("route_and_start_agent_session_for_delivery"),
+        "now": (query("route_and_start_agent_sessions_many_for_delivery"), _batch_params),
+        "base": (base_statement("route_and_start_agent_session_for_delivery"), _start_params),
     }
     out: dict[str, dict[str, list[float]]] = {}
     with open_pool(db_url, settings, min_size=1, max_size=1) as pool:
@@ -86,10 +87,10 @@ def one_statement(db_url: str, rounds: int, n: int) -> dict[str, Any]:
                 describe(pool, m.id, [Repository("github.com", "acme/backend")], [])
         for r in range(rounds):
             for label, user in users.items():
-                for version, text in versions.items():
+                for version, (text, make_params) in versions.items():
                     times = []
                     for i in range(n + 50):
-                        params = _start_params(user, f"{version}-{label}-{r}-{i}")
+                        params = make_params(user, f"{version}-{label}-{r}-{i}")
                         t0 = time.perf_counter()
                         with statement(pool) as tx:
                             row = tx.one(text, params)  # type: ignore[arg-type]
@@ -106,6 +107,19 @@ def one_statement(db_url: str, rounds: int, n: int) -> dict[str, Any]:
         label: {version: round(statistics.median(xs), 1) for version, xs in d.items()}
         for label, d in out.items()
     }
+
+
+def _batch_params(user: str, key: str) -> dict[str, Any]:
+    """The agent sessions' starts statement's parameters for one start (`_start_params`'s)."""
+    one = _start_params(user, key)
+    element = {
+        "n": 0,
+        **{k: one[k] for k in ("org_id", "route_user", "delivery_key", "content_key", "issue_id")},
+        **{k: one[k] for k in ("issue_identifier", "agent_session_id")},
+        "session_id": str(one["session_id"]),
+        "payload": one["payload"].obj,
+    }
+    return {"batch": Jsonb([element]), "now": None, "unroutable": "no machine"}
 
 
 def _start_params(user: str, key: str) -> dict[str, Any]:

@@ -18,7 +18,16 @@ from psycopg import sql
 
 from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
-from shared.delivery.queue import NO_MACHINE, SUPERSEDED, UNDELIVERED, Routed, Start, route_and_enqueue_many
+from shared.delivery.queue import (
+    NO_MACHINE,
+    SUPERSEDED,
+    UNDELIVERED,
+    UNROUTABLE,
+    Ignored,
+    Routed,
+    Start,
+    route_and_enqueue_many,
+)
 from shared.plumbing.batching import Combiner
 from shared.plumbing.db import Pool, connect, open_pool, statement
 from shared.plumbing.settings import Settings
@@ -421,11 +430,11 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
     pool: Pool, make_orchestrator: MakeOrch, db_url: str
 ) -> None:
     """The agent sessions' statement writes each element as the one statement would: the session,
-    its queue row and the "Queued for" thought of a connected org, for the user's machine. It
-    writes nothing for a user with no machine (the intake transaction tells Linear), a delivery
-    seen before, a copy, a second element of one agent session, one whose turn another
-    transaction holds (it does not wait for it), or an agent session started already or stopped
-    (the intake transaction answers them: they start nothing). Neither does the one statement."""
+    its queue row and the "Queued for" thought of a connected org, for the user's machine. It waits
+    for a turn another transaction holds. It records, and starts nothing for, a user with no
+    machine (Linear told why, an `error`) and an agent session started already or stopped. It
+    writes nothing for a delivery seen before, a copy, or a second element of one agent session
+    (its caller writes that after the first). Neither does the one statement."""
     laptop = make_orchestrator(linear_user_id="has-machine", name="laptop")
     bulk(
         pool,
@@ -437,7 +446,10 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
     bulk(pool, "INSERT INTO agent_session_stops (org_id, agent_session_id) VALUES ('org-a', 'as-stopped')")
     stopped = agent_start("has-machine", "as-stopped")
     again = agent_start("has-machine", "as-seen")  # (another delivery: a follow-up started it)
-    assert intake._one_statement(pool, stopped) is None and intake._one_statement(pool, again) is None
+    assert intake._one_statement(pool, stopped) == Ignored("agent_session_stopped", None)
+    assert intake._one_statement(pool, again) == Ignored("agent_session_started", None)
+    alone = {stopped.delivery_key, again.delivery_key}  # (recorded: they start nothing)
+    stopped, again = agent_start("has-machine", "as-stopped"), agent_start("has-machine", "as-seen")
     holder = psycopg.connect(db_url)  # another intake transaction has as-busy's turn
     holder.execute("SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key('org-a', 'as-busy'))")
     batch = [
@@ -450,17 +462,37 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
         stopped,
         again,
     ]
-    try:
+    out: list[Any] = []
+
+    def written() -> None:
         with statement(pool) as tx:
-            out = route_and_enqueue_many(tx, batch)
+            out.extend(route_and_enqueue_many(tx, batch))
+
+    try:
+        with connect(db_url) as watch:
+            t = threading.Thread(target=written, daemon=True)
+            t.start()
+            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait for as-busy's turn")
+            assert out == []  # (it waits, and has written nothing)
+            holder.rollback()
+            t.join(10)
     finally:
         holder.close()
-    assert isinstance(out[0], Routed) and isinstance(out[3], Routed)
-    assert out[1] is None and out[2] is None and out[4] is None and out[5] is None
-    assert out[6] is None and out[7] is None
+    assert all(isinstance(out[i], Routed) for i in (0, 3, 5)), out
+    assert out[2] is None  # (seen before)
+    assert out[4] is None and out[7] is None  # (as-3, as-seen again: written after the first)
+    assert out[6] == Ignored("agent_session_stopped", None)
+    unroutable = out[1]
+    assert isinstance(unroutable, Ignored) and unroutable.reason == "no_orchestrator"
+    with pool.connection() as conn:
+        told = conn.execute(
+            "SELECT id, kind, body FROM linear_notices WHERE agent_session_id = 'as-2'"
+        ).fetchall()
+    assert told == [{"id": unroutable.notice_id, "kind": "failed", "body": UNROUTABLE}]
     assert out[0].orchestrator_id == out[3].orchestrator_id == laptop.id
     recorded = deliveries(pool)
-    assert set(recorded) == {"seen-before", batch[0].delivery_key, batch[3].delivery_key}
+    assert set(recorded) == {"seen-before", *alone, *(batch[i].delivery_key for i in (0, 1, 3, 5, 6))}
+    assert {recorded[batch[i].delivery_key][0] for i in (1, 6)} == {"ignored"}
     for i in (0, 3):
         routed = out[i]
         assert isinstance(routed, Routed)
@@ -480,7 +512,7 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
         assert row["queue_id"] == routed.enqueued.queue_id and row["message_id"] == routed.enqueued.message_id
         assert row["notice_id"] == routed.enqueued.notice_id
         assert (row["notice"], row["body"]) == ("dispatched", "Queued for laptop")
-    assert row_counts(pool)["sessions"] == 3 and row_counts(pool)["queue"] == 3
+    assert row_counts(pool)["sessions"] == 4 and row_counts(pool)["queue"] == 4
 
 
 def test_a_batch_holds_starts_of_one_kind(pool: Pool, make_orchestrator: MakeOrch) -> None:

@@ -26,7 +26,7 @@ from psycopg.pq import Format
 
 from functions.app import wsgi
 from shared.delivery import intake
-from shared.delivery.queue import claim, revoke
+from shared.delivery.queue import UNROUTABLE, claim, revoke
 from shared.fleet.orchestrators import register
 from shared.linear import webhooks as linear
 from shared.linear.auth import store_static
@@ -489,7 +489,7 @@ def test_an_event_that_does_nothing_is_recorded_in_one_round_trip(db_url: str) -
         answer, trips = _round_trips(pool, lambda: _receive(pool, nothing_can_take, "d-4"))
         assert answer == {"status": "ignored", "reason": "agent_session_without_issue"}
         assert trips > 1  # the intake transaction, which also writes Linear's notice
-        assert _told(pool, "as-no-issue") == [{"kind": "failed", "body": intake.UNROUTABLE}]
+        assert _told(pool, "as-no-issue") == [{"kind": "failed", "body": UNROUTABLE}]
     finally:
         pool.close()
 
@@ -623,8 +623,8 @@ def test_an_agent_sessions_start_is_taken_in_one_round_trip(db_url: str) -> None
 
         nobody = agent_session_event(session_id="as-nobody", creator="user-without-machine")
         _, trips = _round_trips(pool, lambda: _receive(pool, nobody, "d-2"))
-        assert trips > 1  # the one statement wrote nothing; the transaction told Linear
-        assert _told(pool, "as-nobody") == [{"kind": "failed", "body": intake.UNROUTABLE}]
+        assert trips == 1  # the one statement recorded it and told Linear
+        assert _told(pool, "as-nobody") == [{"kind": "failed", "body": UNROUTABLE}]
     finally:
         pool.close()
 

@@ -39,15 +39,16 @@ verdict in SQL, so nothing waits for a decision made here between them.
 
 What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
 statement finds it under the turn), no machine for the user, a machine revoked meanwhile (the way
-is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). An issue's start
-waits for the issue's turn in its statement and decides there whether it is superseded, which
-machine, or, the user's machines differing, that Linear is asked the repository first; the one
-thing its snapshot (taken before the turn) cannot decide is a dispatch of the issue still
-undelivered, to cancel first: that start is carried out as a re-assignment (`_cancel_and_start`).
-The agent sessions' statements (start, follow-up) never wait for a turn; what they cannot decide is
-decided by the intake transaction, waiting for the turn (a turn another transaction holds, a user
-without a machine or whose machines differ, an agent session nobody holds yet or behind a start
-still waiting to be routed).
+is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). A start's statement
+(an issue's, an agent session's) waits for its turn and decides there, with reads taken after the
+turn: an issue's assignment superseded, an agent session already started or stopped (each
+recorded), which machine, no machine (an agent session's: Linear told why), or, the user's
+machines differing, that Linear is asked the repository first. The one thing it cannot decide,
+its snapshot being older than the turn, is an issue's dispatch still undelivered, to cancel
+first: that start is carried out as a re-assignment (`_cancel_and_start`). A follow-up's statement
+never waits for the turn; what it cannot decide (the turn another transaction holds, an agent
+session nobody holds yet, a start of it still waiting to be routed) is decided by the intake
+transaction.
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
@@ -87,8 +88,10 @@ from shared.delivery.queue import (
     SUPERSEDED,
     SWEEP_BATCH,
     UNDELIVERED,
+    UNROUTABLE,
     Asked,
     FollowUp,
+    Ignored,
     IssueCancel,
     IssueStart,
     MachineRevoked,
@@ -120,7 +123,6 @@ from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
 from shared.wire.messages import IssueRef, MessageKind
 
-UNROUTABLE = "No machine is registered in devpilot for the person who started this; nothing was dispatched."
 STOPPED_BEFORE_START = "Stopped before any machine started working on it."
 
 
@@ -208,24 +210,17 @@ def _transaction(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key:
 def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
     """A start for a person's machine (an issue created with an assignee, or assigned with nobody
     before; an agent session `created` by a person): its statement through the pool's group commit
-    of starts. An issue's statement waits for the issue's turn and decides the start whole
-    (`_issue_started`), but for one thing its snapshot, taken before the turn, cannot: something of
-    the issue still undelivered, to cancel first, which makes the assignment a re-assignment
+    of starts of its kind, which waits for the turn and decides the start whole (`_started`), but
+    for one thing an issue's statement cannot, its snapshot being older than the turn: a dispatch
+    of the issue still undelivered, to cancel first, which makes the assignment a re-assignment
     (`_cancel_and_start`: an unassignment lost, or handled after this). The machine chosen revoked
-    meanwhile: the statement again, in rounds. An agent session's statement never waits for its
-    turn: what it leaves, the intake transaction decides (`_start_at_once`)."""
+    meanwhile: the statement again, in rounds."""
     assert hook.org_id is not None and plan.issue is not None and plan.user_id is not None
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
     )
     start = Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
-    if plan.agent_session_id is not None:
-        done = _start_at_once(pool, start)
-        if done is not None:
-            return done
-        # (its statement was the first round)
-        return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key), ROUNDS - 1)
-    starts = _group_commit(pool, agent_sessions=False)
+    starts = _group_commit(pool, agent_sessions=plan.agent_session_id is not None)
     outcome = starts.submit(start)
     for _ in range(ROUNDS - 1):
         if outcome != REVOKED:
@@ -235,11 +230,11 @@ def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) 
         raise MachineRevoked(f"every machine chosen for issue {plan.issue.id} was revoked meanwhile")
     if outcome == UNDELIVERED:
         return _cancel_and_start(pool, hook, plan, key, content_key)
-    return _issue_started(pool, start, outcome)
+    return _started(pool, start, outcome)
 
 
-def _issue_started(pool: Pool, start: Start, outcome: RouteOutcome) -> Received:
-    """The answer to an issue's start from what its statement wrote (`route_and_enqueue_many`)."""
+def _started(pool: Pool, start: Start, outcome: RouteOutcome) -> Received:
+    """The answer to a start from what its statement wrote (`route_and_enqueue_many`)."""
     if outcome is None:
         return _duplicate(pool, start.delivery_key, start.content_key)
     if outcome == NO_MACHINE:
@@ -248,14 +243,16 @@ def _issue_started(pool: Pool, start: Start, outcome: RouteOutcome) -> Received:
         return Received({"status": "ignored", "reason": "no_orchestrator"}, recorded=True)
     if outcome == SUPERSEDED:
         return Received({"status": "ignored", "reason": "assignment_superseded"}, recorded=True)
+    if isinstance(outcome, Ignored):  # (an agent session's; Linear told why when nobody can take it)
+        told = [] if outcome.notice_id is None else [outcome.notice_id]
+        return Received({"status": "ignored", "reason": outcome.reason}, told, recorded=True)
     if isinstance(outcome, Asked):  # which of the user's machines depends on the repository
-        return Received(
-            {"status": "routing", "routeId": str(outcome.route_id)},
-            recorded=True,
-            route_ids=[outcome.route_id],
-        )
+        answer = {"status": "routing", "routeId": str(outcome.route_id)}
+        return Received(answer, recorded=True, route_ids=[outcome.route_id])
     assert isinstance(outcome, Routed), outcome
-    return Received(_dispatched(outcome.enqueued, outcome.orchestrator_id, None), recorded=True)
+    enq = outcome.enqueued
+    kind: MessageKind | None = "start" if start.message.agent_session_id else None
+    return Received(_dispatched(enq, outcome.orchestrator_id, kind), _notices(enq), recorded=True)
 
 
 def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
@@ -574,30 +571,13 @@ def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_k
     return Received(_dispatched(routed.enqueued, routed.orchestrator_id, "prompt"), recorded=True)
 
 
-def _start_at_once(pool: Pool, start: Start) -> Received | None:
-    """An agent session's start as one statement, its own transaction: the delivery recorded, the
-    agent session's turn taken, the machine chosen and the message queued (with Linear's first
-    notice) in one round trip. None: it wrote nothing (a delivery seen before, the machine chosen
-    revoked meanwhile, the user without a machine or with machines that differ, or a turn another
-    transaction has).
-
-    Starts go through the pool's group commit (`_group_commit`): starts that arrive while another
-    batch is being written are written together, in one statement and one commit (issues with
-    issues, agent sessions with agent sessions)."""
-    routed = _group_commit(pool, agent_sessions=True).submit(start)
-    if not isinstance(routed, Routed):
-        return None
-    enq = routed.enqueued
-    return Received(_dispatched(enq, routed.orchestrator_id, "start"), _notices(enq), recorded=True)
-
-
 BATCH = 64  # the most webhooks written in one statement
 # Batches of one kind (issues' starts, agent sessions' starts, follow-ups, edits) written at once:
 # with one, every caller waited for the batch ahead of it to commit (its WAL flush) while the cores
 # idled; with two, the next batch is written meanwhile (bench/README.md, "What was tried"). Two
-# batches holding one issue, or one agent session, are kept apart by its turn: the issues'
-# statement waits for each, in the order of their keys; the agent sessions' try it without waiting
-# (`free` in the starts'; `devpilot_agent_session_holder` for the follow-ups').
+# batches holding one issue, or one agent session, are kept apart by its turn: the starts'
+# statements wait for each, in the order of their keys; the follow-ups' tries it without waiting
+# (`devpilot_agent_session_holder`).
 LANES = 2
 _COMBINERS: weakref.WeakKeyDictionary[Pool, dict[str, Combiner[Any, Any]]] = weakref.WeakKeyDictionary()
 _COMBINERS_LOCK = threading.Lock()

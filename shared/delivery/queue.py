@@ -157,11 +157,24 @@ class Asked(NamedTuple):
     route_id: UUID
 
 
+class Ignored(NamedTuple):
+    """An agent session's start recorded as ignored: `reason` (`no_orchestrator`: the user has no
+    machine, and `notice_id` is Linear's `error` saying so, if the org is told; or
+    `agent_session_started` / `agent_session_stopped`: it may no longer start)."""
+
+    reason: str
+    notice_id: UUID | None
+
+
+# The `error` Linear gets for an agent session that no machine can take.
+UNROUTABLE: Final = (
+    "No machine is registered in devpilot for the person who started this; nothing was dispatched."
+)
 NO_MACHINE: Final = "no_machine"  # `route_and_enqueue` recorded a plain issue's delivery as ignored
 SUPERSEDED: Final = "superseded"  # recorded as ignored: a later assignment change of the issue was handled
 UNDELIVERED: Final = "undelivered"  # nothing written: something of the issue is undelivered (a cancel first)
 REVOKED: Final = "revoked"  # nothing written: the machine chosen was revoked meanwhile (write it again)
-RouteOutcome = Routed | Asked | Literal["no_machine", "superseded", "undelivered", "revoked"] | None
+RouteOutcome = Routed | Asked | Ignored | Literal["no_machine", "superseded", "undelivered", "revoked"] | None
 
 
 class Start(NamedTuple):
@@ -191,47 +204,29 @@ def route_and_enqueue(
     now: datetime | None = None,
     event_at: datetime | None = None,
 ) -> RouteOutcome:
-    """The webhook intake of a start with nothing to cancel first (an issue created with an
-    assignee or assigned with nothing undelivered, an agent session `created`) in one statement:
-    records the delivery (its two keys), takes the agent session's or the issue's turn, chooses the
-    user's machine by the routing policy and queues the message for it as `enqueue_dispatch` does,
-    with Linear's "Queued for" notice for an agent session (`Enqueued.notice_id`); or records a
-    plain issue's delivery as ignored when the user has no active machine. `tx` is required, as for
-    every write to the queue; a `shared.plumbing.db.statement()` makes the statement its own transaction
-    (one round trip in all). An issue's start is `route_and_enqueue_many` of one.
+    """The webhook intake of a start (an issue created with an assignee or assigned with nobody
+    before, an agent session `created` by a person) in one statement, `route_and_enqueue_many` of
+    one: the delivery recorded (its two keys), the issue's or the agent session's turn taken,
+    waiting, the user's machine chosen by the routing policy and the message queued for it as
+    `enqueue_dispatch` does, with Linear's "Queued for" notice for an agent session
+    (`Enqueued.notice_id`). `tx` is required, as for every write to the queue; a
+    `shared.plumbing.db.statement()` makes the statement its own transaction (one round trip in
+    all).
 
-    An issue's start (`route_and_enqueue_many_for_delivery`) is decided whole by the statement:
-    dispatched (`Routed`), no machine (`NO_MACHINE`), a user whose machines differ (`Asked`: the
-    routing request written), a later assignment change of the issue handled already
-    (`SUPERSEDED`, recorded), and, nothing written: the machine chosen revoked meanwhile
+    The statement decides the start whole: dispatched (`Routed`); a user whose machines differ
+    (`Asked`: the routing request written); no machine (`NO_MACHINE` for an issue, Linear not
+    told; `Ignored` for an agent session, with Linear's `error`); an issue's assignment older than
+    a change of it handled already (`SUPERSEDED`), an agent session already started or stopped
+    (`Ignored`), both recorded; and, nothing written: the machine chosen revoked meanwhile
     (`REVOKED`: write it again), something of the issue undelivered (`UNDELIVERED`: a cancel
-    first, as a re-assignment), or the delivery seen before (None).
-
-    An agent session's, None: nothing was written. The delivery was seen before (or a concurrent
-    copy committed it), the machine chosen was revoked while this waited for it, the user has no
-    machine or machines that differ, or another transaction has its turn; the caller decides in a
-    full intake transaction, which tells those apart."""
+    first, as a re-assignment), or the delivery seen before (None)."""
     tx = require_tx(tx, "route_and_enqueue")
     if not isinstance(message, DispatchPayload):
         raise TypeError("route_and_enqueue() message must be a DispatchPayload")
     if message.kind != "start":
         raise ValueError("route_and_enqueue is for a start")
-    if message.agent_session_id is None:
-        start = Start(org_id, linear_user_id, message, delivery_key, content_key, event_at)
-        return _route_and_enqueue_many(tx, [start], session_id, now)[0]
-    row = tx.one(
-        query("route_and_start_agent_session_for_delivery"),
-        {
-            **_session_params(message, session_id, now),
-            "org_id": org_id,
-            "route_user": linear_user_id,
-            "linear_user_id": linear_user_id,
-            "delivery_key": delivery_key,
-            "content_key": content_key,
-            "notice_queued": True,
-        },
-    )
-    return _route_outcome(row)
+    start = Start(org_id, linear_user_id, message, delivery_key, content_key, event_at)
+    return _route_and_enqueue_many(tx, [start], session_id, now)[0]
 
 
 class FollowUp(NamedTuple):
@@ -292,7 +287,8 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
 
 
 def _route_outcome(row: DictRow | None) -> RouteOutcome:
-    """What a row of `route_enqueue_answer` (or of the batch's answer) says was written."""
+    """What a row of a starts' statement (`route_and_enqueue_many_for_delivery`,
+    `route_and_start_agent_sessions_many_for_delivery`) says was written."""
     if row is not None and row.get("undelivered"):
         return UNDELIVERED
     if row is not None and row.get("revoked"):
@@ -303,6 +299,9 @@ def _route_outcome(row: DictRow | None) -> RouteOutcome:
         return Asked(row["route_id"])
     if row is None or row["outcome"] is None:
         return None
+    if "seen" in row and row["outcome"] == "ignored":  # (an agent session's)
+        reason = f"agent_session_{row['seen']}" if row["seen"] else "no_orchestrator"
+        return Ignored(reason, row["notice_id"])
     if row["outcome"] != "dispatched":
         return NO_MACHINE
     enqueued = Enqueued(
@@ -321,10 +320,8 @@ def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
     outcome is what `route_and_enqueue` would answer it alone, in order, and all of them commit
     together. A copy of an earlier element (its delivery key or content key again), or a second
     element of the same issue or agent session, is not written: it is answered None (the caller
-    writes it after the first: a copy then finds the first one's record, `duplicate`). An issue's
-    start waits for its turn (`route_and_enqueue_many_for_delivery`); an agent session's that
-    another transaction holds the turn of is answered None (the statement does not wait for it,
-    where the intake transaction does)."""
+    writes it after the first: a copy then finds the first one's record, `duplicate`). Each
+    element's turn is waited for, every turn of the batch in the order of the turns' keys."""
     tx = require_tx(tx, "route_and_enqueue_many")
     return _route_and_enqueue_many(tx, starts, None, None)
 
@@ -367,7 +364,7 @@ def _route_and_enqueue_many(
         if starts and agent[0]
         else "route_and_enqueue_many_for_delivery"
     )
-    rows = tx.all(query(statement), {"batch": Jsonb(batch), "now": now})
+    rows = tx.all(query(statement), {"batch": Jsonb(batch), "now": now, "unroutable": UNROUTABLE})
     out: list[RouteOutcome] = [None] * len(starts)
     for i, row in zip(written, rows, strict=True):
         out[i] = _route_outcome(row)

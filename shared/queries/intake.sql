@@ -234,8 +234,8 @@ SET stopped_at = excluded.stopped_at,
     last_stop_at = greatest(agent_session_stops.last_stop_at, excluded.last_stop_at);
 
 -- name: route
--- A fragment, the routing policy (in `record_delivery` and the statements of `route_enqueue_rows`
--- and `route_and_enqueue_many_for_delivery`, so in the intake transaction): the active
+-- A fragment, the routing policy (in `record_delivery`, `take_turns` and the starts' statements,
+-- `route_and_enqueue_many_for_delivery` and `route_and_start_agent_sessions_many_for_delivery`): the active
 -- orchestrator registered for (org, Linear user), most recently seen first, then the newest
 -- registration. For each row of `want` (org_id, route_user): a LATERAL subquery. Served by
 -- orchestrators_route_idx.

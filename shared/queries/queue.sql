@@ -112,76 +112,6 @@ s AS (
     RETURNING id, message_id, session_id, orchestrator_id
 )
 
--- name: route_and_start_agent_session_for_delivery
--- (none) -> AVAILABLE for a webhook delivery that asks for a `start` on a Linear user's machine
--- with nothing to cancel first: an agent session `created`. The whole intake in one statement. Run
--- as a transaction of its own (`shared.plumbing.db.statement`), the delivery's record, the agent session's
--- turn, the routing choice, the session and its queue row, and, for an org Linear is told about,
--- the "Queued for <machine>" thought (`queued_notice`) commit together or not at all, with no
--- BEGIN or COMMIT: one round trip where the intake transaction takes four. (`route_enqueue_rows`
--- says what each part does.) An issue's start is written by the group commit's statement
--- (`route_and_enqueue_many_for_delivery`), which takes the issue's turn.
-WITH
--- include: route_enqueue_rows
-,
--- include: queued_notice
--- include: route_enqueue_answer
-
--- name: route_enqueue_rows
--- A fragment, the CTEs of `route_and_start_agent_session_for_delivery`:
--- * `want`, `routed`: the routing policy's choice for `route_user` (`route`, intake.sql). When
---   the user's machines differ in what they have (`mixed`), nothing is written (no `machine`, and
---   no delivery record): the intake transaction then writes a routing request for the start.
--- * `turn`: the agent session's turn, taken waiting before the machine's lock as the intake
---   transaction takes it, so a stop that comes meanwhile waits for this start's commit and then
---   cancels it; and whether the agent session may start (`devpilot_agent_session_seen`, migration
---   0014, read with a snapshot taken after the turn): one already started, or stopped, gets
---   nothing written, and the intake transaction answers it. Nothing else here is read under the
---   turn: the routing choice is read before the turn in the transaction too, and the machine by
---   its lock.
--- * `machine`: that machine's row FOR KEY SHARE if it is still active: as `enqueue`'s `target`, a
---   revoke that committed while this waited is seen, and nothing is written for the machine.
--- * `d`: the delivery (its two keys, as `record_delivery`) recorded as dispatched to the new
---   session. ON CONFLICT DO NOTHING: a delivery seen before, or a concurrent copy once that
---   commits, writes nothing. (A user with no machine: nothing is written, and the intake
---   transaction tells Linear why.)
--- * `target`, then `enqueue`'s session `s` and queue row `q`, only for a dispatch.
-want AS (
-    SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user
-), routed AS (
-    SELECT r.id, r.mixed FROM want, LATERAL (
--- include: route
-    ) r
-), turn AS (
-    SELECT devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) AS seen
-), machine AS (
-    SELECT id, name, listening_until > now() AS listening
-    FROM orchestrators
-    WHERE id = (SELECT id FROM routed WHERE NOT mixed) AND revoked_at IS NULL
-      AND (SELECT seen FROM turn) IS NULL  -- (the turn comes before the lock)
-    FOR KEY SHARE
-), d AS (
-    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
-    SELECT %(delivery_key)s, %(content_key)s, c.session_id, c.outcome
-    FROM (SELECT %(session_id)s::uuid AS session_id, 'dispatched' AS outcome FROM machine) c
-    ON CONFLICT DO NOTHING
-    RETURNING outcome
-), target AS (
-    SELECT m.* FROM machine m WHERE EXISTS (SELECT FROM d WHERE d.outcome = 'dispatched')
-),
--- include: enqueue_session_rows
-
--- name: route_enqueue_answer
--- A fragment, the answer of `route_and_start_agent_session_for_delivery`, after a CTE `told` (the
--- notice written, if any), with the NOTIFY of `enqueue`. No row: nothing was written (a delivery
--- seen before, a machine revoked meanwhile, or a user with no machine). The caller then decides in
--- a full intake transaction, which tells those apart (and tells Linear about the last).
-SELECT d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
-       (SELECT id FROM told) AS notice_id,
-       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t
-        WHERE t.listening AND q.id IS NOT NULL) AS notified
-FROM d LEFT JOIN q ON true;
-
 -- name: queued_notice
 -- A fragment, after `q` and `target`: with `notice_queued`, Linear's "Queued for <machine>"
 -- thought for the agent session's start (Linear shows the agent unresponsive without an activity
@@ -1032,64 +962,94 @@ ORDER BY w.n;
 
 
 -- name: route_and_start_agent_sessions_many_for_delivery
--- (none) -> AVAILABLE: `route_and_start_agent_session_for_delivery` for several agent sessions
--- `created` together (`batch`, a JSON array, one element per webhook, numbered `n`), in one
--- statement that is its own transaction (`shared.plumbing.db.statement`): the whole batch commits together
--- or not at all, after one round trip and one commit. The caller answers no webhook before the
--- commit. Every element is judged alone, as the one statement judges it: its routing choice
--- (`route`; a user whose machines differ (`mixed`) gets nothing written), its machine's lock FOR KEY
--- SHARE (a revoke committed meanwhile is seen, and nothing is written for that element), its
--- delivery (two keys) ON CONFLICT DO NOTHING, recorded as dispatched to the new session, the
--- session and its queue row, and, for an org Linear is told about, the "Queued for <machine>"
--- thought. A user with no machine gets nothing written: the intake transaction tells Linear why.
--- One row per element, in order: `outcome` NULL means nothing was written for it.
---
--- Each element takes its agent session's turn (`agent_session_turn`) without waiting (`free`):
--- several turns taken in one statement, each waiting, could wait in a circle with another batch.
--- An element whose turn another transaction holds gets nothing written, and its intake
--- transaction waits for the turn. So does one whose agent session a message was queued for
--- already, or that was stopped (`devpilot_agent_session_seen`, migration 0014, read after the
--- turn): its intake transaction answers it. The turn is held to the commit, so a `prompted` or a stop of the
--- same agent session that comes meanwhile waits for this start and then finds it. The elements'
--- keys and agent sessions are distinct (`route_and_enqueue_many` leaves copies out): a turn is
--- re-entrant within one transaction, and a key twice would match one inserted record twice.
-WITH want AS (  -- (one JSON array: the client dumps it in C, where arrays of text are escaped in Python)
+-- (none) -> AVAILABLE: the whole intake of agent sessions `created` by a person, for one or several
+-- webhooks (`batch`, a JSON array, one element per webhook, numbered `n`), in one statement that
+-- is its own transaction (`shared.plumbing.db.statement`): the whole batch commits together or not
+-- at all, after one round trip and one commit. The caller answers no webhook before the commit.
+-- The elements' keys and agent sessions are distinct (the caller writes a second element of an
+-- agent session after the first: a turn is re-entrant within one transaction, and a key twice
+-- would match one inserted record twice).
+-- * `turns`: every element's agent session turn (`agent_session_turn`), taken waiting, before
+--   anything is read or written, in the order of the turns' keys, as `take_turns` takes a batch's.
+--   Held to the commit, so a `prompted` or a stop of the same agent session that comes meanwhile
+--   waits for this start and then finds it.
+-- * `judged`, read with a snapshot taken after the turns: whether the agent session may start
+--   (`devpilot_agent_session_seen`, migration 0014): one already started (a message queued, or a
+--   start waiting to be routed), or stopped, is recorded `ignored`, and nothing else is written.
+-- * for the rest, as an issue's start: the routing choice (`route`), the machine's lock FOR KEY
+--   SHARE (a revoke committed meanwhile: nothing is written for it, and it answers `revoked`: the
+--   caller writes it again), the delivery (two keys) ON CONFLICT DO NOTHING, recorded as
+--   dispatched to the new session, with its session and queue row and, for an org Linear is told
+--   about, the "Queued for <machine>" thought; a user with no machine: recorded `ignored`, and
+--   Linear told why (`unroutable`, the body of an `error`: the agent session waits on us); a user
+--   whose machines differ: recorded `routing`, with the start's routing request (which of them
+--   has the repository is asked of Linear after the commit).
+-- One row per element, in order: `outcome` NULL means nothing was written for it (a delivery seen
+-- before, or `revoked`).
+WITH want AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
              issue_id text, issue_identifier text, agent_session_id text, payload jsonb)
-), free AS MATERIALIZED (  -- (each agent session's turn tried once, before anything is written)
-    SELECT want.n FROM want
-    WHERE devpilot_agent_session_seen(want.org_id, want.agent_session_id, false) IS NULL
+), turns AS (
+    SELECT pg_advisory_xact_lock(k) FROM (
+        SELECT DISTINCT devpilot_agent_session_turn_key(org_id, agent_session_id) AS k FROM want ORDER BY 1
+    ) x
+), judged AS (
+    SELECT n, devpilot_agent_session_seen(org_id, agent_session_id, true) AS seen
+    FROM want WHERE (SELECT count(*) FROM turns) >= 0
 ), routed AS (
-    SELECT want.n, r.id
-    FROM want JOIN free ON free.n = want.n CROSS JOIN LATERAL (
+    SELECT want.n, r.id, r.mixed
+    FROM want JOIN judged j ON j.n = want.n AND j.seen IS NULL LEFT JOIN LATERAL (
 -- include: route
-    ) r
-    WHERE NOT r.mixed
+    ) r ON true
 ), machine AS (
-    SELECT routed.n, o.id, o.name, o.listening_until > now() AS listening
-    FROM routed JOIN orchestrators o ON o.id = routed.id
-    WHERE o.revoked_at IS NULL
+    SELECT r.n, o.id, o.name, o.listening_until > now() AS listening
+    FROM routed r JOIN orchestrators o ON o.id = r.id
+    WHERE o.revoked_at IS NULL AND NOT r.mixed
     FOR KEY SHARE OF o
-),
--- include: batch_dispatched
-, target AS (
-    SELECT m.n, m.id, m.name, m.listening, w.session_id, w.org_id, w.route_user AS linear_user_id,
-           w.issue_id, w.issue_identifier, w.agent_session_id, 'start'::text AS kind, w.payload
-    FROM machine m JOIN want w ON w.n = m.n
-    JOIN d ON d.delivery_key = w.delivery_key
+), d AS (
+    INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
+    SELECT w.delivery_key, w.content_key,
+           CASE WHEN m.id IS NOT NULL THEN w.session_id END,
+           CASE WHEN m.id IS NOT NULL THEN 'dispatched' WHEN r.mixed THEN 'routing' ELSE 'ignored' END
+    FROM want w LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
+    WHERE m.id IS NOT NULL OR r.id IS NULL OR r.mixed
+    ON CONFLICT DO NOTHING
+    RETURNING delivery_key, outcome
+), asked AS (
+    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
+                                  linear_user_id)
+    SELECT w.org_id, w.agent_session_id, w.issue_id, 'repository', w.payload, w.delivery_key, w.route_user
+    FROM want w JOIN d USING (delivery_key) WHERE d.outcome = 'routing'
+    RETURNING id, delivery_key
+), target AS (
+    SELECT n, id, listening, session_id, org_id, route_user AS linear_user_id, issue_id,
+           issue_identifier, agent_session_id, 'start'::text AS kind, payload
+    FROM machine m JOIN want w USING (n) JOIN d USING (delivery_key)
 ),
 -- include: batch_session_rows
 , told AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
-    SELECT t.org_id, q.session_id, 'dispatched', t.agent_session_id, t.issue_id,
-           'Queued for ' || t.name, jsonb_build_object('type', 'thought', 'body', 'Queued for ' || t.name)
-    FROM q JOIN target t ON t.session_id = q.session_id
-    WHERE EXISTS (SELECT FROM devpilot_notified(t.org_id))
-    RETURNING id, session_id
+    SELECT w.org_id, q.session_id, x.k, w.agent_session_id, w.issue_id, x.b,
+           CASE WHEN q.id IS NOT NULL THEN jsonb_build_object('type', 'thought', 'body', x.b) END
+    FROM want w JOIN d USING (delivery_key) JOIN routed r USING (n) LEFT JOIN machine m USING (n)
+    LEFT JOIN q USING (session_id), LATERAL (
+        SELECT CASE WHEN q.id IS NULL THEN 'failed' ELSE 'dispatched' END AS k,
+               coalesce('Queued for ' || m.name, %(unroutable)s) AS b
+    ) x
+    WHERE (q.id IS NOT NULL OR r.id IS NULL) AND EXISTS (SELECT FROM devpilot_notified(w.org_id))
+    RETURNING id, agent_session_id
 )
--- include: batch_answer
-;
+SELECT n, outcome, q.session_id, q.id AS queue_id, message_id, orchestrator_id,
+       told.id AS notice_id, a.id AS route_id, seen,
+       NOT r.mixed AND m.id IS NULL AS revoked,
+       (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening)
+FROM want w JOIN judged j USING (n) LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
+LEFT JOIN d USING (delivery_key)
+LEFT JOIN q USING (session_id)
+LEFT JOIN asked a USING (delivery_key)
+LEFT JOIN told ON told.agent_session_id = w.agent_session_id
+ORDER BY n;
 
 -- name: prompt_holders_for_delivery
 -- (none) -> AVAILABLE for `prompted` webhooks (follow-ups) in agent sessions a machine holds, one
