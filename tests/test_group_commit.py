@@ -296,6 +296,30 @@ def open_dispatches(pool: Pool, issue_id: str) -> list[Any]:
         ]
 
 
+def _written_once_the_turn_is_let_go(
+    pool: Pool, db_url: str, batch: list[Start], holder: psycopg.Connection[Any]
+) -> list[Any]:
+    """`route_and_enqueue_many(batch)`, which waits for a turn `holder` holds and has written
+    nothing meanwhile; then the turn let go (rolled back): its answer."""
+    out: list[Any] = []
+
+    def written() -> None:
+        with statement(pool) as tx:
+            out.extend(route_and_enqueue_many(tx, batch))
+
+    try:
+        with connect(db_url) as watch:
+            t = threading.Thread(target=written, daemon=True)
+            t.start()
+            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait for the turn")
+            assert out == []  # (it waits, and has written nothing)
+            holder.rollback()
+            t.join(10)
+    finally:
+        holder.close()
+    return out
+
+
 def test_an_issues_start_waits_for_its_turn_and_decides_all_but_a_cancel(
     pool: Pool, make_orchestrator: MakeOrch, db_url: str
 ) -> None:
@@ -322,22 +346,7 @@ def test_an_issues_start_waits_for_its_turn_and_decides_all_but_a_cancel(
     holder.execute(
         "SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (busy.message.issue.id,)
     )
-    out: list[Any] = []
-
-    def written() -> None:
-        with statement(pool) as tx:
-            out.extend(route_and_enqueue_many(tx, batch))
-
-    try:
-        with connect(db_url) as watch:
-            t = threading.Thread(target=written, daemon=True)
-            t.start()
-            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait for issue 4's turn")
-            assert out == []  # (it waits, and has written nothing)
-            holder.rollback()
-            t.join(10)
-    finally:
-        holder.close()
+    out = _written_once_the_turn_is_let_go(pool, db_url, batch, holder)
     assert out[0] == UNDELIVERED  # issue 1 has an undelivered dispatch: a cancel first
     assert all(isinstance(out[i], Routed) for i in (1, 2, 4, 6)), out
     assert out[3] is None  # (issue 3 again)
@@ -462,22 +471,7 @@ def test_agent_sessions_in_one_batch_are_each_answered_as_alone(
         stopped,
         again,
     ]
-    out: list[Any] = []
-
-    def written() -> None:
-        with statement(pool) as tx:
-            out.extend(route_and_enqueue_many(tx, batch))
-
-    try:
-        with connect(db_url) as watch:
-            t = threading.Thread(target=written, daemon=True)
-            t.start()
-            _wait_for(lambda: waiting_on_locks(watch) == 1, "the batch to wait for as-busy's turn")
-            assert out == []  # (it waits, and has written nothing)
-            holder.rollback()
-            t.join(10)
-    finally:
-        holder.close()
+    out = _written_once_the_turn_is_let_go(pool, db_url, batch, holder)
     assert all(isinstance(out[i], Routed) for i in (0, 3, 5)), out
     assert out[2] is None  # (seen before)
     assert out[4] is None and out[7] is None  # (as-3, as-seen again: written after the first)
