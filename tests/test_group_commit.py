@@ -394,6 +394,23 @@ def test_existing_issues_assigned_together_commit_together_and_a_reassignment_ca
         assert api.webhook(body, delivery).json()["status"] == "duplicate"
 
 
+def test_two_changes_of_one_issue_in_one_batch_are_written_one_after_the_other(api: Api) -> None:
+    """A batch's cancels run before its starts, so two changes of one issue in it would each find
+    nothing of the other's to cancel. (One process never puts them in one batch: its webhooks of an
+    issue go one at a time.) The second is written after the first, in a transaction of its own: it
+    cancels the first one's start, and one start is left, for the last assignee's machine."""
+    one, _ = api.register(user="user-1")
+    api.register(user="user-2", name="other")
+    first = api.webhook(issue_event(issue_id="iss-twice")).json()  # created, assigned to user-1
+    assert first["orchestratorId"] == one
+    to_two = change_of(assigned("iss-twice", "user-2", "user-1"), "d-twice-1")
+    back = change_of(assigned("iss-twice", "user-1", "user-2"), "d-twice-2")
+    answers = intake._change_issues(api.pool, [to_two, back])
+    assert [a.answer["status"] if a is not None else None for a in answers] == ["dispatched", "dispatched"]
+    assert answers[1] is not None and answers[1].answer["orchestratorId"] == one
+    assert open_dispatches(api.pool, "iss-twice") == [uuid.UUID(one)]  # (none left for `two`)
+
+
 def test_concurrent_assignments_of_one_issue_leave_one_start(api: Api) -> None:
     """Many people re-assigning one issue at once (each a delivery of its own, between two people's
     machines, arriving together, in any order): every webhook is answered, and the issue is left

@@ -235,6 +235,32 @@ def test_a_retried_assignment_never_undoes_a_later_change_of_the_issue(api: Api)
     assert back.json()["status"] == "dispatched"
 
 
+def test_a_retried_reassignment_after_a_later_change_is_recorded_as_ignored(api: Api) -> None:
+    """A re-assignment to someone with a machine, retried after a later change of the issue, does
+    nothing, and its delivery's record says so (`ignored`, as every delivery that does nothing), so
+    a retry after that is a duplicate of it."""
+    api.register(user="user-1", name="one")
+    _, two = api.register(user="user-2", name="two")
+    first = api.webhook(issue_event(issue_id="i-late", assignee="user-1")).json()
+    assert first["status"] == "dispatched"
+    failed = issue_event(
+        "update", issue_id="i-late", assignee="user-2", updated_from={"assigneeId": "user-1"}
+    )
+    unassigned = issue_event(
+        "update", issue_id="i-late", assignee=None, updated_from={"assigneeId": "user-1"}
+    )
+    assert api.webhook(unassigned).json()["status"] == "cancelled"
+    retried = api.webhook(failed, "d-late").json()
+    assert retried == {"status": "ignored", "reason": "assignment_superseded"}
+    with api.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT outcome FROM webhook_deliveries WHERE delivery_key = 'delivery:d-late'"
+        ).fetchone()
+    assert row == {"outcome": "ignored"}
+    assert api.post_as(two, "/claim", {"max": 10}).json()["messages"] == []
+    assert api.webhook(failed, "d-late").json()["status"] == "duplicate"
+
+
 def test_an_unreadable_updated_at_orders_nothing_and_is_not_an_error(api: Api) -> None:
     """`updatedAt` that is not a time (or is missing) leaves the event unordered: it is handled as it
     comes, never answered 4xx or 5xx for it."""

@@ -428,8 +428,11 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     answered None. A machine revoked meanwhile: the
     start's statement aborts the transaction (MachineRevoked), nothing is committed, and the group
     commit tries each change again alone (each, in its caller's rounds, seeing the revoke). One
-    answer per change, in order; None: the delivery was seen before, and nothing was written."""
-    written = firsts((c.record["key"], c.record["content_key"]) for c in changes)
+    answer per change, in order; None: the delivery was seen before, and nothing was written. A
+    second change of one issue in the batch (never from one process, whose webhooks of an issue go
+    one at a time) is written after it, in a transaction of its own, as it would be had it come
+    later: the cancels of a batch run before its starts."""
+    written = firsts((c.record["key"], c.record["content_key"], (c.org_id, c.issue_id)) for c in changes)
     try:
         with together(pool) as tx:
             turns = _take_turns(tx, [(i, changes[i].record) for i in written])
@@ -459,6 +462,10 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     out: list[Received | None] = [None] * len(changes)
     for i in written:
         out[i] = _changed(changes[i], verdicts.get(i), cancelled.get(i, []), enqueued.get(i))
+    later = [i for i in range(len(changes)) if i not in set(written)]
+    if later:  # (a second change of one issue: after the first, as if it had come later)
+        for i, received in zip(later, _change_issues(pool, [changes[i] for i in later]), strict=True):
+            out[i] = received
     return out
 
 
@@ -520,7 +527,7 @@ def _verdicts(turns: psycopg.Cursor[DictRow]) -> dict[int, DictRow]:
 
 def _why(hook: Webhook) -> str:
     """The reason a cancelled assignment dispatch gives."""
-    return f"issue {hook.action}: assignment changed" if hook.action == "update" else "issue removed"
+    return "issue removed" if hook.action == "remove" else f"issue {hook.action}: assignment changed"
 
 
 def _taken(recorded: DictRow | None) -> DictRow | Received | None:
@@ -604,9 +611,9 @@ def _combiner(
 
 def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutcome]:
     """The pool's group commit of issues' starts, or of agent sessions'. A start alone is written by
-    `_one_statement`: an agent session's then waits for its turn, as the intake transaction does.
-    Copies of one delivery in one batch are answered None by `route_and_enqueue_many`: each goes
-    on to the intake transaction, which finds the first copy's record and answers `duplicate`."""
+    `_one_statement`, the same statement with one element; every start waits for its turn. A second
+    start of one issue or agent session in a batch, a copy of a delivery included, is written after
+    the first (`_starts`): a copy then finds the first one's record, and is answered `duplicate`."""
     return _combiner(pool, "agent_sessions" if agent_sessions else "issues", _starts, _one_statement)
 
 

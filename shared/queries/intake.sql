@@ -179,9 +179,9 @@ WHERE delivery_key = %(key)s;
 -- A fragment (in `record_delivery`): serialises the intake transactions of one agent session
 -- (created, prompted, stop) until commit, so their messages take their queue order (seq) in commit
 -- order and a stop sees every earlier one, the start still committing included. Every statement
--- after it in the transaction reads a snapshot taken after the turn was granted. The one-statement
--- paths try the same turn without waiting: the group commit of agent sessions `created`, and the
--- follow-ups' through `devpilot_agent_session_holder` (migration 0013: one key).
+-- after it in the transaction reads a snapshot taken after the turn was granted. The group commit
+-- of agent sessions `created` waits for the same turn in its statement; the follow-ups' tries it
+-- without waiting (`devpilot_agent_session_holder`, migration 0013: one key).
 SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key(%(org_id)s, %(agent_session_id)s))
 WHERE %(agent_session_id)s::text IS NOT NULL
 

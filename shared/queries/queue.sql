@@ -570,9 +570,10 @@ FOR KEY SHARE;
 -- taken after them: it cancels an element's only when that statement recorded its delivery and the
 -- delivery does something (`devpilot.verdict_<n>` 'go'). The same statement writes what each
 -- delivery did: `cancelled`, with the first of its sessions cancelled, or `ignored` (nothing to
--- cancel, or a verdict 'no'); nothing for a delivery seen before (no verdict). A start with a
--- machine chosen (`devpilot.routed_<n>`) writes its own (`enqueue_routed_for_delivery`:
--- dispatched, or the transaction aborts), so this one writes nothing then. One row per session
+-- cancel, or a verdict 'no', whatever machine was chosen); nothing for a delivery seen before (no
+-- verdict). A start with a machine chosen (`devpilot.routed_<n>`) and a verdict 'go' writes its
+-- own (`enqueue_routed_for_delivery`: dispatched, or the transaction aborts), so this one writes
+-- nothing then. One row per session
 -- cancelled (`n`, `id`), in the order of `n`, then of the ids as text.
 WITH want AS (  -- (one JSON array: the client dumps it in C)
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
@@ -600,8 +601,10 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
     UPDATE webhook_deliveries d
     SET session_id = f.id, outcome = CASE WHEN f.id IS NOT NULL THEN 'cancelled' ELSE 'ignored' END
     FROM want w LEFT JOIN firsts f ON f.n = w.n
-    WHERE d.delivery_key = w.key AND current_setting('devpilot.verdict_' || w.n, true) IN ('go', 'no')
-      AND coalesce(current_setting('devpilot.routed_' || w.n, true), '') = ''
+    WHERE d.delivery_key = w.key
+      AND (current_setting('devpilot.verdict_' || w.n, true) = 'no'
+           OR current_setting('devpilot.verdict_' || w.n, true) = 'go'
+              AND coalesce(current_setting('devpilot.routed_' || w.n, true), '') = '')
 )
 SELECT n, id FROM cancelled ORDER BY n, id::text;
 
