@@ -302,6 +302,20 @@ def test_a_revoke_waits_for_an_enqueue_to_its_machine_and_moves_that_work(api: A
     assert [m["issue"]["id"] for m in messages] == [issue(1).id]
 
 
+def _answered_across_a_revoke(api: Api, db_url: str, revoked: str, event: dict[str, Any]) -> Any:
+    """`event`'s answer, sent while a revoke of `revoked` (the machine it routes to) is open: the
+    webhook waits on that machine, and the revoke moves and cancels the machine's work and commits."""
+    with connect(db_url, autocommit=False) as revoker:
+        revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
+        t, out = in_thread(lambda: api.webhook(event))
+        _blocked_by(api.pool, revoker.info.backend_pid)  # it chose the machine being revoked, and waits
+        revoker.execute(query("revoke_move_starts"), {"id": revoked})
+        revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
+        revoker.commit()
+    t.join(timeout=10)
+    return out[0]
+
+
 def test_a_webhook_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, db_url: str) -> None:
     """The other order: the revoke holds the machine's row when a webhook for its user routes to
     it. The webhook's enqueue waits for the revoke to commit, finds the machine revoked, and the
@@ -310,16 +324,7 @@ def test_a_webhook_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: Api, 
     other, _ = api.register(name="desktop")
     with api.pool.connection() as conn:  # the routing choice: the machine being revoked
         conn.execute("UPDATE orchestrators SET last_seen_at = now() WHERE id = %s", (revoked,))
-    with connect(db_url, autocommit=False) as revoker:
-        revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
-        t, out = in_thread(lambda: api.webhook(issue_event(issue_id="iss-held")))
-        # The webhook routed to the machine being revoked, and waits on it.
-        _blocked_by(api.pool, revoker.info.backend_pid)
-        revoker.execute(query("revoke_move_starts"), {"id": revoked})
-        revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
-        revoker.commit()
-    t.join(timeout=10)
-    r = out[0]
+    r = _answered_across_a_revoke(api, db_url, revoked, issue_event(issue_id="iss-held"))
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "dispatched" and r.json()["orchestratorId"] == other
     assert queue_of(api.pool) == [(other, "queued")]
@@ -477,15 +482,7 @@ def test_a_reassignment_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: 
     event = issue_event(
         "update", issue_id="iss-re-held", assignee="user-1", updated_from={"assigneeId": "user-2"}
     )
-    with connect(db_url, autocommit=False) as revoker:
-        revoker.execute(query("orchestrator_revoke"), {"id": revoked})  # the revoke, open
-        t, out = in_thread(lambda: api.webhook(event))
-        _blocked_by(api.pool, revoker.info.backend_pid)  # the re-assignment chose it, and waits
-        revoker.execute(query("revoke_move_starts"), {"id": revoked})
-        revoker.execute(query("revoke_cancel_rest"), {"id": revoked, "reason": "revoked"})
-        revoker.commit()
-    t.join(timeout=10)
-    r = out[0]
+    r = _answered_across_a_revoke(api, db_url, revoked, event)
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "dispatched" and r.json()["orchestratorId"] == other
     assert queue_of(api.pool) == [(other, "queued")]

@@ -116,7 +116,7 @@ from shared.linear.webhooks import Asks, Intent, Webhook, what_it_asks
 # and auth, the machines' repositories), Linear's notices and its auth are imported where they are
 # used: an issue's plain assignment, most of the webhooks Linear sends, needs none of them, and a
 # cold instance's first such webhook loaded them all, about 6 ms (bench/README.md, "Cold start").
-from shared.plumbing.batching import Combiner, firsts
+from shared.plumbing.batching import Combiner, firsts, one_per_key
 from shared.plumbing.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, together
 from shared.plumbing.in_order import InOrder
 from shared.plumbing.settings import Settings
@@ -307,11 +307,14 @@ def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]
     nothing was written. A second stop of one agent session in the batch (never from one process,
     whose webhooks of an agent session go one at a time) is written after it, in a transaction of
     its own, as it would be had it come later."""
+    return one_per_key(stops, lambda s: (s.org_id, s.agent_session_id), partial(_stop_distinct, pool))
+
+
+def _stop_distinct(pool: Pool, stops: list[Stop]) -> list[Received | None]:
+    """`_stop_agent_sessions` of stops of distinct agent sessions."""
     from shared.delivery import routing  # (ROUTING_ON_USE)
 
-    written = firsts(
-        (s.record["key"], s.record["content_key"], (s.org_id, s.agent_session_id)) for s in stops
-    )
+    written = firsts((s.record["key"], s.record["content_key"]) for s in stops)
     with together(pool) as tx:
         turns = _take_turns(tx, [(i, stops[i].record) for i in written])
         batch = Jsonb([_stop_element(i, stops[i]) for i in written])
@@ -330,10 +333,6 @@ def _stop_agent_sessions(pool: Pool, stops: list[Stop]) -> list[Received | None]
     out: list[Received | None] = [None] * len(stops)
     for i in written:
         out[i] = _stopped(verdicts.get(i), cancelled.get(i, []), told[i])
-    later = [i for i in range(len(stops)) if i not in set(written)]
-    if later:
-        for i, received in zip(later, _stop_agent_sessions(pool, [stops[i] for i in later]), strict=True):
-            out[i] = received
     return out
 
 
@@ -432,7 +431,12 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     second change of one issue in the batch (never from one process, whose webhooks of an issue go
     one at a time) is written after it, in a transaction of its own, as it would be had it come
     later: the cancels of a batch run before its starts."""
-    written = firsts((c.record["key"], c.record["content_key"], (c.org_id, c.issue_id)) for c in changes)
+    return one_per_key(changes, lambda c: (c.org_id, c.issue_id), partial(_change_distinct, pool))
+
+
+def _change_distinct(pool: Pool, changes: list[Change]) -> list[Received | None]:
+    """`_change_issues` of changes of distinct issues."""
+    written = firsts((c.record["key"], c.record["content_key"]) for c in changes)
     try:
         with together(pool) as tx:
             turns = _take_turns(tx, [(i, changes[i].record) for i in written])
@@ -462,10 +466,6 @@ def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
     out: list[Received | None] = [None] * len(changes)
     for i in written:
         out[i] = _changed(changes[i], verdicts.get(i), cancelled.get(i, []), enqueued.get(i))
-    later = [i for i in range(len(changes)) if i not in set(written)]
-    if later:  # (a second change of one issue: after the first, as if it had come later)
-        for i, received in zip(later, _change_issues(pool, [changes[i] for i in later]), strict=True):
-            out[i] = received
     return out
 
 
@@ -621,17 +621,14 @@ def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
     """Starts written in one statement (`route_and_enqueue_many`); a second of one issue or agent
     session (never from one process, whose webhooks of one go one at a time; a copy of a delivery,
     say) written after it, in a statement of its own, as it would be had it come later."""
-    first = firsts(((s.org_id, s.message.agent_session_id or s.message.issue.id),) for s in starts)
-    with statement(pool) as tx:
-        written = route_and_enqueue_many(tx, [starts[i] for i in first])
-    out: list[RouteOutcome] = [None] * len(starts)
-    for i, outcome in zip(first, written, strict=True):
-        out[i] = outcome
-    later = [i for i in range(len(starts)) if i not in set(first)]
-    if later:
-        for i, outcome in zip(later, _starts(pool, [starts[i] for i in later]), strict=True):
-            out[i] = outcome
-    return out
+
+    def written(batch: list[Start]) -> list[RouteOutcome]:
+        with statement(pool) as tx:
+            return route_and_enqueue_many(tx, batch)
+
+    return one_per_key(
+        starts, lambda s: (s.org_id, s.message.agent_session_id or s.message.issue.id), written
+    )
 
 
 def _follow_ups(pool: Pool) -> Combiner[FollowUp, Routed | None]:

@@ -116,3 +116,16 @@ def firsts(keys: Iterable[tuple[Hashable, ...]]) -> list[int]:
             out.append(i)
         seen.update(item_keys)
     return out
+
+
+def one_per_key(items: list[T], key: Callable[[T], Hashable], write: Callable[[list[T]], list[R]]) -> list[R]:
+    """`write`'s result for each of `items`, in order, where `write` is given no two items of one
+    `key`: the first of each key written now, in one call; the others after it, in calls of their
+    own, as they would be had they come later (a batch that holds turns by key must not hold one
+    twice: the second would find nothing of the first's)."""
+    first = firsts((key(item),) for item in items)
+    out: dict[int, R] = dict(zip(first, write([items[i] for i in first]), strict=True))
+    later = [i for i in range(len(items)) if i not in out]
+    if later:
+        out.update(zip(later, one_per_key([items[i] for i in later], key, write), strict=True))
+    return [out[i] for i in range(len(items))]

@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from shared.plumbing.batching import Combiner
+from shared.plumbing.batching import Combiner, one_per_key
 
 
 class Recorder:
@@ -171,3 +171,15 @@ def test_under_load_every_item_is_written_once_and_no_more_batches_run_than_lane
     assert sorted(rec.written) == list(range(400))
     assert rec.most_at_once == lanes
     assert c._leaders == 0 and waiting(c) == 0
+
+
+def test_one_per_key_writes_the_first_of_each_key_now_and_the_others_after() -> None:
+    calls: list[list[str]] = []
+
+    def write(batch: list[str]) -> list[str]:
+        calls.append(batch)
+        return [item.upper() for item in batch]
+
+    items = ["a1", "b1", "a2", "c1", "a3", "b2"]
+    assert one_per_key(items, lambda item: item[0], write) == [item.upper() for item in items]
+    assert calls == [["a1", "b1", "c1"], ["a2", "b2"], ["a3"]]  # (no batch holds a key twice)
