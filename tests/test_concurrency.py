@@ -531,12 +531,14 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
+def test_a_follow_up_reads_no_table_in_either_plan(
     mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
-    """The follow-ups' statement (`prompt_holders_for_delivery`) locks each holder's row by its key
-    and writes the deliveries, the sessions and their queue rows, in both plans, beside 20,000
-    queued sessions of the same org (the holder is read by a function, below)."""
+    """The follow-ups' statement (`follow_ups_for_delivery`) reaches each machine's row by its key
+    (the holder's, or the one routing chooses for an agent session nobody holds) and writes the
+    deliveries, the sessions, their queue rows and Linear's notices, in both plans, beside 20,000
+    queued sessions of the same org (the holder, the stop and the routing request are read by
+    functions, below)."""
     from psycopg.types.json import Jsonb
 
     from shared.plumbing.sql import query
@@ -550,14 +552,15 @@ def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
             start = DispatchPayload(
                 issue=IssueRef(id="i", identifier="X-1"), agent_session_id=held, kind="start"
             )
-            enqueue_dispatch(
-                tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=start
-            )
+            if i % 2 == 0:  # (held; the others nobody holds: started on the writer's machine)
+                enqueue_dispatch(
+                    tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=start
+                )
             batch.append(
                 {
                     "n": i,
                     "org_id": o.org_id,
-                    "linear_user_id": o.linear_user_id,
+                    "route_user": o.linear_user_id,
                     "delivery_key": f"delivery-{n}-{i}",
                     "content_key": f"content-{n}-{i}",
                     "session_id": str(uuid.uuid4()),
@@ -565,21 +568,27 @@ def test_a_follow_up_for_its_holder_reads_no_table_in_either_plan(
                     "issue_identifier": "X-1",
                     "agent_session_id": held,
                     "payload": replace(start, kind="prompt").wire(),
+                    "start": start.wire(),
+                    "prompt_at": None,
+                    "picked": None,
                 }
             )
-        return {"batch": Jsonb(batch), "now": None}
+        return {"batch": Jsonb(batch), "now": None, "unroutable": "none"}
 
-    plan = _steady_write_plan(db_url, mode, query("prompt_holders_for_delivery"), params)
+    plan = _steady_write_plan(db_url, mode, query("follow_ups_for_delivery"), params)
     text = json.dumps(plan)
     top = plan["QUERY PLAN"][0]["Plan"]
-    assert _relations(top) == sorted(
-        [
-            ("Index Scan", "orchestrators", "orchestrators_pkey"),
-            ("ModifyTable", "webhook_deliveries", None),
-            ("ModifyTable", "dispatch_sessions", None),
-            ("ModifyTable", "dispatch_queue", None),
-        ]
-    ), text
+    reads = [r for r in _relations(top) if r[0] != "ModifyTable"]
+    assert all(r[2] is not None for r in reads), reads  # (each by an index)
+    assert {r[1] for r in reads} == {"orchestrators", "linear_credentials", "routing_requests"}, reads
+    writes = {r[1] for r in _relations(top) if r[0] == "ModifyTable"}
+    assert writes == {
+        "webhook_deliveries",
+        "dispatch_sessions",
+        "dispatch_queue",
+        "routing_requests",
+        "linear_notices",
+    }, text
     assert top["Actual Rows"] == 4, text
     with open_pool(db_url, Settings(), min_size=1, max_size=1) as p, p.connection() as conn:
         assert conn.execute(
@@ -627,11 +636,12 @@ def _function_query_plans(
 def test_an_agent_sessions_holder_is_read_by_its_index(
     mode: str, pool: Pool, make_orchestrator: MakeOrch
 ) -> None:
-    """Who holds an agent session (`devpilot_agent_session_holder`, migration 0013: the intake
-    transaction's and a follow-up's statement's), and whether it was ever started
-    (`devpilot_agent_session_seen`, migration 0014: a `created`'s): the queries inside the functions,
-    read from the database itself, find the agent session by its index, in both plans, beside 20,000
-    queued sessions of the same org."""
+    """Who holds an agent session (`devpilot_agent_session_holder`, migration 0013: a follow-up's
+    statement's and routing's), whether it was ever started (`devpilot_agent_session_seen`,
+    migration 0014: a `created`'s) and its open routing request (`devpilot_agent_session_request`,
+    migration 0024: a follow-up's): the queries inside the functions, read from the database
+    itself, find the agent session by its index, in both plans, beside 20,000 queued sessions and
+    5,000 open routing requests of the same org."""
     o = make_orchestrator()
     fill_queue(pool, o, 20_000)
     held = DispatchPayload(issue=IssueRef(id="i", identifier="X-1"), agent_session_id="as-held", kind="start")
@@ -639,22 +649,44 @@ def test_an_agent_sessions_holder_is_read_by_its_index(
         enqueue_dispatch(
             tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=o.linear_user_id, message=held
         )
-    inside = {  # each function: its query, and its parameters' names
-        "devpilot_agent_session_holder": (r"RETURN QUERY(.*?);", ["org", "agent_session", "delivered_only"]),
+    bulk(
+        pool,
+        "INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message)"
+        " SELECT %(org)s, CASE WHEN i = 1 THEN 'as-held' ELSE 'as-' || i END, 'i', 'assignee', '{}'"
+        " FROM generate_series(1, 5000) i",
+        {"org": o.org_id},
+    )
+    inside = {  # each function: its query, its parameters' names, and the index it must read
+        "devpilot_agent_session_holder": (
+            r"RETURN QUERY(.*?);",
+            ["org", "agent_session", "delivered_only"],
+            ("dispatch_sessions", {"dispatch_sessions_agent_idx"}),
+        ),
         "devpilot_agent_session_seen": (
             r"IF EXISTS \((SELECT FROM dispatch_sessions .*?)\) THEN",
             ["org", "agent_session", "wait"],
+            ("dispatch_sessions", {"dispatch_sessions_agent_idx"}),
+        ),
+        "devpilot_agent_session_request": (
+            r"RETURN QUERY(.*?);",
+            ["org", "agent_session"],
+            # (the open requests' index, or every request's of an agent session: both by its key)
+            ("routing_requests", {"routing_requests_agent_idx", "routing_requests_conversation_idx"}),
         ),
     }
-    runs = [(o.org_id, "as-held", False), (o.org_id, "as-elsewhere", False)]
     with pool.connection() as conn:
         conn.execute("ANALYZE dispatch_sessions")
-        plans = {f: _function_query_plans(conn, mode, f, q, names, runs) for f, (q, names) in inside.items()}
-    for function, found in plans.items():
-        for plan, n in zip(found, [1, 0], strict=True):
-            scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == "dispatch_sessions"]
-            assert scans and all(r[2] == "dispatch_sessions_agent_idx" for r in scans), (function, plan)
-            assert plan[0]["Plan"]["Actual Rows"] == n, (function, plan)
+        conn.execute("ANALYZE routing_requests")
+        for function, (q, names, (table, indexes)) in inside.items():
+            runs = [
+                (o.org_id, "as-held", False)[: len(names)],
+                (o.org_id, "as-elsewhere", False)[: len(names)],
+            ]
+            found = _function_query_plans(conn, mode, function, q, names, runs)
+            for plan, n in zip(found, [1, 0], strict=True):
+                scans = [r for r in _relations(plan[0]["Plan"]) if r[1] == table]
+                assert scans and all(r[2] in indexes for r in scans), (function, plan)
+                assert plan[0]["Plan"]["Actual Rows"] == n, (function, plan)
 
 
 # Each time check a webhook's statement makes through a function: the function, the rows beside

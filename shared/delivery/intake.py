@@ -21,9 +21,8 @@
                                                               + `cancel_open_issues_for_delivery` +
                                                               `enqueue_routed_for_delivery`, together
                                                               (`_change_issues`, through the group commit)
-  `prompted`                              follow_up           `prompt_holders_for_delivery`, through the
-                                                              group commit
-  `prompted` with the `select` signal     answer              the intake transaction
+  `prompted`; with the `select` signal    follow_up; answer   `follow_ups_for_delivery`, through the group
+                                                              commit
   `prompted` with the stop signal         stop                `take_turns` + `routing_cancel_agent_session`
                                                               + `cancel_agent_session` + `record_stop` +
                                                               `stop_for_delivery`, together (`_stop_agent_
@@ -46,9 +45,10 @@ recorded), which machine, no machine (an agent session's: Linear told why), or, 
 machines differing, that Linear is asked the repository first. The one thing it cannot decide,
 its snapshot being older than the turn, is an issue's dispatch still undelivered, to cancel
 first: that start is carried out as a re-assignment (`_cancel_and_start`). A follow-up's statement
-never waits for the turn; what it cannot decide (the turn another transaction holds, an agent
-session nobody holds yet, a start of it still waiting to be routed) is decided by the intake
-transaction.
+waits for its agent session's turn too, and decides there: written before a stop (recorded), a
+`prompt` for the holder, the person's answer to a repository question, behind a start still
+waiting to be routed or for an automation's agent session (a routing request), nobody holding it
+(a start for the writer's machine, or a routing request, or Linear told no machine can take it).
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
@@ -98,8 +98,7 @@ from shared.delivery.queue import (
     Routed,
     RouteOutcome,
     Start,
-    enqueue_dispatch,
-    prompt_holders,
+    follow_ups,
     revoked_meanwhile,
     route_and_enqueue,
     route_and_enqueue_many,
@@ -221,22 +220,30 @@ def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) 
     )
     start = Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
     starts = _group_commit(pool, agent_sessions=plan.agent_session_id is not None)
-    outcome = starts.submit(start)
-    for _ in range(ROUNDS - 1):
-        if outcome != REVOKED:
-            break
-        outcome = starts.submit(start)
-    if outcome == REVOKED:
-        raise MachineRevoked(f"every machine chosen for issue {plan.issue.id} was revoked meanwhile")
+    outcome = _submitted(starts, start, f"issue {plan.issue.id}")
     if outcome == UNDELIVERED:
         return _cancel_and_start(pool, hook, plan, key, content_key)
-    return _started(pool, start, outcome)
+    return _started(pool, key, content_key, outcome)
 
 
-def _started(pool: Pool, start: Start, outcome: RouteOutcome) -> Received:
-    """The answer to a start from what its statement wrote (`route_and_enqueue_many`)."""
+def _submitted(group_commit: Combiner[Any, RouteOutcome], item: Any, what: str) -> RouteOutcome:
+    """`item` written through its group commit, again while the machine chosen was revoked
+    meanwhile (nothing written), in rounds (`ROUNDS`); the last round's revoke reaches the caller."""
+    outcome = group_commit.submit(item)
+    for _ in range(ROUNDS - 1):
+        if outcome != REVOKED:
+            return outcome
+        outcome = group_commit.submit(item)
+    if outcome == REVOKED:
+        raise MachineRevoked(f"every machine chosen for {what} was revoked meanwhile")
+    return outcome
+
+
+def _started(pool: Pool, key: str, content_key: str, outcome: RouteOutcome) -> Received:
+    """The answer to a start or a follow-up from what its statement wrote (`route_and_enqueue_many`,
+    `follow_ups`)."""
     if outcome is None:
-        return _duplicate(pool, start.delivery_key, start.content_key)
+        return _duplicate(pool, key, content_key)
     if outcome == NO_MACHINE:
         # Most assignments in a workspace go to people without a machine, and Linear is not told
         # about a plain issue.
@@ -251,20 +258,45 @@ def _started(pool: Pool, start: Start, outcome: RouteOutcome) -> Received:
         return Received(answer, recorded=True, route_ids=[outcome.route_id])
     assert isinstance(outcome, Routed), outcome
     enq = outcome.enqueued
-    kind: MessageKind | None = "start" if start.message.agent_session_id else None
-    return Received(_dispatched(enq, outcome.orchestrator_id, kind), _notices(enq), recorded=True)
+    return Received(_dispatched(enq, outcome.orchestrator_id, outcome.kind), _notices(enq), recorded=True)
 
 
 def _follow_up(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """A follow-up (`prompted`): its statement through the pool's group commit of follow-ups, for
-    the machine holding its agent session (`_prompt_at_once`); what that statement leaves (nobody
-    holds the agent session yet, a start of it waiting to be routed, its turn held), the intake
-    transaction decides."""
-    if plan.issue is not None:
-        done = _prompt_at_once(pool, hook, plan, key, content_key)
-        if done is not None:
-            return done
-    return _transaction(pool, hook, plan, key, content_key)
+    """A follow-up (`prompted`; with the `select` signal, maybe the person's answer to a repository
+    question): its statement through the pool's group commit of follow-ups (`follow_ups`), which
+    waits for the agent session's turn and decides the follow-up whole there: a `prompt` for the
+    machine that holds the agent session; nobody holding it, a start for the writer's machine, or a
+    routing request (behind a start still waiting to be routed, or to ask Linear); the answer to a
+    question; ignored (written before a stop, or no machine). The machine revoked meanwhile: the
+    statement again, in rounds."""
+    assert hook.org_id is not None and plan.agent_session_id is not None
+    message = DispatchPayload(
+        issue=plan.issue or IssueRef(id=""),
+        agent_session_id=plan.agent_session_id,
+        kind="prompt",
+        prompt=plan.prompt,
+    )
+    follow_up = FollowUp(
+        hook.org_id,
+        plan.user_id,
+        message,
+        key,
+        content_key,
+        plan.activity_at,
+        _picked(plan),
+        plan.issue is not None,
+    )
+    return _started(pool, key, content_key, _submitted(_follow_ups(pool), follow_up, "agent session"))
+
+
+def _picked(plan: Intent) -> str | None:
+    """A `select` signal's choice (its body, else its metadata's value or label); None for a plain
+    follow-up."""
+    prompt = plan.prompt
+    if prompt is None or prompt.signal != "select":
+        return None
+    meta = prompt.signal_metadata or {}
+    return prompt.body or str(meta.get("value") or meta.get("label") or "")
 
 
 def _stop(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
@@ -559,23 +591,9 @@ CARRIED_OUT_BY: dict[Asks, Way] = {
     "cancel": _cancel,
     "cancel_and_start": _cancel_and_start,
     "follow_up": _follow_up,
-    "answer": _transaction,
+    "answer": _follow_up,
     "stop": _stop,
 }
-
-
-def _prompt_at_once(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received | None:
-    """The follow-up as one statement, its own transaction (`prompt_holders`), through the pool's
-    group commit of follow-ups. None: it wrote nothing (see `prompt_holders`)."""
-    assert hook.org_id is not None and plan.issue is not None
-    message = DispatchPayload(
-        issue=plan.issue, agent_session_id=plan.agent_session_id, kind="prompt", prompt=plan.prompt
-    )
-    follow_up = FollowUp(hook.org_id, plan.user_id, message, key, content_key, plan.activity_at)
-    routed = _follow_ups(pool).submit(follow_up)
-    if routed is None:
-        return None
-    return Received(_dispatched(routed.enqueued, routed.orchestrator_id, "prompt"), recorded=True)
 
 
 BATCH = 64  # the most webhooks written in one statement
@@ -631,15 +649,18 @@ def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
     )
 
 
-def _follow_ups(pool: Pool) -> Combiner[FollowUp, Routed | None]:
-    """The pool's group commit of follow-ups for the machines that hold their agent sessions (one
-    statement alone, or several together: `prompt_holders` never waits for a turn)."""
-    return _combiner(pool, "follow_ups", _prompts)
+def _follow_ups(pool: Pool) -> Combiner[FollowUp, RouteOutcome]:
+    """The pool's group commit of follow-ups (`follow_ups`). A second follow-up of one agent session
+    in a batch, a copy of a delivery included, is written after the first."""
+    return _combiner(pool, "follow_ups", _follow_ups_written)
 
 
-def _prompts(pool: Pool, follow_ups: list[FollowUp]) -> list[Routed | None]:
-    with statement(pool) as tx:
-        return prompt_holders(tx, follow_ups)
+def _follow_ups_written(pool: Pool, batch: list[FollowUp]) -> list[RouteOutcome]:
+    def written(distinct: list[FollowUp]) -> list[RouteOutcome]:
+        with statement(pool) as tx:
+            return follow_ups(tx, distinct)
+
+    return one_per_key(batch, lambda f: (f.org_id, f.message.agent_session_id), written)
 
 
 def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
@@ -738,7 +759,7 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
         if recorded["superseded"] or recorded["seen"] is not None:
             received = _not_taken(recorded)
         else:
-            received = _apply(tx, hook, plan, recorded["routed"], key, mixed=recorded["mixed"])
+            received = _apply(tx, hook, plan, key)
         if not received.recorded:
             _finish(tx, key, received)
         return received
@@ -752,12 +773,10 @@ def _finish(tx: Tx, key: str, received: Received) -> None:
     )
 
 
-def _apply(
-    tx: Tx, hook: Webhook, plan: Intent, routed: UUID | None, key: str, *, mixed: bool = False
-) -> Received:
-    """What the event does, in the intake transaction. `routed`: the machine the routing policy
-    chose for the plan's user (chosen by `record_delivery`), or None; `key`: the delivery's key;
-    `mixed`: the user's machines differ in what they have, so a start needs its repository first."""
+def _apply(tx: Tx, hook: Webhook, plan: Intent, key: str) -> Received:
+    """What the event does, in the intake transaction: the kinds whose way it is (`CARRIED_OUT_BY`:
+    an event that Linear is told nothing can take, the app uninstalled, an agent session an
+    automation started). `key`: the delivery's key."""
     org = hook.org_id
     if org is None or plan.kind == "ignore":
         if org and plan.unroutable_notice and plan.agent_session_id:
@@ -770,140 +789,23 @@ def _apply(
 
         linear_auth.disconnect(tx, org, "the app was uninstalled from the workspace (OAuthApp revoked)")
         return Received({"status": "ignored", "reason": plan.reason})
-    if plan.kind == "prompt":
-        holder = _holder(tx, org, plan.agent_session_id, delivered_only=False)
-        if holder is not None:
-            return _dispatch(
-                tx,
-                org,
-                plan,
-                holder.orchestrator_id,
-                plan.issue or holder.issue,
-                "prompt",
-                key,
-                speaks_as=holder.speaks_as,
-            )
-        answered = _answer(tx, org, plan)
-        if answered is not None:
-            return answered
-    if (
-        plan.kind in ("dispatch", "prompt")
-        and plan.agent_session_id is not None
-        and plan.issue is not None
-        and (plan.user_id is None or _waiting_to_route(tx, org, plan.agent_session_id))
-    ):
-        # Linear must be asked whose machine takes it (no creator), or an earlier message of the
-        # conversation is still waiting for that answer: routed after the commit, in order.
-        return _route_later(tx, org, plan, key, "assignee" if plan.user_id is None else "repository")
-
-    # (An issue's cancel is not decided here: `_cancel`, `_cancel_and_start`.)
-    if plan.kind in ("dispatch", "prompt") and plan.issue and plan.user_id and routed is not None:
-        if mixed:  # which of the user's machines depends on the repository: Linear is asked first
-            return _route_later(tx, org, plan, key, "repository")
-        return _dispatch(tx, org, plan, routed, plan.issue, "start", key)
-    # Unroutable. A plain assignment to someone without a machine is most assignments in a
-    # workspace: nothing is posted. An agent session is waiting on us: Linear hears why.
-    told = (
-        _tell(tx, org, plan, "failed", UNROUTABLE) if plan.unroutable_notice and plan.agent_session_id else []
-    )
-    return Received({"status": "ignored", "reason": "no_orchestrator"}, told)
+    # An agent session an automation started: Linear must be asked whose machine takes it (the
+    # issue's assignee), routed after the commit.
+    assert plan.kind == "dispatch" and plan.user_id is None and plan.issue is not None, plan
+    return _route_to_assignee(tx, org, plan, key)
 
 
-def _dispatch(
-    tx: Tx,
-    org: str,
-    plan: Intent,
-    orch: UUID,
-    issue: IssueRef,
-    kind: MessageKind,
-    delivery_key: str | None,
-    *,
-    speaks_as: str | None = None,
-) -> Received:
-    """Queue the message, and (with `delivery_key`, when this is the webhook's answer) record the
-    delivery as dispatched to it in the same statement. `speaks_as`: the name the machine knows the
-    agent session by (one devpilot opened for a plain assignment), given in the message instead."""
-    prompt = plan.prompt if kind != "stop" else None
-    enq = enqueue_dispatch(
-        tx,
-        org_id=org,
-        orchestrator_id=orch,
-        linear_user_id=plan.user_id,
-        message=DispatchPayload(
-            issue=issue, agent_session_id=plan.agent_session_id, kind=kind, prompt=prompt
-        ),
-        delivery_key=delivery_key,
-        # Linear's first activity for a new agent session, written by the enqueue's own statement.
-        notice_queued=bool(plan.agent_session_id) and kind == "start" and delivery_key is not None,
-        speaks_as=speaks_as,
-    )
-    answer = _dispatched(enq, orch, kind if plan.agent_session_id else None)
-    return Received(answer, _notices(enq), recorded=delivery_key is not None)
-
-
-def _route_later(
-    tx: Tx, org: str, plan: Intent, key: str, need: str, cancelled: list[UUID] | None = None
-) -> Received:
-    """A start (or a follow-up behind one) routed after the commit, once Linear has been asked
-    (`need`: whose machine, or which of the user's machines has the issue's repository)."""
+def _route_to_assignee(tx: Tx, org: str, plan: Intent, key: str) -> Received:
+    """An agent session's start routed after the commit, once Linear has named the issue's assignee
+    (`shared.delivery.routing`)."""
     assert plan.issue is not None
     message = DispatchPayload(
-        issue=plan.issue,
-        agent_session_id=plan.agent_session_id,
-        kind="start" if plan.kind == "dispatch" else "prompt",
-        prompt=plan.prompt,
+        issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
     )
     from shared.delivery import routing  # (ROUTING_ON_USE)
 
-    user = plan.user_id if need == "repository" else None
-    rid = routing.request(tx, org_id=org, message=message, delivery_key=key, need=need, linear_user_id=user)
-    answer: dict[str, Any] = {"status": "routing", "routeId": str(rid)}
-    if cancelled:
-        answer["cancelledSessionId"] = str(cancelled[0])
-    return Received(answer, route_ids=[rid])
-
-
-def _answer(tx: Tx, org: str, plan: Intent) -> Received | None:
-    """A `prompted` with the `select` signal in an agent session that was asked which repository
-    (and that no machine holds yet): the person's pick completes the waiting routing request, which
-    is routed after the commit. None: nothing was asked (the choice answers the agent)."""
-    prompt = plan.prompt
-    if prompt is None or prompt.signal != "select" or plan.agent_session_id is None:
-        return None
-    meta = prompt.signal_metadata or {}
-    picked = prompt.body or str(meta.get("value") or meta.get("label") or "")
-    from shared.delivery import routing  # (ROUTING_ON_USE)
-
-    rid = routing.answer(tx, org, plan.agent_session_id, picked)
-    if rid is None:
-        return None
+    rid = routing.request(tx, org_id=org, message=message, delivery_key=key, need="assignee")
     return Received({"status": "routing", "routeId": str(rid)}, route_ids=[rid])
-
-
-@dataclass(frozen=True)
-class Holder:
-    orchestrator_id: UUID
-    issue: IssueRef
-    speaks_as: str | None  # an agent session devpilot opened: the name its machine knows it by
-
-
-def _holder(tx: Tx, org: str, agent_session_id: str | None, *, delivered_only: bool) -> Holder | None:
-    row = tx.one(
-        query("agent_session_holder"),
-        {"org_id": org, "agent_session_id": agent_session_id, "delivered_only": delivered_only},
-    )
-    if row is None:
-        return None
-    issue = IssueRef(id=row["issue_id"] or "", identifier=row["issue_identifier"])
-    opened = f"devpilot:{row['opened_for']}" if row["opened_for"] is not None else None
-    return Holder(row["orchestrator_id"], issue, opened)
-
-
-def _waiting_to_route(tx: Tx, org: str, agent_session_id: str) -> bool:
-    """An earlier message of the agent session is still waiting to be routed (`routing.waiting`)."""
-    from shared.delivery import routing  # (ROUTING_ON_USE)
-
-    return routing.waiting(tx, org, agent_session_id)
 
 
 def _tell(tx: Tx, org: str, plan: Intent, kind: str, body: str) -> list[UUID]:

@@ -33,7 +33,7 @@ from shared.plumbing.batching import firsts
 from shared.plumbing.db import Conn, Pool, Tx, lend, require_tx, statement, transaction
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query, query_with_limit
-from shared.wire.messages import TaskDispatchMessage
+from shared.wire.messages import MessageKind, TaskDispatchMessage
 
 AckStatus = Literal["acked", "claim_superseded", "not_found"]
 
@@ -144,10 +144,12 @@ def _session_params(
 # The records here are NamedTuples, cheap to define at import (docs/design.md, cold start). Being
 # tuples, one sent whole to SQL or JSON would go as a record or an array: send its fields.
 class Routed(NamedTuple):
-    """What `route_and_enqueue` queued (`enqueued`), and for which machine."""
+    """What `route_and_enqueue` (or `follow_ups`) queued (`enqueued`), and for which machine; `kind`:
+    an agent session's message says which (None: an issue's start)."""
 
     enqueued: Enqueued
     orchestrator_id: UUID
+    kind: MessageKind | None = None
 
 
 class Asked(NamedTuple):
@@ -230,9 +232,9 @@ def route_and_enqueue(
 
 
 class FollowUp(NamedTuple):
-    """A follow-up as one `prompted` webhook asks for it (`prompt_holders`): the org, the Linear
-    user who wrote it (None: an agent session an automation started), the `prompt` message, the
-    delivery's two keys."""
+    """A follow-up as one `prompted` webhook asks for it (`follow_ups`): the org, the Linear user
+    who wrote it (None: an agent session an automation started), the `prompt` message (its issue
+    the webhook's; with `issue_given` False, the webhook named none), the delivery's two keys."""
 
     org_id: str
     linear_user_id: str | None
@@ -240,25 +242,30 @@ class FollowUp(NamedTuple):
     delivery_key: str
     content_key: str
     written_at: datetime | None = None  # when the person wrote it (Linear's time; None: unknown)
+    picked: str | None = None  # a `select` signal's choice: maybe the answer to a repository question
+    issue_given: bool = True
 
 
-def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = None) -> list[Routed | None]:
-    """The webhook intake of follow-ups (`prompted`) in agent sessions a machine holds, one or
-    several, in one statement (`prompt_holders_for_delivery`): each delivery recorded, its agent
-    session's turn tried, the holder read after it and the `prompt` queued for it; all of them
-    committed together. `tx` is required, as for every write to the queue; a
-    `shared.plumbing.db.statement()` makes the statement its own transaction (one round trip in all).
+def follow_ups(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = None) -> list[RouteOutcome]:
+    """The webhook intake of follow-ups (`prompted`, the `select` signal's answers among them), one
+    or several, in one statement (`follow_ups_for_delivery`) that waits for each agent session's
+    turn, in the order of the turns' keys, and decides each whole with reads taken after it: all of
+    them committed together. `tx` is required, as for every write to the queue; a
+    `shared.plumbing.db.statement()` makes the statement its own transaction (one round trip).
 
-    Each element's outcome in order; None: nothing was written for it. Its delivery was seen before
-    (or is a copy of an earlier element's), the turn is another transaction's (or an earlier
-    element's, of the same agent session), nobody holds the agent session (or devpilot opened it
-    for a plain assignment), or the holder was revoked while this waited for its row; the caller
-    decides in a full intake transaction. So it does for a follow-up written at or before a stop of
-    its agent session (`written_at`), which does nothing."""
-    tx = require_tx(tx, "prompt_holders")
+    Each element's outcome, in order: a `prompt` queued for the machine that holds the agent
+    session, or, nobody holding it, a `start` for the writer's machine (`Routed`, its `kind` says
+    which); a routing request (`Asked`: behind a start still waiting to be routed, for an agent
+    session an automation started, for a writer whose machines differ, or the person's answer to
+    the question a request asked); recorded as ignored (`Ignored`: written at or before a stop of
+    the agent session, or no machine can take it, Linear told why); the machine revoked meanwhile
+    (`REVOKED`, nothing written: write it again); seen before (None: nothing written). A copy of an
+    earlier element, or a second element of its agent session, is answered None and not written
+    (the caller writes it after the first)."""
+    tx = require_tx(tx, "follow_ups")
     for f in follow_ups:
         if f.message.kind != "prompt" or f.message.agent_session_id is None:
-            raise ValueError("prompt_holders is for agent sessions' prompts")
+            raise ValueError("follow_ups is for agent sessions' prompts")
     written = firsts(
         (f.delivery_key, f.content_key, (f.org_id, f.message.agent_session_id)) for f in follow_ups
     )
@@ -266,24 +273,49 @@ def prompt_holders(tx: Tx, follow_ups: list[FollowUp], now: datetime | None = No
         {
             "n": n,
             "org_id": f.org_id,
-            "linear_user_id": f.linear_user_id,
+            "route_user": f.linear_user_id,
             "delivery_key": f.delivery_key,
             "content_key": f.content_key,
             "session_id": str(uuid4()),
-            "issue_id": f.message.issue.id,
+            "issue_id": f.message.issue.id if f.issue_given else None,
             "issue_identifier": f.message.issue.identifier,
             "agent_session_id": f.message.agent_session_id,
             "payload": f.message.wire(),
+            # (nobody holds the agent session: the conversation starts on the writer's machine)
+            "start": replace(f.message, kind="start").wire() if f.issue_given else None,
             "prompt_at": f.written_at.isoformat() if f.written_at is not None else None,
+            "picked": f.picked,
         }
         for n, f in enumerate(follow_ups[i] for i in written)
     ]
-    rows = tx.all(query("prompt_holders_for_delivery"), {"batch": Jsonb(batch), "now": now})
-    out: list[Routed | None] = [None] * len(follow_ups)
+    rows = tx.all(
+        query("follow_ups_for_delivery"), {"batch": Jsonb(batch), "now": now, "unroutable": UNROUTABLE}
+    )
+    out: list[RouteOutcome] = [None] * len(follow_ups)
     for i, row in zip(written, rows, strict=True):
-        routed = _route_outcome(row)
-        out[i] = routed if isinstance(routed, Routed) else None
+        out[i] = _followed(row)
     return out
+
+
+def _followed(row: DictRow) -> RouteOutcome:
+    """What a row of `follow_ups_for_delivery` says was written."""
+    if row["revoked"]:
+        return REVOKED
+    if row["outcome"] is None:
+        return None
+    if row["route_id"] is not None:
+        return Asked(row["route_id"])
+    if row["outcome"] == "ignored":
+        stopped = row["way"] == "stopped"
+        return Ignored("agent_session_stopped" if stopped else "no_orchestrator", row["notice_id"])
+    enqueued = Enqueued(
+        session_id=row["session_id"],
+        queue_id=row["queue_id"],
+        message_id=row["message_id"],
+        notice_id=row["notice_id"],
+    )
+    kind: MessageKind = "start" if row["kind"] == "start" else "prompt"
+    return Routed(enqueued, row["orchestrator_id"], kind)
 
 
 def _route_outcome(row: DictRow | None) -> RouteOutcome:
@@ -310,7 +342,7 @@ def _route_outcome(row: DictRow | None) -> RouteOutcome:
         message_id=row["message_id"],
         notice_id=row["notice_id"],
     )
-    return Routed(enqueued, row["orchestrator_id"])
+    return Routed(enqueued, row["orchestrator_id"], "start" if "seen" in row else None)
 
 
 def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:

@@ -88,25 +88,6 @@ def request(
     return UUID(str(row["id"]))
 
 
-def answer(tx: Tx, org_id: str, agent_session_id: str, choice: str) -> UUID | None:
-    """In the intake transaction of a `prompted` with the `select` signal, after the agent session's
-    turn: the person's pick completes the request that asked them (due again at once; routed after
-    the commit). None: nothing of this agent session was asked."""
-    row = require_tx(tx, "routing.answer").one(
-        query("routing_answer"), {"org_id": org_id, "agent_session_id": agent_session_id, "choice": choice}
-    )
-    return None if row is None else UUID(str(row["id"]))
-
-
-def waiting(tx: Tx, org_id: str, agent_session_id: str) -> bool:
-    """In the intake transaction, after the agent session's turn: is an earlier message of this
-    agent session still waiting to be routed? (A follow-up then waits behind it.)"""
-    row = require_tx(tx, "routing.waiting").one(
-        query("routing_open_for_agent_session"), {"org_id": org_id, "agent_session_id": agent_session_id}
-    )
-    return bool(row and row["open"])
-
-
 def cancel(tx: Tx, stops: Jsonb) -> None:
     """In a transaction of stops, after their `take_turns`: each agent session's open requests are
     done, if that statement recorded its delivery (`stops`: the batch of

@@ -194,14 +194,6 @@ WHERE %(agent_session_id)s::text IS NOT NULL
 SELECT pg_advisory_xact_lock(devpilot_issue_turn_key(%(org_id)s, %(issue_id)s))
 WHERE %(issue_id)s::text IS NOT NULL
 
--- name: agent_session_holder
--- In the intake transaction, after the agent session's turn: the machine that holds the agent
--- session, and the issue it is about (`devpilot_agent_session_holder`, migration 0013, which says
--- who holds one; `prompt_holders_for_delivery` reads it the same way). Also routing's hint, outside
--- any turn, which reads none while another transaction has the turn (`shared.delivery.routing._holder`).
-SELECT orchestrator_id, issue_id, issue_identifier, opened_for
-FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
-
 -- name: record_stop
 -- In a transaction of stops, after their agent sessions' turns: each agent session of `batch` (a
 -- JSON array, one element per stop: `n`, `org_id`, `agent_session_id`, `at`) is stopped, so a

@@ -1054,74 +1054,138 @@ LEFT JOIN asked a USING (delivery_key)
 LEFT JOIN told ON told.agent_session_id = w.agent_session_id
 ORDER BY n;
 
--- name: prompt_holders_for_delivery
--- (none) -> AVAILABLE for `prompted` webhooks (follow-ups) in agent sessions a machine holds, one
--- or several (`batch`, a JSON array, one element per webhook, numbered `n`): the whole intake in one
--- statement that is its own transaction (`shared.plumbing.db.statement`), where the intake transaction takes
--- four round trips; several follow-ups that arrive together commit together. For each element, its
--- delivery's record (two keys, ON CONFLICT DO NOTHING), the session and its queue row (a `prompt`
--- for the holder) are written, or nothing at all. One row per element, in order: `outcome` NULL
--- means nothing was written for it, and its caller decides in the intake transaction, which waits
--- for the turn and tells the cases apart (a follow-up with no holder starts the conversation, or
--- waits behind a start still being routed).
--- * `holder`: `devpilot_agent_session_holder` (migration 0013) tries each element's agent session's
---   turn without waiting (taken waiting, several turns in one statement could wait in a circle
---   with another batch) and then reads the holder with a snapshot of its own, after the lock: the
---   statement's snapshot is older than the lock, and a start (or a stop's cancels) committed by
---   the turn's previous holder must be seen. Nothing when the turn is another transaction's, when
---   nobody holds the agent session, or when devpilot opened it for a plain assignment (its machine
---   knows it by another name, which the intake transaction gives the message).
--- * `machine`: the holder's row FOR KEY SHARE if it is still active (as `enqueue`'s `target`),
---   unless the agent session was stopped at or after the follow-up was written (`prompt_at`;
---   `devpilot_agent_session_stopped_since`, migration 0016, read after the turn as the holder is):
---   the intake transaction answers that one.
--- The queue row's `seq` is taken under the turn: the prompt is ordered after every earlier message
--- of its agent session. The elements' keys and agent sessions are distinct (`prompt_holders` leaves
--- copies out): a turn is re-entrant within one transaction.
-WITH want AS (  -- (one JSON array: the client dumps it in C)
+-- name: follow_ups_for_delivery
+-- (none) -> AVAILABLE: the whole intake of follow-ups (`prompted`, the `select` signal's answers
+-- among them) for one or several webhooks (`batch`, a JSON array, one element per webhook, numbered
+-- `n`), in one statement that is its own transaction (`shared.plumbing.db.statement`): the whole
+-- batch commits together or not at all, after one round trip and one commit. The elements' keys
+-- and agent sessions are distinct (the caller writes a second element of an agent session after
+-- the first: a turn is re-entrant within one transaction).
+-- * `turns`: every element's agent session turn, taken waiting, before anything is read or
+--   written, in the order of the turns' keys, as `take_turns` takes a batch's. Held to the commit:
+--   the queue row's `seq` is taken under it, so the message is ordered after every earlier one of
+--   its agent session, and a stop that comes meanwhile finds it.
+-- * `judged`, read with snapshots taken after the turns (VOLATILE functions, migrations 0013,
+--   0016 and 0024; the statement's own snapshot is older than the turns): whether the agent
+--   session was stopped at or after the follow-up was written (`prompt_at`), its holder (the
+--   machine its latest message went to, the issue, and the name devpilot opened it under, if it
+--   did), and its open routing request (and whether that asked the person which repository).
+-- * `way`, each element's decision, in this order: `stopped`, recorded `ignored`, nothing else
+--   written; `holder`, a `prompt` for the holder (with the name the machine knows the agent
+--   session by, and the holder's issue when the webhook names none); `answer`, a `select` that
+--   answers the question its open request asked: the person's pick completes that request, due
+--   again at once (a request can only have been asked, hence visible here, before its answer was
+--   written); `none`, no issue: Linear told nothing can take it; `later`, a start still waiting to
+--   be routed (the follow-up waits behind it), or no writer to route by (Linear names the
+--   assignee): a routing request of its own; `start`, the conversation started on the writer's
+--   machine (`route`), as an agent session's `created` is, with the "Queued for" thought; the
+--   writer's machines differing: a routing request (which has the repository); no machine: Linear
+--   told why (`unroutable`).
+-- The machine (the holder, or the one chosen) is locked FOR KEY SHARE: a revoke committed meanwhile
+-- is seen, nothing is written for the element, and it answers `revoked` (the caller writes it
+-- again). The delivery (two keys) is inserted ON CONFLICT DO NOTHING: a delivery seen before
+-- writes nothing. One row per element, in order: `outcome` NULL means nothing was written for it.
+WITH want AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
-        AS w(n int, org_id text, linear_user_id text, delivery_key text, content_key text, session_id uuid,
-             issue_id text, issue_identifier text, agent_session_id text, payload jsonb, prompt_at timestamptz)
-), holder AS MATERIALIZED (  -- (the turn tried, then the holder read, in one call per element)
-    SELECT want.n, h.orchestrator_id, want.org_id, want.agent_session_id, want.prompt_at
-    FROM want CROSS JOIN LATERAL devpilot_agent_session_holder(want.org_id, want.agent_session_id, false) h
-    WHERE h.opened_for IS NULL
-), machine AS (  -- (each holder's row by its key: a join here was planned as a scan of every machine)
-    SELECT holder.n, m.id, m.listening
-    FROM holder CROSS JOIN LATERAL (
-        SELECT o.id, o.listening_until > now() AS listening
-        FROM orchestrators o
-        WHERE o.id = holder.orchestrator_id AND o.revoked_at IS NULL
+        AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
+             issue_id text, issue_identifier text, agent_session_id text, payload jsonb, start jsonb,
+             prompt_at timestamptz, picked text)
+), turns AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(k.key) FROM (
+        SELECT DISTINCT devpilot_agent_session_turn_key(w.org_id, w.agent_session_id) AS key
+        FROM want w ORDER BY 1 OFFSET 0
+    ) k
+), judged AS MATERIALIZED (
+    SELECT w.n, h.orchestrator_id AS holder, h.opened_for, h.issue_id AS h_issue, h.issue_identifier AS h_ident,
+           w.prompt_at IS NOT NULL
+           AND devpilot_agent_session_stopped_since(w.org_id, w.agent_session_id, w.prompt_at) AS stopped,
+           rq.id AS request, rq.asked
+    FROM want w
+    LEFT JOIN LATERAL devpilot_agent_session_holder(w.org_id, w.agent_session_id, false) h ON true
+    LEFT JOIN LATERAL devpilot_agent_session_request(w.org_id, w.agent_session_id) rq ON true
+    WHERE (SELECT count(*) FROM turns) >= 0
+), decided AS (
+    SELECT j.*, CASE WHEN j.stopped THEN 'stopped' WHEN j.holder IS NOT NULL THEN 'holder'
+                     WHEN w.picked IS NOT NULL AND j.asked THEN 'answer' WHEN w.issue_id IS NULL THEN 'none'
+                     WHEN j.request IS NOT NULL OR w.route_user IS NULL THEN 'later' ELSE 'start' END AS way
+    FROM want w JOIN judged j USING (n)
+), routed AS (
+    SELECT want.n, r.id, coalesce(r.mixed, false) AS mixed
+    FROM want JOIN decided way ON way.n = want.n AND way.way = 'start' LEFT JOIN LATERAL (
+-- include: route
+    ) r ON true
+), machine AS (  -- (each machine's row by its key: a join was planned as a scan of every machine)
+    SELECT x.n, x.kind, m.* FROM (
+        SELECT n, holder AS id, 'prompt' AS kind FROM decided WHERE way = 'holder'
+        UNION ALL SELECT n, id, 'start' FROM routed WHERE NOT mixed
+    ) x CROSS JOIN LATERAL (
+        SELECT o.id, o.name, o.listening_until > now() AS listening FROM orchestrators o
+        WHERE o.id = x.id AND o.revoked_at IS NULL
         FOR KEY SHARE
     ) m
-    WHERE holder.prompt_at IS NULL
-       OR NOT devpilot_agent_session_stopped_since(holder.org_id, holder.agent_session_id, holder.prompt_at)
-),
--- include: batch_dispatched
-, target AS (
-    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.linear_user_id, w.issue_id,
-           w.issue_identifier, w.agent_session_id, 'prompt'::text AS kind, w.payload
-    FROM machine m JOIN want w ON w.n = m.n
-    JOIN d ON d.delivery_key = w.delivery_key
-),
--- include: batch_session_rows
-, told AS (SELECT NULL::uuid AS id, NULL::uuid AS session_id WHERE false)  -- (no notice)
--- include: batch_answer
-;
-
--- name: batch_dispatched
--- A fragment of the batch statements of agent sessions (`route_and_start_agent_sessions_many_for_delivery`,
--- `prompt_holders_for_delivery`), after `want` (the elements) and `machine` (each element's machine,
--- locked: `n`, `id`): `d`, each element's delivery (its two keys) recorded as dispatched to its new
--- session, ON CONFLICT DO NOTHING (a delivery seen before, or a concurrent copy once that commits,
--- writes nothing for its element).
-d AS (
+), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
-    SELECT w.delivery_key, w.content_key, w.session_id, 'dispatched'
-    FROM want w JOIN machine m ON m.n = w.n
+    SELECT w.delivery_key, w.content_key, CASE WHEN m.id IS NOT NULL THEN w.session_id END, o.outcome
+    FROM want w JOIN decided way USING (n) LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n), LATERAL (
+        SELECT CASE WHEN m.id IS NOT NULL THEN 'dispatched'
+                    WHEN way IN ('answer', 'later') OR r.mixed THEN 'routing'
+                    WHEN way IN ('stopped', 'none') OR r.id IS NULL AND way = 'start' THEN 'ignored' END AS outcome
+    ) o
+    WHERE o.outcome IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
+), asked AS (
+    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
+                                  linear_user_id)
+    SELECT w.org_id, w.agent_session_id, w.issue_id,
+           CASE WHEN w.route_user IS NULL THEN 'assignee' ELSE 'repository' END, w.payload, w.delivery_key,
+           w.route_user
+    FROM want w JOIN decided way USING (n) JOIN d USING (delivery_key)
+    WHERE d.outcome = 'routing' AND way <> 'answer'
+    RETURNING id, delivery_key
+), answered AS (
+    UPDATE routing_requests r SET choice = w.picked, available_at = now()
+    FROM want w JOIN decided way USING (n) JOIN d USING (delivery_key)
+    WHERE way = 'answer' AND r.id = way.request AND r.done_at IS NULL AND r.asked_at IS NOT NULL
+), target AS (
+    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.route_user AS linear_user_id,
+           coalesce(w.issue_id, way.h_issue, '') AS issue_id,
+           CASE WHEN w.issue_id IS NULL THEN way.h_ident ELSE w.issue_identifier END AS issue_identifier,
+           w.agent_session_id, m.kind,
+           CASE WHEN m.kind = 'start' THEN w.start ELSE w.payload || jsonb_build_object(
+               'agentSessionId', coalesce('devpilot:' || way.opened_for, w.agent_session_id),
+               'issue', w.payload->'issue' || jsonb_build_object(
+                   'id', coalesce(w.issue_id, way.h_issue, ''),
+                   'identifier', CASE WHEN w.issue_id IS NULL THEN way.h_ident ELSE w.issue_identifier END))
+           END AS payload
+    FROM machine m JOIN want w USING (n) JOIN decided way USING (n) JOIN d USING (delivery_key)
+),
+-- include: batch_session_rows
+, told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT w.org_id, q.session_id, x.k, w.agent_session_id, w.issue_id, x.b,
+           CASE WHEN q.id IS NOT NULL THEN jsonb_build_object('type', 'thought', 'body', x.b) END
+    FROM want w JOIN decided way USING (n) JOIN d USING (delivery_key) LEFT JOIN routed r USING (n)
+    LEFT JOIN machine m USING (n) LEFT JOIN q USING (session_id), LATERAL (
+        SELECT CASE WHEN q.id IS NULL THEN 'failed' ELSE 'dispatched' END AS k,
+               coalesce('Queued for ' || m.name, %(unroutable)s) AS b
+    ) x
+    WHERE (m.kind = 'start' AND q.id IS NOT NULL OR way = 'none' OR way = 'start' AND r.id IS NULL)
+      AND EXISTS (SELECT FROM devpilot_notified(w.org_id))
+    RETURNING id, agent_session_id
 )
+SELECT n, outcome, way, m.kind, q.session_id, q.id AS queue_id, message_id, orchestrator_id,
+       told.id AS notice_id, coalesce(a.id, CASE WHEN way = 'answer' THEN request END) AS route_id,
+       way IN ('holder', 'start') AND m.id IS NULL AND (way = 'holder' OR r.id IS NOT NULL AND NOT r.mixed)
+       AS revoked,
+       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
+        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
+FROM want w JOIN decided way USING (n) LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
+LEFT JOIN d USING (delivery_key)
+LEFT JOIN q USING (session_id)
+LEFT JOIN asked a USING (delivery_key)
+LEFT JOIN told ON told.agent_session_id = w.agent_session_id
+ORDER BY n;
 
 -- name: batch_session_rows
 -- A fragment of the batch statements, after a CTE `target` (one row per element to write: its
@@ -1143,20 +1207,6 @@ s AS (
     FROM s JOIN target t ON t.session_id = s.id
     RETURNING id, message_id, session_id, orchestrator_id
 )
-
--- name: batch_answer
--- A fragment, the answer of the batch statements, after `want`, `d`, `target`, `q` and `told` (the
--- notices written, by session): one row per element, in order (`n`); `outcome` NULL when nothing
--- was written for it. With the NOTIFY of `enqueue`, once per listening machine.
-SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
-       told.id AS notice_id,
-       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
-        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
-FROM want w
-LEFT JOIN d ON d.delivery_key = w.delivery_key
-LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
-LEFT JOIN told ON told.session_id = q.session_id
-ORDER BY w.n
 
 -- ---------------------------------------------------------------------------------------------
 -- Operators' and the revoke's writes of the queue: run by `shared.delivery.queue` in the transaction of the

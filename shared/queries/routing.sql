@@ -18,15 +18,6 @@ VALUES (%(org_id)s, %(agent_session_id)s, %(issue_id)s, %(need)s, %(message)s, %
         %(linear_user_id)s)
 RETURNING id;
 
--- name: routing_open_for_agent_session
--- In the intake transaction, after the agent session's turn: is a request of this agent session
--- still open? A follow-up then waits behind it (a request of its own, routed after it), instead of
--- being routed on its own. The turn orders this read against the request's completion.
-SELECT EXISTS (
-    SELECT 1 FROM routing_requests
-    WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
-) AS open;
-
 -- name: routing_take
 -- Takes due open requests (those named by id or by agent session, or any when none are named),
 -- none of an org that waits for Linear's rate limit (`linear_paces`): SKIP LOCKED and a short
@@ -112,6 +103,14 @@ RETURNING r.id;
 -- include: agent_session_turn
 ;
 
+-- name: agent_session_holder
+-- In the routing transaction, after the agent session's turn (`agent_session_turn_alone`): the
+-- machine that holds the agent session, and the issue it is about (`devpilot_agent_session_holder`,
+-- migration 0013, which says who holds one; `follow_ups_for_delivery` reads it the same way). Also
+-- routing's hint, outside any turn, which reads none while another transaction has the turn.
+SELECT orchestrator_id, issue_id, issue_identifier, opened_for
+FROM devpilot_agent_session_holder(%(org_id)s, %(agent_session_id)s, %(delivered_only)s);
+
 -- name: routed_machine
 -- The routing policy (`route`) for one (org, Linear user), as a statement: the machine a start
 -- goes to, or no row.
@@ -145,7 +144,7 @@ LIMIT 1;
 -- Owner: routing (with Linear's notice, the question, in one statement).
 -- OPEN -> OPEN, asked: in the routing transaction, the person is asked which repository (Linear's
 -- `select` elicitation, into the outbox with it). The request stays open but is not due until the
--- answer comes (`routing_answer`); the candidates asked about are kept to read the answer by.
+-- answer comes (`follow_ups_for_delivery`); the candidates asked about are kept to read the answer by.
 WITH asked AS (
     UPDATE routing_requests
     SET asked_at = now(), candidates = %(candidates)s, choice = NULL, available_at = 'infinity',
@@ -158,13 +157,4 @@ SELECT org_id, 'dispatched', agent_session_id, issue_id, %(body)s,
        jsonb_build_object('type', 'elicitation', 'body', %(body)s::text), 'select', %(options)s
 FROM asked
 WHERE agent_session_id IS NOT NULL AND EXISTS (SELECT FROM devpilot_notified(org_id))
-RETURNING id;
-
--- name: routing_answer
--- In the intake transaction of a `prompted` with the `select` signal (after the agent session's
--- turn): the person's choice completes the request that asked, which is due again at once. No row:
--- nothing of this agent session was asked (the choice answers the agent, as any follow-up).
-UPDATE routing_requests SET choice = %(choice)s, available_at = now()
-WHERE org_id = %(org_id)s AND agent_session_id = %(agent_session_id)s AND done_at IS NULL
-  AND asked_at IS NOT NULL
 RETURNING id;
