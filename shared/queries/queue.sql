@@ -902,6 +902,8 @@ FROM sessions;
 -- (`want`: one JSON array, the client dumps it in C; `turns`: each lock taken as the sorted keys
 -- come, in key order; `judged`: after every turn, by functions that read with snapshots taken
 -- after it.)
+-- (`el`: each element whole, so that no statement after it joins more than three relations: the
+-- planner's search of join orders was most of its planning time.)
 WITH want AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
@@ -911,57 +913,54 @@ WITH want AS (
         SELECT DISTINCT devpilot_issue_turn_key(w.org_id, w.issue_id) AS key FROM want w ORDER BY 1 OFFSET 0
     ) k
 ), judged AS MATERIALIZED (
-    SELECT want.n,
+    SELECT want.*,
            want.event_at IS NOT NULL
            AND devpilot_issue_event_superseded(want.org_id, want.issue_id, want.event_at) AS superseded,
            NOT devpilot_issue_turn_free(want.org_id, want.issue_id) AS undelivered
     FROM want WHERE (SELECT count(*) FROM turns) >= 0
 ), routed AS (
     SELECT want.n, r.id, coalesce(r.mixed, false) AS mixed
-    FROM want JOIN judged j ON j.n = want.n AND NOT j.superseded AND NOT j.undelivered LEFT JOIN LATERAL (
+    FROM judged want LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
+    WHERE NOT want.superseded AND NOT want.undelivered
 ), machine AS (
     SELECT routed.n, o.id, o.name, o.listening_until > now() AS listening
     FROM routed JOIN orchestrators o ON o.id = routed.id
     WHERE o.revoked_at IS NULL AND NOT routed.mixed
     FOR KEY SHARE OF o
+), el AS (
+    SELECT j.*, r.n IS NOT NULL AS routing, r.id AS routed_id, r.mixed, m.id AS machine, m.listening
+    FROM judged j LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome, org_id, issue_id, event_at)
-    SELECT w.delivery_key, w.content_key,
-           CASE WHEN m.id IS NOT NULL THEN w.session_id END,
-           CASE WHEN m.id IS NOT NULL THEN 'dispatched' WHEN r.mixed THEN 'routing' ELSE 'ignored' END,
-           w.org_id, w.issue_id, w.event_at
-    FROM want w JOIN judged j ON j.n = w.n LEFT JOIN routed r ON r.n = w.n LEFT JOIN machine m ON m.n = w.n
-    WHERE j.superseded OR m.id IS NOT NULL OR (r.n IS NOT NULL AND (r.id IS NULL OR r.mixed))
+    SELECT delivery_key, content_key, CASE WHEN machine IS NOT NULL THEN session_id END,
+           CASE WHEN machine IS NOT NULL THEN 'dispatched' WHEN mixed THEN 'routing' ELSE 'ignored' END,
+           org_id, issue_id, event_at
+    FROM el
+    WHERE superseded OR machine IS NOT NULL OR routing AND (routed_id IS NULL OR mixed)
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
 ), asked AS (
     INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
                                   linear_user_id)
-    SELECT w.org_id, NULL, w.issue_id, 'repository', w.payload, w.delivery_key, w.route_user
-    FROM want w JOIN d ON d.delivery_key = w.delivery_key AND d.outcome = 'routing'
+    SELECT org_id, NULL, issue_id, 'repository', payload, delivery_key, route_user
+    FROM el JOIN d USING (delivery_key) WHERE outcome = 'routing'
     RETURNING id, delivery_key
 ), target AS (
-    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.route_user AS linear_user_id, w.issue_id,
-           w.issue_identifier, NULL::text AS agent_session_id, 'start'::text AS kind, w.payload
-    FROM machine m JOIN want w ON w.n = m.n
-    JOIN d ON d.delivery_key = w.delivery_key AND d.outcome = 'dispatched'
+    SELECT n, machine AS id, listening, session_id, org_id, route_user AS linear_user_id, issue_id,
+           issue_identifier, NULL::text AS agent_session_id, 'start' AS kind, payload
+    FROM el JOIN d USING (delivery_key) WHERE outcome = 'dispatched'
 ),
 -- include: batch_session_rows
-SELECT w.n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
-       NULL::uuid AS notice_id, a.id AS route_id, j.superseded, j.undelivered AND NOT j.superseded AS undelivered,
-       r.id IS NOT NULL AND NOT r.mixed AND m.id IS NULL AS revoked,
+SELECT n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       NULL::uuid AS notice_id, (SELECT a.id FROM asked a WHERE a.delivery_key = e.delivery_key) AS route_id,
+       superseded, undelivered AND NOT superseded AS undelivered,
+       routed_id IS NOT NULL AND NOT mixed AND machine IS NULL AS revoked,
        (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
         FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
-FROM want w
-JOIN judged j ON j.n = w.n
-LEFT JOIN routed r ON r.n = w.n
-LEFT JOIN machine m ON m.n = w.n
-LEFT JOIN d ON d.delivery_key = w.delivery_key
-LEFT JOIN q ON q.session_id = w.session_id AND d.outcome = 'dispatched'
-LEFT JOIN asked a ON a.delivery_key = w.delivery_key
-ORDER BY w.n;
+FROM el e LEFT JOIN d USING (delivery_key) LEFT JOIN q ON q.session_id = e.session_id AND d.outcome = 'dispatched'
+ORDER BY n;
 
 
 -- name: route_and_start_agent_sessions_many_for_delivery
@@ -988,7 +987,8 @@ ORDER BY w.n;
 --   whose machines differ: recorded `routing`, with the start's routing request (which of them
 --   has the repository is asked of Linear after the commit).
 -- One row per element, in order: `outcome` NULL means nothing was written for it (a delivery seen
--- before, or `revoked`).
+-- before, or `revoked`). (`el`: each element whole, so that no statement after it joins more than
+-- three relations: the planner's search of join orders was most of its planning time.)
 WITH want AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
@@ -998,60 +998,59 @@ WITH want AS (
         SELECT DISTINCT devpilot_agent_session_turn_key(org_id, agent_session_id) AS k FROM want ORDER BY 1
     ) x
 ), judged AS (
-    SELECT n, devpilot_agent_session_seen(org_id, agent_session_id, true) AS seen
+    SELECT want.*, devpilot_agent_session_seen(org_id, agent_session_id, true) AS seen
     FROM want WHERE (SELECT count(*) FROM turns) >= 0
 ), routed AS (
     SELECT want.n, r.id, r.mixed
-    FROM want JOIN judged j ON j.n = want.n AND j.seen IS NULL LEFT JOIN LATERAL (
+    FROM judged want LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
+    WHERE want.seen IS NULL
 ), machine AS (
     SELECT r.n, o.id, o.name, o.listening_until > now() AS listening
     FROM routed r JOIN orchestrators o ON o.id = r.id
     WHERE o.revoked_at IS NULL AND NOT r.mixed
     FOR KEY SHARE OF o
+), el AS (
+    SELECT j.*, r.n IS NOT NULL AS routing, r.id AS routed_id, r.mixed, m.id AS machine, m.name, m.listening
+    FROM judged j LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
-    SELECT w.delivery_key, w.content_key,
-           CASE WHEN m.id IS NOT NULL THEN w.session_id END,
-           CASE WHEN m.id IS NOT NULL THEN 'dispatched' WHEN r.mixed THEN 'routing' ELSE 'ignored' END
-    FROM want w LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
-    WHERE m.id IS NOT NULL OR r.id IS NULL OR r.mixed
+    SELECT delivery_key, content_key, CASE WHEN machine IS NOT NULL THEN session_id END,
+           CASE WHEN machine IS NOT NULL THEN 'dispatched' WHEN mixed THEN 'routing' ELSE 'ignored' END
+    FROM el
+    WHERE machine IS NOT NULL OR routed_id IS NULL OR mixed
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
 ), asked AS (
     INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
                                   linear_user_id)
-    SELECT w.org_id, w.agent_session_id, w.issue_id, 'repository', w.payload, w.delivery_key, w.route_user
-    FROM want w JOIN d USING (delivery_key) WHERE d.outcome = 'routing'
+    SELECT org_id, agent_session_id, issue_id, 'repository', payload, delivery_key, route_user
+    FROM el JOIN d USING (delivery_key) WHERE outcome = 'routing'
     RETURNING id, delivery_key
 ), target AS (
-    SELECT n, id, listening, session_id, org_id, route_user AS linear_user_id, issue_id,
-           issue_identifier, agent_session_id, 'start'::text AS kind, payload
-    FROM machine m JOIN want w USING (n) JOIN d USING (delivery_key)
+    SELECT n, machine AS id, listening, session_id, org_id, route_user AS linear_user_id, issue_id,
+           issue_identifier, agent_session_id, 'start' AS kind, payload
+    FROM el JOIN d USING (delivery_key) WHERE machine IS NOT NULL
 ),
 -- include: batch_session_rows
 , told AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
-    SELECT w.org_id, q.session_id, x.k, w.agent_session_id, w.issue_id, x.b,
+    SELECT e.org_id, q.session_id, x.k, e.agent_session_id, e.issue_id, x.b,
            CASE WHEN q.id IS NOT NULL THEN jsonb_build_object('type', 'thought', 'body', x.b) END
-    FROM want w JOIN d USING (delivery_key) JOIN routed r USING (n) LEFT JOIN machine m USING (n)
-    LEFT JOIN q USING (session_id), LATERAL (
+    FROM el e JOIN d USING (delivery_key) LEFT JOIN q USING (session_id), LATERAL (
         SELECT CASE WHEN q.id IS NULL THEN 'failed' ELSE 'dispatched' END AS k,
-               coalesce('Queued for ' || m.name, %(unroutable)s) AS b
+               coalesce('Queued for ' || e.name, %(unroutable)s) AS b
     ) x
-    WHERE (q.id IS NOT NULL OR r.id IS NULL) AND EXISTS (SELECT FROM devpilot_notified(w.org_id))
+    WHERE e.routing AND (q.id IS NOT NULL OR e.routed_id IS NULL) AND EXISTS (SELECT FROM devpilot_notified(e.org_id))
     RETURNING id, agent_session_id
 )
-SELECT n, outcome, q.session_id, q.id AS queue_id, message_id, orchestrator_id,
-       told.id AS notice_id, a.id AS route_id, seen,
-       NOT r.mixed AND m.id IS NULL AS revoked,
+SELECT n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       (SELECT t.id FROM told t WHERE t.agent_session_id = e.agent_session_id) AS notice_id,
+       (SELECT a.id FROM asked a WHERE a.delivery_key = e.delivery_key) AS route_id, seen,
+       NOT mixed AND machine IS NULL AS revoked,
        (SELECT count(pg_notify('devpilot_dispatch', t.id::text)) FROM target t WHERE t.listening)
-FROM want w JOIN judged j USING (n) LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
-LEFT JOIN d USING (delivery_key)
-LEFT JOIN q USING (session_id)
-LEFT JOIN asked a USING (delivery_key)
-LEFT JOIN told ON told.agent_session_id = w.agent_session_id
+FROM el e LEFT JOIN d USING (delivery_key) LEFT JOIN q USING (session_id)
 ORDER BY n;
 
 -- name: follow_ups_for_delivery
@@ -1085,6 +1084,8 @@ ORDER BY n;
 -- is seen, nothing is written for the element, and it answers `revoked` (the caller writes it
 -- again). The delivery (two keys) is inserted ON CONFLICT DO NOTHING: a delivery seen before
 -- writes nothing. One row per element, in order: `outcome` NULL means nothing was written for it.
+-- (`el`: each element whole, so that no statement after it joins more than three relations: the
+-- planner's search of join orders was most of its planning time.)
 WITH want AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
@@ -1096,24 +1097,28 @@ WITH want AS (
         FROM want w ORDER BY 1 OFFSET 0
     ) k
 ), judged AS MATERIALIZED (
-    SELECT w.n, h.orchestrator_id AS holder, h.opened_for, h.issue_id AS h_issue, h.issue_identifier AS h_ident,
+    SELECT w.*, h.orchestrator_id AS holder, h.opened_for, h.issue_id AS h_issue, h.issue_identifier AS h_ident,
            w.prompt_at IS NOT NULL
            AND devpilot_agent_session_stopped_since(w.org_id, w.agent_session_id, w.prompt_at) AS stopped,
            rq.id AS request, rq.asked
     FROM want w
     LEFT JOIN LATERAL devpilot_agent_session_holder(w.org_id, w.agent_session_id, false) h ON true
-    LEFT JOIN LATERAL devpilot_agent_session_request(w.org_id, w.agent_session_id) rq ON true
+    LEFT JOIN LATERAL (  -- (only for one nobody holds: a one-time filter, no call for the rest)
+        SELECT * FROM devpilot_agent_session_request(w.org_id, w.agent_session_id)
+        WHERE h.orchestrator_id IS NULL OFFSET 0
+    ) rq ON true
     WHERE (SELECT count(*) FROM turns) >= 0
 ), decided AS (
     SELECT j.*, CASE WHEN j.stopped THEN 'stopped' WHEN j.holder IS NOT NULL THEN 'holder'
-                     WHEN w.picked IS NOT NULL AND j.asked THEN 'answer' WHEN w.issue_id IS NULL THEN 'none'
-                     WHEN j.request IS NOT NULL OR w.route_user IS NULL THEN 'later' ELSE 'start' END AS way
-    FROM want w JOIN judged j USING (n)
+                     WHEN j.picked IS NOT NULL AND j.asked THEN 'answer' WHEN j.issue_id IS NULL THEN 'none'
+                     WHEN j.request IS NOT NULL OR j.route_user IS NULL THEN 'later' ELSE 'start' END AS way
+    FROM judged j
 ), routed AS (
     SELECT want.n, r.id, coalesce(r.mixed, false) AS mixed
-    FROM want JOIN decided way ON way.n = want.n AND way.way = 'start' LEFT JOIN LATERAL (
+    FROM decided want LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
+    WHERE want.way = 'start'
 ), machine AS (  -- (each machine's row by its key: a join was planned as a scan of every machine)
     SELECT x.n, x.kind, m.* FROM (
         SELECT n, holder AS id, 'prompt' AS kind FROM decided WHERE way = 'holder'
@@ -1123,69 +1128,70 @@ WITH want AS (
         WHERE o.id = x.id AND o.revoked_at IS NULL
         FOR KEY SHARE
     ) m
+), el AS (
+    SELECT e.*, r.id AS routed_id, r.mixed, m.id AS machine, m.kind, m.name, m.listening,
+           CASE WHEN m.id IS NOT NULL THEN 'dispatched'
+                WHEN e.way IN ('answer', 'later') OR r.mixed THEN 'routing'
+                WHEN e.way IN ('stopped', 'none') OR r.id IS NULL AND e.way = 'start' THEN 'ignored' END AS outcome
+    FROM decided e LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome)
-    SELECT w.delivery_key, w.content_key, CASE WHEN m.id IS NOT NULL THEN w.session_id END, o.outcome
-    FROM want w JOIN decided way USING (n) LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n), LATERAL (
-        SELECT CASE WHEN m.id IS NOT NULL THEN 'dispatched'
-                    WHEN way IN ('answer', 'later') OR r.mixed THEN 'routing'
-                    WHEN way IN ('stopped', 'none') OR r.id IS NULL AND way = 'start' THEN 'ignored' END AS outcome
-    ) o
-    WHERE o.outcome IS NOT NULL
+    SELECT e.delivery_key, e.content_key, CASE WHEN e.machine IS NOT NULL THEN e.session_id END, e.outcome
+    FROM el e WHERE e.outcome IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
 ), asked AS (
     INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
                                   linear_user_id)
-    SELECT w.org_id, w.agent_session_id, w.issue_id,
-           CASE WHEN w.route_user IS NULL THEN 'assignee' ELSE 'repository' END, w.payload, w.delivery_key,
-           w.route_user
-    FROM want w JOIN decided way USING (n) JOIN d USING (delivery_key)
-    WHERE d.outcome = 'routing' AND way <> 'answer'
+    SELECT e.org_id, e.agent_session_id, e.issue_id,
+           CASE WHEN e.route_user IS NULL THEN 'assignee' ELSE 'repository' END, e.payload, e.delivery_key,
+           e.route_user
+    FROM el e JOIN d USING (delivery_key)
+    WHERE d.outcome = 'routing' AND e.way <> 'answer'
     RETURNING id, delivery_key
 ), answered AS (
-    UPDATE routing_requests r SET choice = w.picked, available_at = now()
-    FROM want w JOIN decided way USING (n) JOIN d USING (delivery_key)
-    WHERE way = 'answer' AND r.id = way.request AND r.done_at IS NULL AND r.asked_at IS NOT NULL
+    UPDATE routing_requests r SET choice = e.picked, available_at = now()
+    FROM el e JOIN d USING (delivery_key)
+    WHERE e.way = 'answer' AND r.id = e.request AND r.done_at IS NULL AND r.asked_at IS NOT NULL
 ), target AS (
-    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.route_user AS linear_user_id,
-           coalesce(w.issue_id, way.h_issue, '') AS issue_id,
-           CASE WHEN w.issue_id IS NULL THEN way.h_ident ELSE w.issue_identifier END AS issue_identifier,
-           w.agent_session_id, m.kind,
-           CASE WHEN m.kind = 'start' THEN w.start ELSE w.payload || jsonb_build_object(
-               'agentSessionId', coalesce('devpilot:' || way.opened_for, w.agent_session_id),
-               'issue', w.payload->'issue' || jsonb_build_object(
-                   'id', coalesce(w.issue_id, way.h_issue, ''),
-                   'identifier', CASE WHEN w.issue_id IS NULL THEN way.h_ident ELSE w.issue_identifier END))
+    SELECT e.n, e.machine AS id, e.listening, e.session_id, e.org_id, e.route_user AS linear_user_id,
+           coalesce(e.issue_id, e.h_issue, '') AS issue_id,
+           CASE WHEN e.issue_id IS NULL THEN e.h_ident ELSE e.issue_identifier END AS issue_identifier,
+           e.agent_session_id, e.kind,
+           CASE WHEN e.kind = 'start' THEN e.start
+                WHEN e.opened_for IS NULL AND e.issue_id IS NOT NULL THEN e.payload
+                ELSE e.payload || jsonb_build_object(
+                    'agentSessionId', coalesce('devpilot:' || e.opened_for, e.agent_session_id),
+                    'issue', e.payload->'issue' || jsonb_build_object(
+                        'id', coalesce(e.issue_id, e.h_issue, ''),
+                        'identifier', CASE WHEN e.issue_id IS NULL THEN e.h_ident ELSE e.issue_identifier END))
            END AS payload
-    FROM machine m JOIN want w USING (n) JOIN decided way USING (n) JOIN d USING (delivery_key)
+    FROM el e JOIN d USING (delivery_key)
+    WHERE e.machine IS NOT NULL
 ),
 -- include: batch_session_rows
 , told AS (
     INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
-    SELECT w.org_id, q.session_id, x.k, w.agent_session_id, w.issue_id, x.b,
+    SELECT e.org_id, q.session_id, x.k, e.agent_session_id, e.issue_id, x.b,
            CASE WHEN q.id IS NOT NULL THEN jsonb_build_object('type', 'thought', 'body', x.b) END
-    FROM want w JOIN decided way USING (n) JOIN d USING (delivery_key) LEFT JOIN routed r USING (n)
-    LEFT JOIN machine m USING (n) LEFT JOIN q USING (session_id), LATERAL (
+    FROM el e JOIN d USING (delivery_key) LEFT JOIN q USING (session_id), LATERAL (
         SELECT CASE WHEN q.id IS NULL THEN 'failed' ELSE 'dispatched' END AS k,
-               coalesce('Queued for ' || m.name, %(unroutable)s) AS b
+               coalesce('Queued for ' || e.name, %(unroutable)s) AS b
     ) x
-    WHERE (m.kind = 'start' AND q.id IS NOT NULL OR way = 'none' OR way = 'start' AND r.id IS NULL)
-      AND EXISTS (SELECT FROM devpilot_notified(w.org_id))
+    WHERE (e.kind = 'start' AND q.id IS NOT NULL OR e.way = 'none' OR e.way = 'start' AND e.routed_id IS NULL)
+      AND EXISTS (SELECT FROM devpilot_notified(e.org_id))
     RETURNING id, agent_session_id
 )
-SELECT n, outcome, way, m.kind, q.session_id, q.id AS queue_id, message_id, orchestrator_id,
-       told.id AS notice_id, coalesce(a.id, CASE WHEN way = 'answer' THEN request END) AS route_id,
-       way IN ('holder', 'start') AND m.id IS NULL AND (way = 'holder' OR r.id IS NOT NULL AND NOT r.mixed)
+SELECT e.n, d.outcome, e.way, e.kind, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
+       (SELECT t.id FROM told t WHERE t.agent_session_id = e.agent_session_id) AS notice_id,
+       coalesce((SELECT a.id FROM asked a WHERE a.delivery_key = e.delivery_key),
+                CASE WHEN e.way = 'answer' THEN e.request END) AS route_id,
+       e.way IN ('holder', 'start') AND e.machine IS NULL AND (e.way = 'holder' OR e.routed_id IS NOT NULL AND NOT e.mixed)
        AS revoked,
        (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
         FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
-FROM want w JOIN decided way USING (n) LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
-LEFT JOIN d USING (delivery_key)
-LEFT JOIN q USING (session_id)
-LEFT JOIN asked a USING (delivery_key)
-LEFT JOIN told ON told.agent_session_id = w.agent_session_id
-ORDER BY n;
+FROM el e LEFT JOIN d USING (delivery_key) LEFT JOIN q USING (session_id)
+ORDER BY e.n;
 
 -- name: batch_session_rows
 -- A fragment of the batch statements, after a CTE `target` (one row per element to write: its
