@@ -127,7 +127,12 @@ def _vs_bare_import(cold: dict[str, Any], targets: list[str]) -> str:
     if bare is None:
         return ""
     ratios = " / ".join(str(cold[t]["vs_bare_import"]) for t in targets)
-    return f"{ratios}× the bare import ({bare['median_ms']} ms)"
+    said = f"{ratios}× the bare import ({bare['median_ms']} ms)"
+    floor = cold.get("framework_floor")  # (runs before 2026-12-07, evening, have none)
+    if floor is None:
+        return said
+    to_floor = " / ".join(str(cold[t]["vs_framework_floor"]) for t in targets)
+    return f"{said}; {to_floor}× the framework's floor ({floor['median_ms']} ms, {floor['vs_bare_import']}×)"
 
 
 def markdown(out: dict[str, Any], name: str = "latest.json") -> str:
