@@ -15,7 +15,7 @@ from shared.delivery import queue
 from shared.delivery.models import DispatchPayload, Enqueued
 from shared.delivery.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
 from shared.fleet.orchestrators import mark_listening
-from shared.plumbing.db import Pool, connect, statement, transaction
+from shared.plumbing.db import Pool, connect, jsonb_once, statement, together, transaction
 from shared.plumbing.settings import Settings
 from tests.helpers.batches import unassign
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
@@ -641,6 +641,41 @@ def test_a_one_statement_transaction_commits_its_statement_and_refuses_a_second(
     assert counts(pool) == (1, 1)
     with transaction(pool) as tx:  # and leaves its connection with no transaction open
         assert tx.one("SELECT 1 AS one") == {"one": 1}
+
+
+def test_statements_sent_together_are_one_transaction_block_all_or_nothing(
+    pool: Pool, make_orchestrator: MakeOrch
+) -> None:
+    """`together()`: its statements are one transaction block (BEGIN goes with the first, COMMIT
+    with the last, neither a statement of its own): a savepoint can be taken in it, nothing is seen
+    by another connection before its end, and a statement that fails writes none of it. A `jsonb`
+    parameter several of its statements are sent (`jsonb_once`) is the same value in each."""
+    o = make_orchestrator()
+    message = DispatchPayload(issue=issue())
+    with together(pool) as tx:
+        first = enqueue_dispatch(
+            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, message=message
+        )
+        tx.execute("SAVEPOINT inside")  # (refused outside a transaction block)
+        batch = jsonb_once([{"n": 1, "text": "é"}])
+        same = [tx.execute("SELECT %(b)s::jsonb AS b", {"b": batch}) for _ in range(2)]
+        assert counts(pool) == (0, 0)  # not committed yet
+    assert counts(pool) == (1, 1)
+    assert [c.fetchone() for c in same] == [{"b": [{"n": 1, "text": "é"}]}] * 2
+    with pytest.raises(psycopg.errors.UniqueViolation), together(pool) as tx:
+        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, message=message)
+        enqueue_dispatch(
+            tx,
+            org_id=o.org_id,
+            orchestrator_id=o.id,
+            linear_user_id=None,
+            message=message,
+            session_id=first.session_id,
+        )
+    assert counts(pool) == (1, 1)  # the first of the two rolled back with the second
+    with together(pool) as tx:  # and its connection was left with no transaction open
+        row = tx.execute("SELECT 1 AS one")
+    assert row.fetchone() == {"one": 1}
 
 
 def test_transaction_pooler_mode_sets_the_timeout_per_transaction(db_url: str) -> None:

@@ -116,7 +116,7 @@ from shared.linear.webhooks import Asks, Intent, Webhook, what_it_asks
 # used: an issue's plain assignment, most of the webhooks Linear sends, needs none of them, and a
 # cold instance's first such webhook loaded them all, about 6 ms (bench/README.md, "Cold start").
 from shared.plumbing.batching import Combiner, firsts, one_per_key
-from shared.plumbing.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, statement, together
+from shared.plumbing.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, jsonb_once, statement, together
 from shared.plumbing.in_order import InOrder
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
@@ -349,7 +349,7 @@ def _stop_distinct(pool: Pool, stops: list[Stop]) -> list[Received | None]:
     written = firsts((s.record["key"], s.record["content_key"]) for s in stops)
     with together(pool) as tx:
         turns = _take_turns(tx, [(i, stops[i].record) for i in written])
-        batch = Jsonb([_stop_element(i, stops[i]) for i in written])
+        batch = jsonb_once([_stop_element(i, stops[i]) for i in written])  # (four statements')
         routing.cancel(tx, batch)
         cancel = send_cancel_agent_sessions(tx, batch)
         # After the cancel: a release or the sweep that dead-lettered one of its messages meanwhile

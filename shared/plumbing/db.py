@@ -26,6 +26,7 @@ from psycopg.adapt import Loader
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from shared.plumbing import deadline
@@ -47,6 +48,14 @@ class JsonbLoader(Loader):
 
     def load(self, data: Buffer) -> Any:
         return _JSON.decode(str(data, "utf-8"))
+
+
+def jsonb_once(value: Any) -> Jsonb:
+    """A `jsonb` parameter that several statements of one transaction are sent (a batch's
+    elements): encoded to JSON here, once, where psycopg encodes a `Jsonb` again for each statement
+    it is bound to."""
+    data = json.dumps(value).encode()
+    return Jsonb(value, dumps=lambda _value: data)
 
 
 class Connection(psycopg.Connection[DictRow]):
