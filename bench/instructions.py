@@ -72,6 +72,9 @@ def _instructions(db_url: str, mode: str, token: str, n: int) -> int:
         "LINEAR_WEBHOOK_SECRET": SECRET,
         "BENCH_POLLER_TOKEN": token,
     }
+    if mode.startswith("kind:"):  # (under valgrind a cold first request takes seconds, and the
+        # bodies, made first, grow old)
+        env |= {"DEVPILOT_REQUEST_DEADLINE_SECONDS": "60", "DEVPILOT_WEBHOOK_TOLERANCE_SECONDS": "86400"}
     valgrind = shutil.which("valgrind")
     assert valgrind is not None, "valgrind not found (instructions.available())"
     out = subprocess.run(
@@ -103,13 +106,45 @@ def _instructions(db_url: str, mode: str, token: str, n: int) -> int:
 
 def _child(mode: str, n: int) -> None:
     """Runs under callgrind: WARMUP requests, then n more, all answered 200 (or the run fails)."""
+    if mode.startswith("kind:"):
+        _, kind, tag, total = mode.split(":")
+        _kind(kind, tag, n, int(total))
+        return
     request = {"empty_claim": _served, "webhook": _served, "enqueue": _enqueue}[mode](mode)
     for _ in range(WARMUP + n):
         request()
 
 
+def _call(wsgi: Any, path: str, body: bytes, headers: dict[str, str]) -> tuple[str, bytes]:
+    """One POST through the served WSGI app (`wsgi`), as `devpilot serve` hands it over: its
+    status and its body."""
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8080",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/json",
+        "HTTP_HOST": "127.0.0.1:8080",
+        **{"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items()},
+    }
+    statuses: list[str] = []
+    answer = wsgi(environ, lambda status, _headers, _exc=None: statuses.append(status))
+    return statuses[0], b"".join(answer)
+
+
 def _served(mode: str) -> Callable[[], None]:
-    """One request of `mode` through the served WSGI app, as `devpilot serve` hands it over."""
+    """One request of `mode` through the served WSGI app."""
     import logging
 
     from functions.app import wsgi
@@ -119,30 +154,9 @@ def _served(mode: str) -> Callable[[], None]:
     token = os.environ["BENCH_POLLER_TOKEN"]
 
     def call(path: str, body: bytes, headers: dict[str, str]) -> None:
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": "POST",
-            "PATH_INFO": path,
-            "SCRIPT_NAME": "",
-            "QUERY_STRING": "",
-            "SERVER_NAME": "127.0.0.1",
-            "SERVER_PORT": "8080",
-            "SERVER_PROTOCOL": "HTTP/1.1",
-            "wsgi.url_scheme": "http",
-            "wsgi.input": BytesIO(body),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": False,
-            "wsgi.run_once": False,
-            "wsgi.version": (1, 0),
-            "CONTENT_LENGTH": str(len(body)),
-            "CONTENT_TYPE": "application/json",
-            "HTTP_HOST": "127.0.0.1:8080",
-            **{"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items()},
-        }
-        statuses: list[str] = []
-        wsgi(environ, lambda status, _headers, _exc=None: statuses.append(status))  # type: ignore[arg-type,misc]
-        if not statuses[0].startswith("200"):
-            raise RuntimeError(f"{path} answered {statuses[0]}")
+        status, _ = _call(wsgi, path, body, headers)
+        if not status.startswith("200"):
+            raise RuntimeError(f"{path} answered {status}")
 
     def empty_claim() -> None:
         call("/claim", b'{"max": 1}', {"Authorization": f"Bearer {token}"})
@@ -156,6 +170,59 @@ def _served(mode: str) -> Callable[[], None]:
     return empty_claim if mode == "empty_claim" else webhook
 
 
+KIND_SECONDS = 0.5  # the state prepared for a kind's run: 1,500 issues to unassign, >= WARMUP + n
+
+
+def per_kind(db_url: str, kinds: list[str], n: int) -> dict[str, int]:
+    """Instructions per webhook of each of `kinds` (`bench.loadgen.KINDS`), on `db_url`."""
+    from bench import http
+    from bench import loadgen as lg
+    from bench.core import SETTINGS
+    from shared.fleet.orchestrators import register
+    from shared.plumbing.db import open_pool
+
+    if WARMUP + n > lg.prepared("unassigned", 1, KIND_SECONDS)["unassigned"]:
+        raise ValueError(f"n={n}: more than the issues prepared to unassign")
+    pool = open_pool(db_url, SETTINGS, max_size=2)
+    try:
+        machine_a = register(pool, org_id=lg.ORG, linear_user_id=lg.USER_A, name="a").id
+        register(pool, org_id=lg.ORG, linear_user_id=lg.USER_B, name="b")
+    finally:
+        pool.close()
+    http.prepare(db_url, [(k, f"{k}{m}", KIND_SECONDS) for k in kinds for m in (0, n)], 1, machine_a)
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        runs = {
+            (k, m): ex.submit(_instructions, db_url, f"kind:{k}:{k}{m}:{n}", "", m)
+            for k in kinds
+            for m in (0, n)
+        }
+        return {k: round((runs[k, n].result() - runs[k, 0].result()) / n) for k in kinds}
+
+
+def _kind(kind: str, tag: str, n: int, total: int) -> None:
+    """WARMUP webhooks of `kind`, then n more, each answered as the load generator requires; the
+    bodies of WARMUP + `total` made and signed first, in every run alike."""
+    import logging
+
+    from bench import loadgen as lg
+    from functions.app import wsgi
+    from functions.runtime import current
+    from shared.linear.webhooks import sign
+
+    logging.disable(logging.INFO)
+    nxt = lg.bodies(kind, tag, 0, 1, KIND_SECONDS)
+    bodies = [
+        (k, b, {"Linear-Signature": sign(SECRET, b), "Linear-Delivery": uuid.uuid4().hex})
+        for k, b in (nxt() for _ in range(WARMUP + total))
+    ]
+    for k, body, headers in bodies[: WARMUP + n]:
+        status, answer = _call(wsgi, "/webhook", body, headers)
+        lg.check(k, int(status[:3]), answer)
+    runtime = current()
+    if runtime is not None:  # (the notices posted after commit: their work counted too)
+        runtime.service._sender.shutdown(wait=True)
+
+
 def _enqueue(_mode: str) -> Callable[[], None]:
     from bench.core import SETTINGS, enqueuer
     from shared.plumbing.db import open_pool
@@ -167,6 +234,7 @@ def _enqueue(_mode: str) -> Callable[[], None]:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.instructions")
     ap.add_argument("--n", type=int, default=1000, help="requests counted per mode (default 1000)")
+    ap.add_argument("--kinds", help="webhook kinds of bench.loadgen to count instead, comma-separated")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -180,7 +248,8 @@ def main() -> int:
     server = BenchServer()
     try:
         started = time.monotonic()
-        counts = per_request(server.fresh("instr"), args.n)
+        db = server.fresh("instr")
+        counts = per_kind(db, args.kinds.split(","), args.n) if args.kinds else per_request(db, args.n)
     finally:
         server.close()
     print(json.dumps({"instructions_per_request": counts, "seconds": round(time.monotonic() - started)}))
