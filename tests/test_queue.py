@@ -15,7 +15,7 @@ from shared.delivery import queue
 from shared.delivery.models import DispatchPayload, Enqueued
 from shared.delivery.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
 from shared.fleet.orchestrators import mark_listening
-from shared.plumbing.db import Pool, connect, jsonb_once, statement, together, transaction
+from shared.plumbing.db import Pool, Tx, connect, jsonb_once, statement, together, transaction
 from shared.plumbing.settings import Settings
 from tests.helpers.batches import unassign
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
@@ -652,10 +652,13 @@ def test_statements_sent_together_are_one_transaction_block_all_or_nothing(
     parameter several of its statements are sent (`jsonb_once`) is the same value in each."""
     o = make_orchestrator()
     message = DispatchPayload(issue=issue())
+
+    def enqueue(tx: Tx, session_id: UUID | None = None) -> Enqueued:
+        mine = {"org_id": o.org_id, "orchestrator_id": o.id, "linear_user_id": None, "message": message}
+        return enqueue_dispatch(tx, **mine, session_id=session_id)  # type: ignore[arg-type]
+
     with together(pool) as tx:
-        first = enqueue_dispatch(
-            tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, message=message
-        )
+        first = enqueue(tx)
         tx.execute("SAVEPOINT inside")  # (refused outside a transaction block)
         batch = jsonb_once([{"n": 1, "text": "é"}])
         same = [tx.execute("SELECT %(b)s::jsonb AS b", {"b": batch}) for _ in range(2)]
@@ -663,15 +666,8 @@ def test_statements_sent_together_are_one_transaction_block_all_or_nothing(
     assert counts(pool) == (1, 1)
     assert [c.fetchone() for c in same] == [{"b": [{"n": 1, "text": "é"}]}] * 2
     with pytest.raises(psycopg.errors.UniqueViolation), together(pool) as tx:
-        enqueue_dispatch(tx, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, message=message)
-        enqueue_dispatch(
-            tx,
-            org_id=o.org_id,
-            orchestrator_id=o.id,
-            linear_user_id=None,
-            message=message,
-            session_id=first.session_id,
-        )
+        enqueue(tx)
+        enqueue(tx, session_id=first.session_id)
     assert counts(pool) == (1, 1)  # the first of the two rolled back with the second
     with together(pool) as tx:  # and its connection was left with no transaction open
         row = tx.execute("SELECT 1 AS one")

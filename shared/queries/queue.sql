@@ -1034,17 +1034,9 @@ WITH want AS (
     FROM el JOIN d USING (delivery_key) WHERE machine IS NOT NULL
 ),
 -- include: batch_session_rows
-, told AS (
-    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
-    SELECT e.org_id, q.session_id, x.k, e.agent_session_id, e.issue_id, x.b,
-           CASE WHEN q.id IS NOT NULL THEN jsonb_build_object('type', 'thought', 'body', x.b) END
-    FROM el e JOIN d USING (delivery_key) LEFT JOIN q USING (session_id), LATERAL (
-        SELECT CASE WHEN q.id IS NULL THEN 'failed' ELSE 'dispatched' END AS k,
-               coalesce('Queued for ' || e.name, %(unroutable)s) AS b
-    ) x
-    WHERE e.routing AND (q.id IS NOT NULL OR e.routed_id IS NULL) AND EXISTS (SELECT FROM devpilot_notified(e.org_id))
-    RETURNING id, agent_session_id
-)
+,
+-- include: agent_session_notices
+
 SELECT n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
        (SELECT t.id FROM told t WHERE t.agent_session_id = e.agent_session_id) AS notice_id,
        (SELECT a.id FROM asked a WHERE a.delivery_key = e.delivery_key) AS route_id, seen,
@@ -1129,8 +1121,8 @@ WITH want AS (
         FOR KEY SHARE
     ) m
 ), el AS (
-    SELECT e.*, r.id AS routed_id, r.mixed, m.id AS machine, m.kind, m.name, m.listening,
-           CASE WHEN m.id IS NOT NULL THEN 'dispatched'
+    SELECT e.*, e.way IN ('start', 'none') AS routing, r.id AS routed_id, r.mixed, m.id AS machine, m.kind,
+           m.name, m.listening, CASE WHEN m.id IS NOT NULL THEN 'dispatched'
                 WHEN e.way IN ('answer', 'later') OR r.mixed THEN 'routing'
                 WHEN e.way IN ('stopped', 'none') OR r.id IS NULL AND e.way = 'start' THEN 'ignored' END AS outcome
     FROM decided e LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
@@ -1170,18 +1162,9 @@ WITH want AS (
     WHERE e.machine IS NOT NULL
 ),
 -- include: batch_session_rows
-, told AS (
-    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
-    SELECT e.org_id, q.session_id, x.k, e.agent_session_id, e.issue_id, x.b,
-           CASE WHEN q.id IS NOT NULL THEN jsonb_build_object('type', 'thought', 'body', x.b) END
-    FROM el e JOIN d USING (delivery_key) LEFT JOIN q USING (session_id), LATERAL (
-        SELECT CASE WHEN q.id IS NULL THEN 'failed' ELSE 'dispatched' END AS k,
-               coalesce('Queued for ' || e.name, %(unroutable)s) AS b
-    ) x
-    WHERE (e.kind = 'start' AND q.id IS NOT NULL OR e.way = 'none' OR e.way = 'start' AND e.routed_id IS NULL)
-      AND EXISTS (SELECT FROM devpilot_notified(e.org_id))
-    RETURNING id, agent_session_id
-)
+,
+-- include: agent_session_notices
+
 SELECT e.n, d.outcome, e.way, e.kind, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
        (SELECT t.id FROM told t WHERE t.agent_session_id = e.agent_session_id) AS notice_id,
        coalesce((SELECT a.id FROM asked a WHERE a.delivery_key = e.delivery_key),
@@ -1192,6 +1175,25 @@ SELECT e.n, d.outcome, e.way, e.kind, q.session_id, q.id AS queue_id, q.message_
         FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
 FROM el e LEFT JOIN d USING (delivery_key) LEFT JOIN q USING (session_id)
 ORDER BY e.n;
+
+-- name: agent_session_notices
+-- A fragment, the notices of the agent sessions' batch statements
+-- (`route_and_start_agent_sessions_many_for_delivery`, `follow_ups_for_delivery`), after `el` (each
+-- element: `routing`, routed as a start; `routed_id`, the machine routing chose, NULL for none;
+-- `name`, the machine's), `d` and `q`: `told`, for an org Linear is told about, Linear's "Queued
+-- for <machine>" thought for a start queued, and its `error` (`unroutable`) for one no machine can
+-- take. Each commits with its element's rows or not at all, and is posted after the commit.
+told AS (
+    INSERT INTO linear_notices (org_id, session_id, kind, agent_session_id, issue_id, body, content)
+    SELECT e.org_id, q.session_id, x.k, e.agent_session_id, e.issue_id, x.b,
+           CASE WHEN q.id IS NOT NULL THEN jsonb_build_object('type', 'thought', 'body', x.b) END
+    FROM el e JOIN d USING (delivery_key) LEFT JOIN q USING (session_id), LATERAL (
+        SELECT CASE WHEN q.id IS NULL THEN 'failed' ELSE 'dispatched' END AS k,
+               coalesce('Queued for ' || e.name, %(unroutable)s) AS b
+    ) x
+    WHERE e.routing AND (q.id IS NOT NULL OR e.routed_id IS NULL) AND EXISTS (SELECT FROM devpilot_notified(e.org_id))
+    RETURNING id, agent_session_id
+)
 
 -- name: batch_session_rows
 -- A fragment of the batch statements, after a CTE `target` (one row per element to write: its
