@@ -200,10 +200,10 @@ def _duplicate(pool: Pool, key: str, content_key: str) -> Received:
 
 
 def _transaction(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """The intake transaction (`_receive`), in rounds: the way of the kinds that need decisions
-    made between its statements (a stop, an answer, a start Linear must route, an unroutable agent
-    session, the app uninstalled)."""
-    return _in_rounds(lambda: _receive(pool, hook, plan, key, content_key))
+    """The intake transaction (`_receive`): the way of the kinds that queue nothing, so no machine
+    chosen can be revoked under them (an agent session with no issue, the app uninstalled, a start
+    Linear must route; a stop of a webhook without an org)."""
+    return _receive(pool, hook, plan, key, content_key)
 
 
 def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
@@ -541,7 +541,6 @@ def _take_turns(tx: Tx, records: list[tuple[int, dict[str, Any]]]) -> psycopg.Cu
             **record,
             "n": n,
             "event_at": _iso(record["event_at"]),
-            "prompt_at": _iso(record["prompt_at"]),
         }
         for n, record in records
     ]
@@ -722,7 +721,7 @@ def _notices(enq: Enqueued) -> list[UUID]:
 
 def _record_params(hook: Webhook, plan: Intent, key: str, content_key: str) -> dict[str, Any]:
     """The parameters of `record_delivery` (and `take_turns`) for this event."""
-    routing = plan.kind in ("dispatch", "prompt") and plan.issue is not None and hook.org_id is not None
+    routing = plan.kind == "dispatch" and plan.issue is not None and hook.org_id is not None
     # The events of one agent session that do something take turns (`agent_session_turn`), and so
     # do the assignment events of one issue (`issue_turn`: a cancel is decided, and the group
     # commit's statement tries the same turn).
@@ -740,8 +739,6 @@ def _record_params(hook: Webhook, plan: Intent, key: str, content_key: str) -> d
         "event_at": plan.event_at if issue_turn is not None else None,
         # (an agent session `created`: may it still start?)
         "created": turn and plan.kind == "dispatch" and plan.agent_session_id is not None,
-        # (a follow-up: was it written before a stop of its agent session?)
-        "prompt_at": plan.activity_at if turn and plan.kind == "prompt" else None,
     }
 
 

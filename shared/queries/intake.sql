@@ -6,10 +6,6 @@
 -- content (`content_key`: the same change through two webhooks, or a replay under a new id). The
 -- first transaction to insert either key wins; a concurrent duplicate waits on the key and then
 -- inserts nothing (no "select, then insert" race). No row returned: seen before.
--- The same statement makes the routing choice for the Linear user the event would go to
--- (`route_user`; NULL: nobody, and `routed` is NULL), so a dispatched webhook costs one round trip
--- less. The choice commits with the dispatch; an enqueue to a machine revoked meanwhile writes
--- nothing, and the intake decides again (`enqueue` in queue.sql).
 -- For an event of an agent session (`agent_session_id`; NULL for any other), it first takes that
 -- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own;
 -- for an issue's assignment event (`issue_id`; NULL for any other), the issue's (`issue_turn`),
@@ -18,37 +14,20 @@
 -- 0015, read after the turn; then this one, a retry of a delivery that failed, does nothing).
 -- For an agent session `created` (`created`), why it may not start (`seen`: 'started' or
 -- 'stopped', `devpilot_agent_session_seen`, migration 0014, read after the agent session's turn),
--- or NULL when it may. For a follow-up written at `prompt_at`, `seen` is 'stopped' when the agent
--- session was stopped at or after that time (`devpilot_agent_session_stopped_since`, migration
--- 0016, read after the turn too).
--- `mixed`: the user's machines differ in what they have (`route`): the start needs its repository.
--- include: record_delivery_rows
-;
-
--- name: record_delivery_rows
--- A fragment, the statement of `record_delivery` (see there) without its end, to be wrapped by
--- `take_turns`.
+-- or NULL when it may.
 WITH turn AS (
 -- include: agent_session_turn
 ), issue AS (
 -- include: issue_turn
-), routed AS (
-    SELECT r.id, r.mixed
-    FROM (SELECT %(org_id)s::text AS org_id, %(route_user)s::text AS route_user) want, LATERAL (
--- include: route
-    ) r
 )
 INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)
 SELECT %(key)s, %(content_key)s, %(org_id)s, %(issue_id)s, %(event_at)s
 WHERE (SELECT count(*) FROM turn) + (SELECT count(*) FROM issue) >= 0  -- (true: the turns come first)
 ON CONFLICT DO NOTHING
-RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixed FROM routed), false) AS mixed,
+RETURNING delivery_key,
           %(event_at)s::timestamptz IS NOT NULL
           AND devpilot_issue_event_superseded(%(org_id)s, %(issue_id)s, %(event_at)s) AS superseded,
-          CASE WHEN %(created)s THEN devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true)
-               WHEN %(prompt_at)s::timestamptz IS NOT NULL
-                    AND devpilot_agent_session_stopped_since(%(org_id)s, %(agent_session_id)s, %(prompt_at)s)
-               THEN 'stopped' END AS seen
+          CASE WHEN %(created)s THEN devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) END AS seen;
 
 -- name: take_turns
 -- `record_delivery` for the deliveries of one transaction written together (a batch of the group
@@ -67,7 +46,7 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
 --   once that commits, gets no row and no verdict), and for each one inserted, read with
 --   snapshots taken after the turns (the VOLATILE functions of migrations 0014 to 0016):
 --   `superseded` and `seen`, as `record_delivery` reads them; the routing choice for its
---   `route_user` (`route`, read with the statement's snapshot, as in `record_delivery`).
+--   `route_user` (`route`, read with the statement's snapshot).
 -- The verdicts, kept under each element's `n`, local to the transaction:
 -- * `devpilot.verdict_<n>`: 'go' when this transaction recorded the delivery and it does something;
 --   'no' when it recorded it and it does nothing (an assignment superseded, an agent session's
@@ -82,7 +61,7 @@ RETURNING delivery_key, (SELECT id FROM routed) AS routed, coalesce((SELECT mixe
 WITH want AS (  -- (one JSON array: the client dumps it in C)
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, key text, content_key text, org_id text, route_user text, agent_session_id text,
-             issue_id text, event_at timestamptz, created boolean, prompt_at timestamptz)
+             issue_id text, event_at timestamptz, created boolean)
 ), turns AS MATERIALIZED (  -- (each lock taken as the sorted keys come: in key order)
     SELECT pg_advisory_xact_lock(k.key) FROM (
         SELECT DISTINCT CASE WHEN w.agent_session_id IS NOT NULL
@@ -102,9 +81,7 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
            want.event_at IS NOT NULL
            AND devpilot_issue_event_superseded(want.org_id, want.issue_id, want.event_at) AS superseded,
            CASE WHEN want.created THEN devpilot_agent_session_seen(want.org_id, want.agent_session_id, true)
-                WHEN want.prompt_at IS NOT NULL
-                     AND devpilot_agent_session_stopped_since(want.org_id, want.agent_session_id, want.prompt_at)
-                THEN 'stopped' END AS seen
+           END AS seen
     FROM recorded d JOIN want ON want.key = d.delivery_key LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
