@@ -70,11 +70,11 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -122,6 +122,7 @@ from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
 from shared.wire.messages import IssueRef, MessageKind
 
+T = TypeVar("T")
 STOPPED_BEFORE_START = "Stopped before any machine started working on it."
 
 
@@ -635,16 +636,13 @@ def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutc
 
 
 def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
-    """Starts written in one statement (`route_and_enqueue_many`); a second of one issue or agent
-    session (never from one process, whose webhooks of one go one at a time; a copy of a delivery,
-    say) written after it, in a statement of its own, as it would be had it come later."""
-
-    def written(batch: list[Start]) -> list[RouteOutcome]:
-        with statement(pool) as tx:
-            return route_and_enqueue_many(tx, batch)
-
-    return one_per_key(
-        starts, lambda s: (s.org_id, s.message.agent_session_id or s.message.issue.id), written
+    """Starts written in one statement (`route_and_enqueue_many`), by issue or agent session
+    (`_in_statements`)."""
+    return _in_statements(
+        pool,
+        starts,
+        lambda s: (s.org_id, s.message.agent_session_id or s.message.issue.id),
+        route_and_enqueue_many,
     )
 
 
@@ -655,11 +653,25 @@ def _follow_ups(pool: Pool) -> Combiner[FollowUp, RouteOutcome]:
 
 
 def _follow_ups_written(pool: Pool, batch: list[FollowUp]) -> list[RouteOutcome]:
-    def written(distinct: list[FollowUp]) -> list[RouteOutcome]:
-        with statement(pool) as tx:
-            return follow_ups(tx, distinct)
+    return _in_statements(pool, batch, lambda f: (f.org_id, f.message.agent_session_id), follow_ups)
 
-    return one_per_key(batch, lambda f: (f.org_id, f.message.agent_session_id), written)
+
+def _in_statements(
+    pool: Pool,
+    items: list[T],
+    key: Callable[[T], Hashable],
+    write: Callable[[Tx, list[T]], list[RouteOutcome]],
+) -> list[RouteOutcome]:
+    """A batch written by `write` in one statement, its own transaction; a second item of one `key`
+    (never from one process, whose webhooks of one key go one at a time; a copy of a delivery, say)
+    written after the first, in a statement of its own, as it would be had it come later
+    (`one_per_key`)."""
+
+    def written(distinct: list[T]) -> list[RouteOutcome]:
+        with statement(pool) as tx:
+            return write(tx, distinct)
+
+    return one_per_key(items, key, written)
 
 
 def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
