@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -15,7 +16,7 @@ from shared.delivery import queue
 from shared.delivery.models import DispatchPayload, Enqueued
 from shared.delivery.queue import AckItem, ack, ack_many, claim, enqueue_dispatch, release, sweep
 from shared.fleet.orchestrators import mark_listening
-from shared.plumbing.db import Pool, Tx, connect, jsonb_once, statement, together, transaction
+from shared.plumbing.db import Pool, connect, jsonb_once, statement, together, transaction
 from shared.plumbing.settings import Settings
 from tests.helpers.batches import unassign
 from tests.helpers.data import MakeOrch, enqueue_one, issue, row_counts
@@ -653,9 +654,9 @@ def test_statements_sent_together_are_one_transaction_block_all_or_nothing(
     o = make_orchestrator()
     message = DispatchPayload(issue=issue())
 
-    def enqueue(tx: Tx, session_id: UUID | None = None) -> Enqueued:
-        mine = {"org_id": o.org_id, "orchestrator_id": o.id, "linear_user_id": None, "message": message}
-        return enqueue_dispatch(tx, **mine, session_id=session_id)  # type: ignore[arg-type]
+    enqueue = partial(
+        enqueue_dispatch, org_id=o.org_id, orchestrator_id=o.id, linear_user_id=None, message=message
+    )
 
     with together(pool) as tx:
         first = enqueue(tx)
