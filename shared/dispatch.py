@@ -115,6 +115,12 @@ class Dispatch:
             raise Refused(
                 "try_again", "the machines of this user changed while the webhook was decided; retry"
             ) from None
+        except queue.IssueOvertaken:
+            # Every round found the issue assigned again meanwhile: nothing is written, and
+            # Linear's retry of the delivery is decided afresh.
+            raise Refused(
+                "try_again", "the issue was assigned again while the webhook was decided; retry"
+            ) from None
         self._after_commit(received.notice_ids)
         self._route_after_commit(received.route_ids)
         return received.answer

@@ -418,6 +418,22 @@ START_PLAN = [
 ]
 # A start's routing request, for a user whose machines differ.
 ROUTING_PLAN = [("ModifyTable", "routing_requests", None)]
+# An issue's assignment (`issue_changes_for_delivery`): the machines it locks, chosen and of the
+# rows it cancels, by their keys at once (a bitmap of the primary key); the issue's undelivered
+# start found by its session and locked, deleted and its session cancelled, each by its key.
+ISSUE_CHANGE_PLAN = [
+    ("Index Scan", "orchestrators", "orchestrators_route_idx"),
+    ("Bitmap Heap Scan", "orchestrators", None),
+    ("Index Scan", "dispatch_queue", "dispatch_queue_session_id_key"),
+    ("Index Scan", "dispatch_queue", "dispatch_queue_pkey"),
+    ("Index Scan", "dispatch_queue", "dispatch_queue_pkey"),
+    ("Index Scan", "dispatch_sessions", "dispatch_sessions_pkey"),
+    ("ModifyTable", "webhook_deliveries", None),
+    ("ModifyTable", "dispatch_queue", None),
+    ("ModifyTable", "dispatch_sessions", None),
+    ("ModifyTable", "dispatch_sessions", None),
+    ("ModifyTable", "dispatch_queue", None),
+]
 # Linear's notices: whether the org is told, an index probe within the statement
 # (`devpilot_notified`, inlined), then the rows written.
 NOTICES_PLAN = [
@@ -446,9 +462,10 @@ def _a_busy_org(pool: Pool, make_orchestrator: MakeOrch) -> Orch:
 def test_starts_written_together_read_no_table_in_either_plan(
     mode: str, agent_sessions: bool, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
-    """A group commit's one statement for starts — of issues (`route_and_enqueue_many_for_delivery`)
-    or of agent sessions `created` (`route_and_start_agent_sessions_many_for_delivery`, with Linear's
-    notices) — finds each one's machine by the routing index and locks it by its key, and writes the
+    """A group commit's one statement for starts — of issues (`issue_changes_for_delivery`, each
+    issue's undelivered start, from the run before, found by its session and cancelled) or of agent
+    sessions `created` (`route_and_start_agent_sessions_many_for_delivery`, with Linear's notices) —
+    finds each one's machine by the routing index and locks it by its key, and writes the
     deliveries, sessions and queue rows, in both plans, with thousands of machines in the org and
     many queued sessions."""
     from psycopg.types.json import Jsonb
@@ -470,6 +487,7 @@ def test_starts_written_together_read_no_table_in_either_plan(
                 "issue_id": f"i-{i}",
                 "issue_identifier": f"X-{i}",
                 "agent_session_id": f"as-{n}-{i}" if agent_sessions else None,
+                "reason": "re-assigned",
                 "payload": {
                     "issue": {"id": f"i-{i}"},
                     "agentSessionId": f"as-{n}-{i}" if agent_sessions else None,
@@ -480,15 +498,14 @@ def test_starts_written_together_read_no_table_in_either_plan(
         return {"batch": Jsonb(batch), "now": None, "unroutable": "no machine"}
 
     statement = (
-        "route_and_start_agent_sessions_many_for_delivery"
-        if agent_sessions
-        else "route_and_enqueue_many_for_delivery"
+        "route_and_start_agent_sessions_many_for_delivery" if agent_sessions else "issue_changes_for_delivery"
     )
     plan = _steady_write_plan(db_url, mode, query(statement), params)
     text = json.dumps(plan)
     top = plan["QUERY PLAN"][0]["Plan"]
-    notices = NOTICES_PLAN if agent_sessions else []
-    assert _relations(top) == sorted([*START_PLAN, *ROUTING_PLAN, *notices]), text
+    expected = [*START_PLAN, *NOTICES_PLAN] if agent_sessions else ISSUE_CHANGE_PLAN
+    assert _relations(top) == sorted([*expected, *ROUTING_PLAN]), text
+    assert '"Index Name": "orchestrators_pkey"' in text, text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
 
 
@@ -496,8 +513,8 @@ def test_starts_written_together_read_no_table_in_either_plan(
 def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
     mode: str, pool: Pool, db_url: str, make_orchestrator: MakeOrch
 ) -> None:
-    """The group commit asks, per issue, whether anything of it is still undelivered
-    (`devpilot_issue_turn_free`, migration 0012): the query inside the function, read from the
+    """The group commit asks, per issue, what of it is still undelivered
+    (`devpilot_issue_undelivered`, migration 0025): the query inside the function, read from the
     database itself, finds it by the partial index of open issues, in both plans, beside 20,000
     queued sessions of the same org (one of them this issue's)."""
     import re
@@ -507,9 +524,11 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
     o = make_orchestrator()
     fill_queue(pool, o, 20_000)  # issues bulk-1 .. bulk-20000, all queued
     with pool.connection() as conn:
-        row = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'devpilot_issue_turn_free'").fetchone()
+        row = conn.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'devpilot_issue_undelivered'"
+        ).fetchone()
         assert row is not None
-        probe = re.search(r"EXISTS \((.*?)\);", row["prosrc"], re.S)
+        probe = re.search(r"ARRAY\((.*?)\);", row["prosrc"], re.S)
         assert probe is not None, row["prosrc"]
         conn.execute(f"SET plan_cache_mode = {mode}")
         conn.execute(f"PREPARE probe(text, text) AS {probe.group(1)}")

@@ -21,18 +21,19 @@ from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import (
     NO_MACHINE,
     SUPERSEDED,
-    UNDELIVERED,
     UNROUTABLE,
     Ignored,
     Routed,
     Start,
+    enqueue_dispatch,
     route_and_enqueue_many,
 )
 from shared.plumbing.batching import Combiner
-from shared.plumbing.db import Pool, connect, open_pool, statement
+from shared.plumbing.db import Pool, connect, open_pool, statement, transaction
 from shared.plumbing.settings import Settings
+from shared.wire.messages import IssueRef
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.batches import change_of
+from tests.helpers.batches import change_of, changes_answered
 from tests.helpers.data import MakeOrch, bulk, enqueue_one, issue, row_counts
 from tests.helpers.linear import Linear
 
@@ -60,9 +61,9 @@ def test_each_element_of_a_batch_is_answered_as_it_would_be_alone(
     with statement(pool) as tx:
         out = route_and_enqueue_many(tx, batch)
     assert isinstance(out[0], Routed) and isinstance(out[3], Routed)
-    # (seen before, its own dispatch still queued: a cancel first, as alone; the re-assignment's way
-    # then finds the delivery recorded, and nothing is written)
-    assert out[1] == NO_MACHINE and out[2] == UNDELIVERED
+    # (seen before, its own dispatch still queued: nothing is written, its dispatch left alone)
+    assert out[1] == NO_MACHINE and out[2] is None
+    assert open_dispatches(pool, seen.message.issue.id) == [mine.id]
     assert out[0].orchestrator_id == out[3].orchestrator_id == mine.id
     assert out[0].enqueued.session_id != out[3].enqueued.session_id
     recorded = deliveries(pool)
@@ -156,7 +157,7 @@ def _pile_up(
     arrive meanwhile and wait in line for the next batch; then the lock is let go (rolled back).
     `waiting`: the lock requests of this database already waiting before the first leader's."""
     locker = holder or _lock_machine(db_url, str(oid))
-    combiner = combiner or intake._group_commit(api.pool, False)
+    combiner = combiner or intake._issue_changes(api.pool)
     lanes = intake.LANES
     try:
         with ThreadPoolExecutor(len(bodies)) as ex:
@@ -248,7 +249,7 @@ def test_a_revoke_committed_while_a_batch_waits_leaves_nothing_on_the_revoked_ma
     revokes = _lock_machine(db_url, first)  # the batch waits here; the revoke commits meanwhile
     revokes.execute("UPDATE orchestrators SET revoked_at = now() WHERE id = %s", (first,))
     bodies = [(issue_event(issue_id=f"iss-{i}"), f"d-{i}") for i in range(10)]
-    combiner = intake._group_commit(api.pool, False)
+    combiner = intake._issue_changes(api.pool)
 
     try:
         with ThreadPoolExecutor(len(bodies) + 1) as ex, connect(db_url) as watch:
@@ -320,16 +321,14 @@ def _written_once_the_turn_is_let_go(
     return out
 
 
-def test_an_issues_start_waits_for_its_turn_and_decides_all_but_a_cancel(
+def test_an_issues_start_waits_for_its_turn_and_decides_it_whole_the_cancel_included(
     pool: Pool, make_orchestrator: MakeOrch, db_url: str
 ) -> None:
     """The batch takes each issue's turn, waiting for one another transaction holds, and then
-    decides every element with what it reads after the turn: written when nothing of the issue is
-    undelivered (then an assignment is a creation); recorded as superseded when a later assignment
-    change of the issue was handled; nothing at all, not even its delivery, when something of the
-    issue is undelivered (a cancel first, which its snapshot, taken before the turn, cannot see
-    whole: `UNDELIVERED`, carried out as a re-assignment). Two elements of one issue: the second is
-    left (its caller writes it after the first)."""
+    decides every element with what it reads after the turn: written, an undelivered dispatch of
+    the issue cancelled first (then an assignment is a re-assignment, in the same statement);
+    recorded as superseded when a later assignment change of the issue was handled. Two elements of
+    one issue: the second is left (its caller writes it after the first)."""
     make_orchestrator(linear_user_id="u")
     earlier = start("u", 1)
     at = datetime(2026, 12, 7, 10, tzinfo=UTC)
@@ -347,51 +346,88 @@ def test_an_issues_start_waits_for_its_turn_and_decides_all_but_a_cancel(
         "SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', %s))", (busy.message.issue.id,)
     )
     out = _written_once_the_turn_is_let_go(pool, db_url, batch, holder)
-    assert out[0] == UNDELIVERED  # issue 1 has an undelivered dispatch: a cancel first
-    assert all(isinstance(out[i], Routed) for i in (1, 2, 4, 6)), out
+    assert all(isinstance(out[i], Routed) for i in (0, 1, 2, 4, 6)), out
     assert out[3] is None  # (issue 3 again)
     assert out[5] == SUPERSEDED  # issue 5 was assigned again after this (its retry, say)
     recorded = deliveries(pool)
     assert set(recorded) == {
         earlier.delivery_key,
         changed.delivery_key,
-        *(batch[i].delivery_key for i in (1, 2, 4, 5, 6)),
+        *(batch[i].delivery_key for i in (0, 1, 2, 4, 5, 6)),
     }
-    assert row_counts(pool)["sessions"] == 5
+    assert row_counts(pool)["sessions"] == 6
+    # issue 1's undelivered dispatch was cancelled first: one start of it is left, the new one
+    first = out[0]
+    assert isinstance(first, Routed)
+    assert open_dispatches(pool, earlier.message.issue.id) == [first.orchestrator_id]
+    with pool.connection() as conn:
+        statuses = conn.execute(
+            "SELECT status FROM dispatch_sessions WHERE issue_id = %s ORDER BY created_at, status",
+            (earlier.message.issue.id,),
+        ).fetchall()
+    assert sorted(r["status"] for r in statuses) == ["cancelled", "queued"]
 
 
 def test_existing_issues_assigned_together_commit_together_and_a_reassignment_cancels(
     api: Api, db_url: str
 ) -> None:
     """Existing issues assigned (nothing to cancel) take the group commit as creations do: one
-    statement. Re-assigned meanwhile (not in the starts' line: a re-assignment is its own kind,
-    `cancel_and_start`), an issue with an undelivered start: the old machine's start is cancelled
-    and the new assignee's machine gets one."""
+    statement. A re-assignment goes the same way (one statement, its own kind only in what the
+    statement finds): an issue with an undelivered start has the old machine's start cancelled and
+    the new assignee's machine gets one."""
     laptop, _ = api.register(user="user-1")
     other, _ = api.register(user="user-2", name="other")
     first = api.webhook(issue_event(issue_id="iss-re"), "d-re-0").json()  # created, assigned to user-1
     assert first["status"] == "dispatched" and first["orchestratorId"] == laptop
-    bodies = [(assigned(f"iss-{i}", "user-1"), f"d-{i}") for i in range(12)]
     reassigned = (assigned("iss-re", "user-2", "user-1"), "d-re-1")
-    locker = _lock_machine(db_url, laptop)
-    with ThreadPoolExecutor(1) as ex, connect(db_url) as watch:
-        moved = ex.submit(api.webhook, *reassigned)
-        _wait_for(lambda: waiting_on_locks(watch) == 1, "the re-assignment to wait on the lock")
-        answers = [a.json() for a in _pile_up(api, db_url, None, bodies, holder=locker, waiting=1)]
-        answers.append(moved.result(30).json())
-    bodies.append(reassigned)
+    bodies = [reassigned] + [(assigned(f"iss-{i}", "user-1"), f"d-{i}") for i in range(12)]
+    answers = [a.json() for a in _pile_up(api, db_url, laptop, bodies)]
     assert [a["status"] for a in answers] == ["dispatched"] * 13
-    assert answers[-1]["orchestratorId"] == other and answers[-1]["cancelledSessionId"] == first["sessionId"]
-    assert "cancelledSessionId" not in answers[0]
+    assert answers[0]["orchestratorId"] == other and answers[0]["cancelledSessionId"] == first["sessionId"]
+    assert "cancelledSessionId" not in answers[1]
     assert open_dispatches(api.pool, "iss-re") == [uuid.UUID(other)]
     with api.pool.connection() as conn:
         cancelled = conn.execute("SELECT status FROM dispatch_sessions WHERE id = %s", (first["sessionId"],))
         assert cancelled.fetchone()["status"] == "cancelled"  # type: ignore[index]
-    # The leaders alone, then the rest of the twelve in one statement.
+    # The leaders alone (the re-assignment one of them), then the rest of the twelve in one statement.
     twelve = "issue_id LIKE 'iss-%' AND issue_id <> 'iss-re'"
-    assert commit_sizes(api.pool, twelve) == [1] * intake.LANES + [12 - intake.LANES]
+    assert commit_sizes(api.pool, twelve) == [1] * (intake.LANES - 1) + [12 - (intake.LANES - 1)]
     for body, delivery in bodies:  # retries: duplicates of their own sessions
         assert api.webhook(body, delivery).json()["status"] == "duplicate"
+
+
+@pytest.mark.parametrize("change", ["unassigned", "reassigned"])
+def test_a_dispatch_committed_while_a_change_waits_for_the_turn_is_cancelled(
+    change: str, api: Api, db_url: str
+) -> None:
+    """Another transaction holds the issue's turn and queues a start of it (another instance's
+    assignment, say) while an unassignment or a re-assignment of the issue waits for the turn. The
+    change's statement took its snapshot before that commit, so it cannot delete that row: it writes
+    nothing, and the intake writes it again in a new statement, which cancels the start. Without
+    that, the issue would be left with the start it was unassigned from (or with two)."""
+    laptop, _ = api.register(user="user-1")
+    desk, _ = api.register(user="user-2", name="desk")
+    body = assigned("iss-late", None if change == "unassigned" else "user-2", "user-1")
+    with ThreadPoolExecutor(1) as ex, connect(db_url) as watch:
+        with transaction(api.pool) as tx:
+            tx.execute("SELECT pg_advisory_xact_lock(devpilot_issue_turn_key('org-a', 'iss-late'))")
+            late = enqueue_dispatch(
+                tx,
+                org_id="org-a",
+                orchestrator_id=uuid.UUID(laptop),
+                linear_user_id="user-1",
+                message=DispatchPayload(issue=IssueRef(id="iss-late", identifier="L-1")),
+            )
+            answer = ex.submit(api.webhook, body, "d-late")
+            _wait_for(lambda: waiting_on_locks(watch) == 1, "the change to wait for the turn")
+        said = answer.result(30).json()
+    if change == "unassigned":
+        assert said == {"status": "cancelled", "sessionId": str(late.session_id)}
+        assert open_dispatches(api.pool, "iss-late") == []
+    else:
+        assert said["status"] == "dispatched" and said["orchestratorId"] == desk
+        assert said["cancelledSessionId"] == str(late.session_id)
+        assert open_dispatches(api.pool, "iss-late") == [uuid.UUID(desk)]
 
 
 def test_two_changes_of_one_issue_in_one_batch_are_written_one_after_the_other(api: Api) -> None:
@@ -405,7 +441,7 @@ def test_two_changes_of_one_issue_in_one_batch_are_written_one_after_the_other(a
     assert first["orchestratorId"] == one
     to_two = change_of(assigned("iss-twice", "user-2", "user-1"), "d-twice-1")
     back = change_of(assigned("iss-twice", "user-1", "user-2"), "d-twice-2")
-    answers = intake._change_issues(api.pool, [to_two, back])
+    answers = changes_answered(api.pool, [to_two, back])
     assert [a.answer["status"] if a is not None else None for a in answers] == ["dispatched", "dispatched"]
     assert answers[1] is not None and answers[1].answer["orchestratorId"] == one
     assert open_dispatches(api.pool, "iss-twice") == [uuid.UUID(one)]  # (none left for `two`)
@@ -541,7 +577,7 @@ def test_agent_sessions_created_together_commit_together_each_answered_as_alone(
     oid, token = api.register(user="user-1", name="laptop")
     bodies = [(agent_session_event(session_id=f"as-{i}"), f"d-as-{i}") for i in range(14)]
     bodies.append((agent_session_event(session_id="as-3"), "d-as-3"))  # a copy of one delivery
-    answers = [a.json() for a in _pile_up(api, db_url, oid, bodies, intake._group_commit(api.pool, True))]
+    answers = [a.json() for a in _pile_up(api, db_url, oid, bodies, intake._agent_session_starts(api.pool))]
     assert [a["status"] for a in answers[:14]] == ["dispatched"] * 14
     assert {a["kind"] for a in answers[:14]} == {"start"}
     assert {a["orchestratorId"] for a in answers[:14]} == {oid}
@@ -567,7 +603,7 @@ def test_a_follow_up_while_its_start_is_written_in_a_batch_is_queued_behind_it(
     elsewhere, _ = api.register(user="user-2", name="elsewhere")
     holds_leaders = _lock_machine(db_url, elsewhere)  # the leaders wait here, alone
     holds_batch = _lock_machine(db_url, laptop)  # the batch waits here, holding its turns
-    combiner = intake._group_commit(api.pool, True)
+    combiner = intake._agent_session_starts(api.pool)
     lanes = intake.LANES
     leaders = [
         (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}") for i in range(lanes)
@@ -676,7 +712,7 @@ def _one_behind_the_other(
     user's machine); `then`, of the same issue or agent session, is sent next and must wait behind
     it in this instance's line (`shared.plumbing.in_order`); then the leaders go. Both answers."""
     elsewhere, _ = api.register(user="user-2", name="elsewhere")
-    combiner = intake._group_commit(api.pool, agent_sessions)
+    combiner = intake._agent_session_starts(api.pool) if agent_sessions else intake._issue_changes(api.pool)
     leaders = [
         (agent_session_event(session_id=f"as-x{i}", creator="user-2"), f"d-x{i}")
         if agent_sessions
@@ -778,7 +814,7 @@ def test_assignment_changes_that_arrive_together_commit_together_each_answered_a
     holder = _hold_turns(db_url, ["iss-0", "iss-4"])
     leaders = [bodies[0], bodies[4]]
     rest = [b for b in bodies if b not in leaders]
-    answers = _pile_up(api, db_url, None, leaders + rest, intake._assignment_changes(api.pool), holder)
+    answers = _pile_up(api, db_url, None, leaders + rest, intake._issue_changes(api.pool), holder)
     got = dict(zip([d for _, d in leaders + rest], [a.json() for a in answers], strict=True))
     for i in range(4):
         assert got[f"d-un-{i}"]["status"] == "cancelled"
@@ -818,14 +854,14 @@ def test_a_batch_the_database_fails_midway_commits_nothing_and_its_connection_st
         changes = [change_of(assigned(issue(n).id, None, "user-1"), f"d-midway-{n}") for n in (1, 2)]
         holder = _hold_turns(db_url, [issue(2).id])
         with pytest.raises(psycopg.errors.LockNotAvailable):
-            intake._change_issues(pool_of_one, changes)
+            changes_answered(pool_of_one, changes)
         with pool_of_one.connection() as conn:
             assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert deliveries(pool_of_one) == {}
         assert open_dispatches(pool_of_one, issue(1).id) == [o.id]
         holder.rollback()
         holder.close()
-        answers = [r.answer if r is not None else None for r in intake._change_issues(pool_of_one, changes)]
+        answers = [r.answer if r is not None else None for r in changes_answered(pool_of_one, changes)]
         assert answers == [
             {"status": "cancelled", "sessionId": str(sid)},
             {"status": "ignored", "reason": "nothing_to_cancel"},

@@ -20,7 +20,8 @@ from psycopg.types.json import Jsonb
 from shared.delivery import intake
 from shared.delivery.models import DispatchPayload
 from shared.delivery.queue import (
-    MachineRevoked,
+    OVERTAKEN,
+    IssueChange,
     Routed,
     Start,
     claim,
@@ -36,7 +37,7 @@ from shared.plumbing.db import Conn, Pool, Tx, connect, statement, transaction
 from shared.plumbing.settings import Settings
 from shared.plumbing.sql import query
 from tests.helpers.api import Api, agent_session_event, issue_event
-from tests.helpers.batches import assigned, change_of, stop_of
+from tests.helpers.batches import assigned, change_of, changes_answered, stop_of
 from tests.helpers.data import MakeOrch, enqueue_one, follow_up_in, issue, queue_of
 
 
@@ -495,8 +496,7 @@ def test_a_reassignment_held_up_by_a_revoke_routes_to_a_machine_that_stays(api: 
 def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
     batch: str, api: Api, db_url: str
 ) -> None:
-    """Assignment changes that arrive together are one transaction, each change's statements in the
-    order of their issues. A revoke holds its machine's row, then locks the machine's queue rows in
+    """Assignment changes that arrive together are one statement, its own transaction. A revoke holds its machine's row, then locks the machine's queue rows in
     queue order (seq). Were the batch to take a row of that machine and then wait for the revoke,
     for the machine's row (a later change's start to it: `cancel_then_start`) or for another of its
     rows (an earlier row that a later change cancels: `two_cancels`), each would wait for the other
@@ -516,7 +516,7 @@ def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
 
     def written() -> Any:
         try:
-            return intake._change_issues(api.pool, changes)
+            return changes_answered(api.pool, changes)
         except Exception as error:  # (what the batch raised, to look at here)
             return error
 
@@ -534,13 +534,16 @@ def test_a_batch_of_assignment_changes_racing_a_revoke_never_deadlocks(
     t.join(timeout=10)
     assert rest is not None and rest["cancelled"] == 2  # both dispatches, by the revoke
     if batch == "cancel_then_start":
-        # The start finds its machine revoked: nothing is committed, and each change is tried again.
-        assert isinstance(out[0], MachineRevoked), out[0]
+        # The start finds its machine revoked: nothing is written for it (not its delivery either),
+        # and its caller writes it again; the cancel finds its row gone with the revoke.
+        assert isinstance(out[0], list), out[0]
+        answers = [r.answer if r is not None else None for r in out[0]]
+        assert answers == [{"status": "ignored", "reason": "nothing_to_cancel"}, None], out[0]
         with api.pool.connection() as conn:
             recorded = conn.execute(
-                "SELECT count(*) AS n FROM webhook_deliveries WHERE delivery_key LIKE 'delivery:d-%'"
-            ).fetchone()
-        assert recorded == {"n": 0}
+                "SELECT delivery_key FROM webhook_deliveries WHERE delivery_key LIKE 'delivery:d-%'"
+            ).fetchall()
+        assert recorded == [{"delivery_key": "delivery:d-un-a"}]
     else:
         assert isinstance(out[0], list), out[0]
         answers = [r.answer if r is not None else None for r in out[0]]
@@ -567,9 +570,9 @@ def test_two_batches_of_changes_of_the_same_issues_never_wait_for_each_other_in_
     first = [change_of(assigned(i, None, "user-1"), f"d-1-{i}") for i in (hi, lo)]
     second = [change_of(assigned(i, None, "user-1"), f"d-2-{i}") for i in (lo, hi)]
 
-    def written(changes: list[intake.Change]) -> Any:
+    def written(changes: list[IssueChange]) -> Any:
         try:
-            return intake._change_issues(api.pool, changes)
+            return changes_answered(api.pool, changes)
         except Exception as error:  # (what the batch raised, to look at here)
             return error
 
@@ -592,8 +595,9 @@ def test_two_batches_of_starts_of_the_same_issues_never_wait_for_each_other_in_a
 ) -> None:
     """The same for the issues' starts' one statement, which waits for each issue's turn: two
     batches of starts of the same two issues, listed in opposite orders, each take the turns in the
-    order of their keys, and both are written (the second finds the first's dispatch undelivered:
-    a cancel first, as a re-assignment)."""
+    order of their keys. The first written dispatches both; the second, its snapshot older than
+    the first's commit, cannot cancel those starts and writes nothing (`OVERTAKEN`); written again,
+    it cancels them and dispatches: one start of each issue is left."""
     api.register(user="user-1")
     with api.pool.connection() as conn:
         keys = {
@@ -628,8 +632,12 @@ def test_two_batches_of_starts_of_the_same_issues_never_wait_for_each_other_in_a
     t2.join(timeout=10)
     outcomes = [out1[0], out2[0]]
     assert all(isinstance(o, list) for o in outcomes), outcomes
-    # One batch dispatched both issues; the other found them undelivered.
     assert sorted(sum(isinstance(r, Routed) for r in o) for o in outcomes) == [0, 2], outcomes
+    later = starts((hi, lo), "first") if OVERTAKEN in out1[0] else starts((lo, hi), "second")
+    assert OVERTAKEN in outcomes[0] + outcomes[1]
+    again = written(later)
+    assert isinstance(again, list) and all(isinstance(r, Routed) for r in again), again
+    assert len(queue_of(api.pool)) == 2  # (one start of each issue, the later batch's)
 
 
 def test_a_webhook_whose_every_choice_is_revoked_meanwhile_answers_503_and_writes_nothing(

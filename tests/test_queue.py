@@ -120,8 +120,8 @@ def test_every_write_in_the_intake_transaction_refuses_a_connection(
             linear_user_id=None,
             message=DispatchPayload(issue=issue()),
         ),
-        "send_cancel_issues": lambda h: queue.send_cancel_issues(
-            h, [queue.IssueCancel(0, o.org_id, issue().id, "x", "k")]
+        "change_issues": lambda h: queue.change_issues(
+            h, [queue.IssueChange(o.org_id, issue().id, "k", "c", None, "x")]
         ),
         "route_and_enqueue": lambda h: queue.route_and_enqueue(
             h,

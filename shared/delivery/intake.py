@@ -7,20 +7,17 @@
   another type, another app uninstalled
   agent session `created` with no issue   tell_unroutable     the intake transaction: an `error` for Linear
   our app uninstalled (OAuthApp revoked)  disconnect          the intake transaction: the org disconnected
-  issue created with an assignee, or      start               `route_and_enqueue_many_for_delivery` /
-  assigned with nobody before; agent                          `route_and_start_agent_sessions_many_for_
-  session `created` by a person                               delivery`, through the group commit (an
-                                                              issue's with a dispatch to cancel first:
-                                                              as cancel_and_start)
+  issue created with an assignee, or      start               `issue_changes_for_delivery` (an issue's:
+  assigned with nobody before; agent                          its assignment, the undelivered dispatch
+  session `created` by a person                               cancelled) / `route_and_start_agent_
+                                                              sessions_many_for_delivery`, through the
+                                                              group commit of issues / agent sessions
   agent session `created` by automation   start_for_assignee  the intake transaction: a routing request,
                                                               routed after commit (Linear names the assignee)
-  issue unassigned or removed             cancel              `take_turns` + `lock_machines_for_changes`
-                                                              + `cancel_open_issues_for_delivery`, together
-                                                              (`_change_issues`, through the group commit)
-  issue re-assigned (from someone)        cancel_and_start    `take_turns` + `lock_machines_for_changes`
-                                                              + `cancel_open_issues_for_delivery` +
-                                                              `enqueue_routed_for_delivery`, together
-                                                              (`_change_issues`, through the group commit)
+  issue unassigned or removed             cancel              `issue_changes_for_delivery`, through the
+                                                              group commit of issues (`_issue_change`)
+  issue re-assigned (from someone)        cancel_and_start    `issue_changes_for_delivery`, through the
+                                                              group commit of issues (`_issue_change`)
   `prompted`; with the `select` signal    follow_up; answer   `follow_ups_for_delivery`, through the group
                                                               commit
   `prompted` with the stop signal         stop                `take_turns` + `routing_cancel_agent_session`
@@ -32,23 +29,25 @@ Every way records the delivery with everything it causes in one transaction (a s
 its own, or `shared.plumbing.db.together`'s, or the intake transaction): the delivery's keys, cancelled
 sessions, the new message's session and queue row, the Linear notice that says so. Either all of it
 commits or none of it does, so a crash mid-request leaves Linear's retry to find nothing recorded
-and try again. "Together" sends a transaction's statements at once (`shared.plumbing.db.together`): the
-first, `take_turns`, records the delivery and takes its issue's (or agent session's) turn, and the ones after read its
-verdict in SQL, so nothing waits for a decision made here between them.
+and try again. "Together" (a stop's way) sends a transaction's statements at once
+(`shared.plumbing.db.together`): the first, `take_turns`, records the delivery and takes its agent
+session's turn, and the ones after read its verdict in SQL, so nothing waits for a decision made
+here between them.
 
-What the database decides is decided inside the way of the kind: a dispatch to cancel (the cancel's
-statement finds it under the turn), no machine for the user, a machine revoked meanwhile (the way
-is tried again, a few rounds: `ROUNDS`), a delivery seen before (`duplicate`). A start's statement
-(an issue's, an agent session's) waits for its turn and decides there, with reads taken after the
-turn: an issue's assignment superseded, an agent session already started or stopped (each
-recorded), which machine, no machine (an agent session's: Linear told why), or, the user's
-machines differing, that Linear is asked the repository first. The one thing it cannot decide,
-its snapshot being older than the turn, is an issue's dispatch still undelivered, to cancel
-first: that start is carried out as a re-assignment (`_cancel_and_start`). A follow-up's statement
-waits for its agent session's turn too, and decides there: written before a stop (recorded), a
-`prompt` for the holder, the person's answer to a repository question, behind a start still
-waiting to be routed or for an automation's agent session (a routing request), nobody holding it
-(a start for the writer's machine, or a routing request, or Linear told no machine can take it).
+What the database decides is decided inside the way of the kind: a dispatch to cancel, no machine
+for the user, a machine revoked meanwhile (the way is tried again, a few rounds: `ROUNDS`), a
+delivery seen before (`duplicate`). A start's statement (an issue's assignment, an agent
+session's) waits for its turn and decides there, with reads taken after the turn: an issue's
+assignment superseded, an agent session already started or stopped (each recorded), the issue's
+undelivered dispatch to cancel, which machine, no machine (an agent session's: Linear told why),
+or, the user's machines differing, that Linear is asked the repository first. An issue's
+dispatch committed by the turn's previous holder is too new for the statement's own snapshot to
+delete: it writes nothing for that element, which is tried again in a new statement, as a revoke
+is. A follow-up's statement waits for its agent session's turn too, and decides there: written
+before a stop (recorded), a `prompt` for the holder, the person's answer to a repository question,
+behind a start still waiting to be routed or for an automation's agent session (a routing
+request), nobody holding it (a start for the writer's machine, or a routing request, or Linear
+told no machine can take it).
 
 What each event does (the conversation, drawn in the README):
 - Issue assigned (created with an assignee, or re-assigned): a `start` to the assignee's machine,
@@ -84,28 +83,27 @@ from psycopg.types.json import Jsonb
 from shared.delivery.models import DispatchPayload, Enqueued
 from shared.delivery.queue import (
     NO_MACHINE,
+    OVERTAKEN,
     REVOKED,
     SUPERSEDED,
     SWEEP_BATCH,
-    UNDELIVERED,
     UNROUTABLE,
     Asked,
     FollowUp,
     Ignored,
-    IssueCancel,
-    IssueStart,
+    IssueChange,
+    IssueChanged,
+    IssueOutcome,
+    IssueOvertaken,
     MachineRevoked,
     Routed,
     RouteOutcome,
     Start,
+    change_issues,
     follow_ups,
-    revoked_meanwhile,
     route_and_enqueue,
     route_and_enqueue_many,
     send_cancel_agent_sessions,
-    send_cancel_issues,
-    send_lock_machines_for_changes,
-    send_starts_routed,
     send_stops,
     stop_element,
 )
@@ -123,6 +121,7 @@ from shared.plumbing.sql import query
 from shared.wire.messages import IssueRef, MessageKind
 
 T = TypeVar("T")
+R = TypeVar("R")
 STOPPED_BEFORE_START = "Stopped before any machine started working on it."
 
 
@@ -166,21 +165,13 @@ def _order_key(hook: Webhook, plan: Intent) -> tuple[str, str, str] | None:
 # A way: (pool, hook, plan, delivery key, content key) -> the answer, everything written.
 Way = Callable[[Pool, Webhook, Intent, str, str], Received]
 
-# The machine chosen can be revoked while a way runs: its enqueue then writes nothing
-# (MachineRevoked), its transaction rolls back whole, and the way is tried again, now seeing the
-# revoke (another machine of the user, or no machine). Each round needs a revoke committed during
-# it, so a few rounds end it; the last round's MachineRevoked reaches the caller, with nothing
-# written, and the route answers 503: Linear retries the delivery.
+# The machine chosen can be revoked while a statement waits for its turn, and a dispatch of an issue
+# can be committed by the turn's previous holder too late for an issue's statement to cancel it:
+# the statement then writes nothing for the element, and it is written again, in a new statement
+# that sees the revoke (another machine of the user, or no machine) or the dispatch. Each round
+# needs another transaction's commit during it, so a few rounds end it; after the last, nothing
+# is written, and the route answers 503: Linear retries the delivery.
 ROUNDS = 3
-
-
-def _in_rounds(way: Callable[[], Received], rounds: int = ROUNDS) -> Received:
-    for _ in range(rounds - 1):
-        try:
-            return way()
-        except MachineRevoked:
-            continue
-    return way()
 
 
 def _nothing(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
@@ -208,35 +199,35 @@ def _transaction(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key:
 
 
 def _start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """A start for a person's machine (an issue created with an assignee, or assigned with nobody
-    before; an agent session `created` by a person): its statement through the pool's group commit
-    of starts of its kind, which waits for the turn and decides the start whole (`_started`), but
-    for one thing an issue's statement cannot, its snapshot being older than the turn: a dispatch
-    of the issue still undelivered, to cancel first, which makes the assignment a re-assignment
-    (`_cancel_and_start`: an unassignment lost, or handled after this). The machine chosen revoked
-    meanwhile: the statement again, in rounds."""
+    """A start for a person's machine: an issue's (created with an assignee, or assigned with
+    nobody before) is its assignment (`_issue_change`); an agent session's (`created` by a person),
+    its statement through the pool's group commit of agent sessions' starts, which waits for the
+    turn and decides the start whole (`_started`). The machine chosen revoked meanwhile: the
+    statement again, in rounds."""
+    if plan.agent_session_id is None:
+        return _issue_change(pool, hook, plan, key, content_key)
     assert hook.org_id is not None and plan.issue is not None and plan.user_id is not None
     message = DispatchPayload(
         issue=plan.issue, agent_session_id=plan.agent_session_id, kind="start", prompt=plan.prompt
     )
     start = Start(hook.org_id, plan.user_id, message, key, content_key, plan.event_at)
-    starts = _group_commit(pool, agent_sessions=plan.agent_session_id is not None)
-    outcome = _submitted(starts, start, f"issue {plan.issue.id}")
-    if outcome == UNDELIVERED:
-        return _cancel_and_start(pool, hook, plan, key, content_key)
+    outcome = _submitted(_agent_session_starts(pool), start, f"agent session {plan.agent_session_id}")
     return _started(pool, key, content_key, outcome)
 
 
-def _submitted(group_commit: Combiner[Any, RouteOutcome], item: Any, what: str) -> RouteOutcome:
-    """`item` written through its group commit, again while the machine chosen was revoked
-    meanwhile (nothing written), in rounds (`ROUNDS`); the last round's revoke reaches the caller."""
+def _submitted(group_commit: Combiner[Any, Any], item: Any, what: str) -> Any:
+    """`item` written through its group commit, again while nothing was written for it (the
+    machine chosen revoked meanwhile, an issue's dispatch committed too late for the statement to
+    cancel), in rounds (`ROUNDS`); the last round's reaches the caller, as an error."""
     outcome = group_commit.submit(item)
     for _ in range(ROUNDS - 1):
-        if outcome != REVOKED:
+        if outcome not in (REVOKED, OVERTAKEN):
             return outcome
         outcome = group_commit.submit(item)
     if outcome == REVOKED:
         raise MachineRevoked(f"every machine chosen for {what} was revoked meanwhile")
+    if outcome == OVERTAKEN:
+        raise IssueOvertaken(f"{what} changed again in every round")
     return outcome
 
 
@@ -398,136 +389,51 @@ def _stopped(turn: DictRow | None, cancelled: list[str], row: DictRow) -> Receiv
     return Received(answer, [] if row["notice_id"] is None else [row["notice_id"]], recorded=True)
 
 
-def _cancel(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """An issue unassigned or removed: its undelivered assignment dispatch cancelled, through the
-    pool's group commit of assignment changes (`_assignment_changes`)."""
-    assert hook.org_id is not None and plan.cancel_issue_id is not None
-    params = _record_params(hook, plan, key, content_key)
-    change = Change(hook.org_id, plan.cancel_issue_id, _why(hook), params, None, None)
-    return _change(pool, change)
+def _issue_change(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
+    """An issue's assignment event (created with an assignee, assigned, re-assigned, unassigned,
+    removed): its statement through the pool's group commit of issues (`change_issues`), which
+    waits for the issue's turn and decides it whole there: superseded by a later change handled
+    already (recorded); the issue's undelivered assignment dispatch cancelled; a start for the
+    assignee's machine (none for an unassignment), or, the user's machines differing, a routing
+    request. The machine revoked meanwhile, or a dispatch committed too late for the statement to
+    cancel: the statement again, in rounds."""
+    org = hook.org_id
+    assert org is not None
+    issue = plan.cancel_issue_id if plan.kind == "cancel" else plan.issue.id if plan.issue else None
+    assert issue is not None
+    start = None
+    if plan.kind != "cancel":
+        assert plan.issue is not None and plan.user_id is not None
+        start = DispatchPayload(issue=plan.issue, agent_session_id=None, kind="start", prompt=plan.prompt)
+    change = IssueChange(org, issue, key, content_key, plan.event_at, _why(hook), plan.user_id, start)
+    outcome = _submitted(_issue_changes(pool), change, f"issue {issue}")
+    return _changed(pool, change, outcome)
 
 
-def _cancel_and_start(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str) -> Received:
-    """An issue re-assigned (or assigned with a dispatch still undelivered, `_start`): its
-    undelivered assignment dispatch cancelled and a start queued for the assignee's machine,
-    through the pool's group commit of assignment changes (`_assignment_changes`). A machine
-    revoked meanwhile: nothing written, tried again."""
-    org, issue, user = hook.org_id, plan.issue, plan.user_id
-    assert org is not None and issue is not None and user is not None
-    message = DispatchPayload(issue=issue, agent_session_id=None, kind="start", prompt=plan.prompt)
-    change = Change(org, issue.id, _why(hook), _record_params(hook, plan, key, content_key), message, user)
-    return _in_rounds(lambda: _change(pool, change))
-
-
-class Change(NamedTuple):
-    """An issue's assignment change as one webhook asks for it (`_change_issues`): the cancel of
-    the issue's undelivered assignment dispatch (`reason`), and a start for `user` (`start`, or
-    None: the cancel alone). `record`: the delivery's `record_delivery` parameters."""
-
-    org_id: str
-    issue_id: str
-    reason: str
-    record: dict[str, Any]
-    start: DispatchPayload | None
-    user: str | None
-
-
-def _change(pool: Pool, change: Change) -> Received:
-    received = _assignment_changes(pool).submit(change)
-    if received is None:
-        return _duplicate(pool, change.record["key"], change.record["content_key"])
-    return received
-
-
-def _assignment_changes(pool: Pool) -> Combiner[Change, Received | None]:
-    """The pool's group commit of issues' assignment changes (unassigned, removed, assigned,
-    re-assigned): several written in one transaction (`_change_issues`)."""
-    return _combiner(pool, "assignment_changes", _change_issues)
-
-
-def _change_issues(pool: Pool, changes: list[Change]) -> list[Received | None]:
-    """Issues' assignment changes written in one transaction, its statements sent together
-    (`shared.plumbing.db.together`), four statements for the whole batch: `take_turns` (the
-    deliveries recorded, every issue's turn taken, waiting, in the order of the turns' keys, so two
-    such transactions never wait for each other's turns in a circle, and no turn is waited for
-    while a row lock is held; each assignee's machine chosen); the machines the changes touch, in id
-    order (`send_lock_machines_for_changes`: machines before queue rows, so a revoke racing the
-    batch never deadlocks with it); the cancels of the issues' undelivered assignment dispatches
-    (`send_cancel_issues`), then the starts (`send_starts_routed`), which read each element's
-    verdict and write what its delivery did (cancelled or ignored; dispatched; or, the user's
-    machines differing, a routing request, the repository asked first). One round trip: nothing is
-    read before the commit. Copies of one delivery in the batch: the first is written, the others
-    answered None. A machine revoked meanwhile: the
-    start's statement aborts the transaction (MachineRevoked), nothing is committed, and the group
-    commit tries each change again alone (each, in its caller's rounds, seeing the revoke). One
-    answer per change, in order; None: the delivery was seen before, and nothing was written. A
-    second change of one issue in the batch (never from one process, whose webhooks of an issue go
-    one at a time) is written after it, in a transaction of its own, as it would be had it come
-    later: the cancels of a batch run before its starts."""
-    return one_per_key(changes, lambda c: (c.org_id, c.issue_id), partial(_change_distinct, pool))
-
-
-def _change_distinct(pool: Pool, changes: list[Change]) -> list[Received | None]:
-    """`_change_issues` of changes of distinct issues."""
-    written = firsts((c.record["key"], c.record["content_key"]) for c in changes)
-    try:
-        with together(pool) as tx:
-            turns = _take_turns(tx, [(i, changes[i].record) for i in written])
-            send_lock_machines_for_changes(tx, [(i, changes[i].org_id, changes[i].issue_id) for i in written])
-            cancel = send_cancel_issues(
-                tx,
-                [
-                    IssueCancel(i, c.org_id, c.issue_id, c.reason, c.record["key"])
-                    for i, c in ((i, changes[i]) for i in written)
-                ],
-            )
-            starts = [
-                IssueStart(i, c.org_id, c.user, c.start, c.record["key"])
-                for i, c in ((i, changes[i]) for i in written)
-                if c.start is not None and c.user is not None
-            ]
-            started = send_starts_routed(tx, starts) if starts else None
-    except psycopg.Error as error:
-        if revoked_meanwhile(error):
-            raise MachineRevoked(str(error)) from error
-        raise
-    verdicts = _verdicts(turns)
-    cancelled: dict[int, list[UUID]] = {}
-    for row in cancel.fetchall():
-        cancelled.setdefault(row["n"], []).append(row["id"])
-    enqueued = {row["n"]: row for row in started.fetchall()} if started is not None else {}
-    out: list[Received | None] = [None] * len(changes)
-    for i in written:
-        out[i] = _changed(changes[i], verdicts.get(i), cancelled.get(i, []), enqueued.get(i))
-    return out
-
-
-def _changed(
-    change: Change, turn: DictRow | None, cancelled: list[UUID], enq: DictRow | None
-) -> Received | None:
-    """What one change of `_change_issues` did, from its statements' rows (read after the commit:
-    its statements wrote what the delivery did)."""
-    taken = _taken(turn)
-    if not isinstance(taken, dict):
-        return taken
+def _changed(pool: Pool, change: IssueChange, outcome: IssueOutcome) -> Received:
+    """The answer to an issue's assignment event from what its statement wrote (`change_issues`)."""
+    if outcome is None:
+        return _duplicate(pool, change.delivery_key, change.content_key)
+    if outcome == SUPERSEDED:
+        return Received({"status": "ignored", "reason": "assignment_superseded"}, recorded=True)
+    assert isinstance(outcome, IssueChanged), outcome
+    start, cancelled = outcome
     answer: dict[str, Any]
     routes: list[UUID] = []
-    if enq is not None and enq["session_id"] is not None:
-        enqueued = Enqueued(
-            session_id=enq["session_id"], queue_id=enq["queue_id"], message_id=enq["message_id"]
-        )
-        answer = _dispatched(enqueued, enq["orchestrator_id"], None)
-    elif enq is not None and enq["route_id"] is not None:
-        # which of the user's machines depends on the repository: Linear is asked first
-        routes = [UUID(str(enq["route_id"]))]
-        answer = {"status": "routing", "routeId": str(routes[0])}
-    elif cancelled:
-        return Received({"status": "cancelled", "sessionId": str(cancelled[0])}, recorded=True)
+    if isinstance(start, Routed):
+        answer = _dispatched(start.enqueued, start.orchestrator_id, None)
+    elif isinstance(start, Asked):  # which of the user's machines depends on the repository
+        routes = [start.route_id]
+        answer = {"status": "routing", "routeId": str(start.route_id)}
+    elif cancelled is not None:
+        return Received({"status": "cancelled", "sessionId": str(cancelled)}, recorded=True)
     else:
-        reason = "nothing_to_cancel" if change.start is None else "no_orchestrator"
+        # Most assignments in a workspace go to people without a machine, and Linear is not told
+        # about a plain issue.
+        reason = "nothing_to_cancel" if change.message is None else "no_orchestrator"
         return Received({"status": "ignored", "reason": reason}, recorded=True)
-    if cancelled:
-        answer["cancelledSessionId"] = str(cancelled[0])
+    if cancelled is not None:
+        answer["cancelledSessionId"] = str(cancelled)
     return Received(answer, recorded=True, route_ids=routes)
 
 
@@ -588,8 +494,8 @@ CARRIED_OUT_BY: dict[Asks, Way] = {
     "disconnect": _transaction,
     "start": _start,
     "start_for_assignee": _transaction,
-    "cancel": _cancel,
-    "cancel_and_start": _cancel_and_start,
+    "cancel": _issue_change,
+    "cancel_and_start": _issue_change,
     "follow_up": _follow_up,
     "answer": _follow_up,
     "stop": _stop,
@@ -627,23 +533,30 @@ def _combiner(
         return combiner
 
 
-def _group_commit(pool: Pool, agent_sessions: bool) -> Combiner[Start, RouteOutcome]:
-    """The pool's group commit of issues' starts, or of agent sessions'. A start alone is written by
+def _agent_session_starts(pool: Pool) -> Combiner[Start, RouteOutcome]:
+    """The pool's group commit of agent sessions' starts. A start alone is written by
     `_one_statement`, the same statement with one element; every start waits for its turn. A second
-    start of one issue or agent session in a batch, a copy of a delivery included, is written after
-    the first (`_starts`): a copy then finds the first one's record, and is answered `duplicate`."""
-    return _combiner(pool, "agent_sessions" if agent_sessions else "issues", _starts, _one_statement)
+    start of one agent session in a batch, a copy of a delivery included, is written after the
+    first (`_starts`): a copy then finds the first one's record, and is answered `duplicate`."""
+    return _combiner(pool, "agent_sessions", _starts, _one_statement)
 
 
 def _starts(pool: Pool, starts: list[Start]) -> list[RouteOutcome]:
-    """Starts written in one statement (`route_and_enqueue_many`), by issue or agent session
+    """Agent sessions' starts written in one statement (`route_and_enqueue_many`), by agent session
     (`_in_statements`)."""
     return _in_statements(
-        pool,
-        starts,
-        lambda s: (s.org_id, s.message.agent_session_id or s.message.issue.id),
-        route_and_enqueue_many,
+        pool, starts, lambda s: (s.org_id, s.message.agent_session_id), route_and_enqueue_many
     )
+
+
+def _issue_changes(pool: Pool) -> Combiner[IssueChange, IssueOutcome]:
+    """The pool's group commit of issues' assignment events (`change_issues`). A second event of one
+    issue in a batch, a copy of a delivery included, is written after the first."""
+    return _combiner(pool, "issues", _issue_changes_written)
+
+
+def _issue_changes_written(pool: Pool, batch: list[IssueChange]) -> list[IssueOutcome]:
+    return _in_statements(pool, batch, lambda c: (c.org_id, c.issue_id), change_issues)
 
 
 def _follow_ups(pool: Pool) -> Combiner[FollowUp, RouteOutcome]:
@@ -660,14 +573,14 @@ def _in_statements(
     pool: Pool,
     items: list[T],
     key: Callable[[T], Hashable],
-    write: Callable[[Tx, list[T]], list[RouteOutcome]],
-) -> list[RouteOutcome]:
+    write: Callable[[Tx, list[T]], list[R]],
+) -> list[R]:
     """A batch written by `write` in one statement, its own transaction; a second item of one `key`
     (never from one process, whose webhooks of one key go one at a time; a copy of a delivery, say)
     written after the first, in a statement of its own, as it would be had it come later
     (`one_per_key`)."""
 
-    def written(distinct: list[T]) -> list[RouteOutcome]:
+    def written(distinct: list[T]) -> list[R]:
         with statement(pool) as tx:
             return write(tx, distinct)
 

@@ -55,6 +55,11 @@ def revoked_meanwhile(error: psycopg.Error) -> bool:
     return error.sqlstate == REVOKED_SQLSTATE
 
 
+class IssueOvertaken(Exception):
+    """Every round of an issue's assignment event found a dispatch of the issue committed while it
+    waited for the issue's turn, too late for its statement to cancel: nothing was written for it."""
+
+
 class MachineRevoked(Exception):
     """The machine chosen for a message is revoked (or gone): nothing was written for it. The
     caller's transaction cannot commit the decision it made before; it rolls back and decides again
@@ -174,15 +179,17 @@ UNROUTABLE: Final = (
 )
 NO_MACHINE: Final = "no_machine"  # `route_and_enqueue` recorded a plain issue's delivery as ignored
 SUPERSEDED: Final = "superseded"  # recorded as ignored: a later assignment change of the issue was handled
-UNDELIVERED: Final = "undelivered"  # nothing written: something of the issue is undelivered (a cancel first)
 REVOKED: Final = "revoked"  # nothing written: the machine chosen was revoked meanwhile (write it again)
-RouteOutcome = Routed | Asked | Ignored | Literal["no_machine", "superseded", "undelivered", "revoked"] | None
+# Nothing written: a dispatch of the issue, to cancel, was committed while the statement waited for
+# the issue's turn, too late for its snapshot (write it again: the next statement sees it).
+OVERTAKEN: Final = "overtaken"
+RouteOutcome = Routed | Asked | Ignored | Literal["no_machine", "superseded", "overtaken", "revoked"] | None
 
 
 class Start(NamedTuple):
     """A start as one webhook asks for it (`route_and_enqueue`, `route_and_enqueue_many`): the org,
     the Linear user, the message, the delivery's two keys. An agent session's has nothing to cancel
-    first; an issue's statement finds out whether it has (and then writes nothing)."""
+    first; an issue's is an assignment (`IssueChange`): its undelivered dispatch is cancelled."""
 
     org_id: str
     linear_user_id: str
@@ -220,8 +227,9 @@ def route_and_enqueue(
     told; `Ignored` for an agent session, with Linear's `error`); an issue's assignment older than
     a change of it handled already (`SUPERSEDED`), an agent session already started or stopped
     (`Ignored`), both recorded; and, nothing written: the machine chosen revoked meanwhile
-    (`REVOKED`: write it again), something of the issue undelivered (`UNDELIVERED`: a cancel
-    first, as a re-assignment), or the delivery seen before (None)."""
+    (`REVOKED`: write it again), a dispatch of the issue committed too late for the statement's
+    snapshot to cancel (`OVERTAKEN`: write it again), or the delivery seen before (None). An
+    issue's start cancels the issue's undelivered assignment dispatch first (`change_issues`)."""
     tx = require_tx(tx, "route_and_enqueue")
     if not isinstance(message, DispatchPayload):
         raise TypeError("route_and_enqueue() message must be a DispatchPayload")
@@ -318,36 +326,30 @@ def _followed(row: DictRow) -> RouteOutcome:
     return Routed(enqueued, row["orchestrator_id"], kind)
 
 
-def _route_outcome(row: DictRow | None) -> RouteOutcome:
-    """What a row of a starts' statement (`route_and_enqueue_many_for_delivery`,
-    `route_and_start_agent_sessions_many_for_delivery`) says was written."""
-    if row is not None and row.get("undelivered"):
-        return UNDELIVERED
-    if row is not None and row.get("revoked"):
+def _route_outcome(row: DictRow) -> RouteOutcome:
+    """What a row of the agent sessions' starts (`route_and_start_agent_sessions_many_for_delivery`)
+    says was written."""
+    if row["revoked"]:
         return REVOKED
-    if row is not None and row.get("superseded") and row["outcome"] is not None:
-        return SUPERSEDED
-    if row is not None and row.get("route_id") is not None:
+    if row["route_id"] is not None:
         return Asked(row["route_id"])
-    if row is None or row["outcome"] is None:
+    if row["outcome"] is None:
         return None
-    if "seen" in row and row["outcome"] == "ignored":  # (an agent session's)
+    if row["outcome"] == "ignored":
         reason = f"agent_session_{row['seen']}" if row["seen"] else "no_orchestrator"
         return Ignored(reason, row["notice_id"])
-    if row["outcome"] != "dispatched":
-        return NO_MACHINE
     enqueued = Enqueued(
         session_id=row["session_id"],
         queue_id=row["queue_id"],
         message_id=row["message_id"],
         notice_id=row["notice_id"],
     )
-    return Routed(enqueued, row["orchestrator_id"], "start" if "seen" in row else None)
+    return Routed(enqueued, row["orchestrator_id"], "start")
 
 
 def route_and_enqueue_many(tx: Tx, starts: list[Start]) -> list[RouteOutcome]:
     """`route_and_enqueue` for several starts of one kind in one statement (its own transaction,
-    given by `shared.plumbing.db.statement()`): issues' starts (`route_and_enqueue_many_for_delivery`), or
+    given by `shared.plumbing.db.statement()`): issues' starts (`change_issues`), or
     agent sessions `created` (`route_and_start_agent_sessions_many_for_delivery`). Each element's
     outcome is what `route_and_enqueue` would answer it alone, in order, and all of them commit
     together. A copy of an earlier element (its delivery key or content key again), or a second
@@ -366,11 +368,25 @@ def _route_and_enqueue_many(
     agent = [st.message.agent_session_id is not None for st in starts]
     if any(agent) and not all(agent):
         raise ValueError("route_and_enqueue_many takes issues' starts or agent sessions' starts, not both")
-    # (A turn is re-entrant within the transaction: two elements of one issue, or of one agent
-    # session, would both have it, and neither would see the other's dispatch.)
+    if starts and not agent[0]:  # (an issue's start is its assignment: `change_issues`)
+        changes = [
+            IssueChange(
+                st.org_id,
+                st.message.issue.id,
+                st.delivery_key,
+                st.content_key,
+                st.event_at,
+                ASSIGNED,
+                st.linear_user_id,
+                st.message,
+            )
+            for st in starts
+        ]
+        return [_start_of(o) for o in _change_issues(tx, changes, session_id, now)]
+    # (A turn is re-entrant within the transaction: two elements of one agent session would both
+    # have it, and neither would see the other's dispatch.)
     written = firsts(
-        (st.delivery_key, st.content_key, (st.org_id, st.message.agent_session_id or st.message.issue.id))
-        for st in starts
+        (st.delivery_key, st.content_key, (st.org_id, st.message.agent_session_id)) for st in starts
     )
     # The batch as one JSON document (`jsonb_to_recordset`): psycopg dumps it with the standard
     # library's C encoder, where each array of text would be escaped element by element in Python
@@ -386,21 +402,125 @@ def _route_and_enqueue_many(
             "issue_id": st.message.issue.id,
             "issue_identifier": st.message.issue.identifier,
             "agent_session_id": st.message.agent_session_id,
-            "event_at": st.event_at.isoformat() if st.event_at is not None else None,
             "payload": st.message.wire(),
         }
         for n, st in enumerate(starts[i] for i in written)
     ]
-    statement = (
-        "route_and_start_agent_sessions_many_for_delivery"
-        if starts and agent[0]
-        else "route_and_enqueue_many_for_delivery"
+    rows = tx.all(
+        query("route_and_start_agent_sessions_many_for_delivery"),
+        {"batch": Jsonb(batch), "now": now, "unroutable": UNROUTABLE},
     )
-    rows = tx.all(query(statement), {"batch": Jsonb(batch), "now": now, "unroutable": UNROUTABLE})
     out: list[RouteOutcome] = [None] * len(starts)
     for i, row in zip(written, rows, strict=True):
         out[i] = _route_outcome(row)
     return out
+
+
+ASSIGNED: Final = "issue assigned: assignment changed"  # (a library caller's start: why it cancels)
+
+
+class IssueChange(NamedTuple):
+    """An issue's assignment event as one webhook asks for it (`change_issues`): the issue's
+    undelivered assignment dispatch cancelled (`reason`, the cancelled session's), and a start for
+    `user`'s machine (`message`; `user` None: the cancel alone, an issue unassigned or removed).
+    `event_at`: when Linear made the change (None orders against nothing)."""
+
+    org_id: str
+    issue_id: str
+    delivery_key: str
+    content_key: str
+    event_at: datetime | None
+    reason: str
+    user: str | None = None
+    message: DispatchPayload | None = None
+
+
+class IssueChanged(NamedTuple):
+    """What an issue's assignment event wrote (`change_issues`): the start's outcome (`Routed`,
+    `Asked`, `NO_MACHINE`; None for a cancel alone), and the first session it cancelled (None:
+    nothing was undelivered)."""
+
+    start: RouteOutcome
+    cancelled: UUID | None
+
+
+# Recorded as ignored (`SUPERSEDED`); nothing written (`REVOKED`, `OVERTAKEN`: write it again;
+# None: the delivery was seen before).
+IssueOutcome = IssueChanged | Literal["superseded", "revoked", "overtaken"] | None
+
+
+def change_issues(tx: Tx, changes: list[IssueChange]) -> list[IssueOutcome]:
+    """The webhook intake of issues' assignment events (created with an assignee, assigned,
+    re-assigned, unassigned, removed) in one statement (`issue_changes_for_delivery`; its own
+    transaction, given by `shared.plumbing.db.statement()`): each waits for its issue's turn, every
+    turn of the batch in the order of the turns' keys, then cancels the issue's undelivered
+    assignment dispatch and queues the start, with the delivery's record of what it did. One
+    outcome per change, in order. A copy of an earlier element (its delivery key or content key
+    again), or a second change of the same issue, is not written: it is answered None (the caller
+    writes it after the first: a copy then finds the first one's record, `duplicate`)."""
+    tx = require_tx(tx, "change_issues")
+    return _change_issues(tx, changes, None, None)
+
+
+def _change_issues(
+    tx: Tx, changes: list[IssueChange], session_id: UUID | None, now: datetime | None
+) -> list[IssueOutcome]:
+    if any(
+        c.message is not None and (c.message.kind != "start" or c.message.agent_session_id) for c in changes
+    ):
+        raise ValueError("change_issues starts issues")
+    # (A turn is re-entrant within the transaction: two elements of one issue would both have it,
+    # and neither would see the other's dispatch.)
+    written = firsts((c.delivery_key, c.content_key, (c.org_id, c.issue_id)) for c in changes)
+    batch = [
+        {
+            "n": n,
+            "org_id": c.org_id,
+            "route_user": c.user if c.message is not None else None,
+            "delivery_key": c.delivery_key,
+            "content_key": c.content_key,
+            "session_id": str(session_id or uuid4()),
+            "issue_id": c.issue_id,
+            "issue_identifier": c.message.issue.identifier if c.message is not None else None,
+            "event_at": c.event_at.isoformat() if c.event_at is not None else None,
+            "payload": c.message.wire() if c.message is not None else None,
+            "reason": c.reason,
+        }
+        for n, c in enumerate(changes[i] for i in written)
+    ]
+    rows = tx.all(query("issue_changes_for_delivery"), {"batch": Jsonb(batch), "now": now})
+    out: list[IssueOutcome] = [None] * len(changes)
+    for i, row in zip(written, rows, strict=True):
+        out[i] = _issue_outcome(row, changes[i].message is not None)
+    return out
+
+
+def _issue_outcome(row: DictRow, starts: bool) -> IssueOutcome:
+    """What a row of `issue_changes_for_delivery` says was written."""
+    if row["overtaken"]:
+        return OVERTAKEN
+    if row["revoked"]:
+        return REVOKED
+    if row["outcome"] is None:
+        return None
+    if row["superseded"]:
+        return SUPERSEDED
+    start: RouteOutcome = None
+    if row["route_id"] is not None:
+        start = Asked(row["route_id"])
+    elif row["outcome"] == "dispatched":
+        enqueued = Enqueued(
+            session_id=row["session_id"], queue_id=row["queue_id"], message_id=row["message_id"]
+        )
+        start = Routed(enqueued, row["orchestrator_id"])
+    elif starts:
+        start = NO_MACHINE
+    return IssueChanged(start, row["cancelled"])
+
+
+def _start_of(outcome: IssueOutcome) -> RouteOutcome:
+    """An issue's start's outcome (`route_and_enqueue_many`) from its assignment's."""
+    return outcome.start if isinstance(outcome, IssueChanged) else outcome
 
 
 def claim(
@@ -753,80 +873,6 @@ def sweep(pool: Pool, settings: Settings, now: datetime | None = None) -> SweepR
             query("record_sweep"), {"requeued": requeued, "dead_lettered": dead, "kept": SWEEP_RUNS_KEPT}
         )
     return SweepResult(requeued, dead, rerouted, rescued)
-
-
-def send_lock_machines_for_changes(tx: Tx, changes: list[tuple[int, str, str]]) -> None:
-    """In the transaction of issues' assignment changes, after every change's `take_turns` and
-    before its first cancel: the machines the changes go on to touch, locked in id order
-    (`lock_machines_for_changes`), so a revoke racing them never deadlocks with them. `changes`:
-    each change's element `n`, org and issue. Sent, not waited for (`shared.plumbing.db.together`)."""
-    tx = require_tx(tx, "send_lock_machines_for_changes")
-    params = {
-        "ns": [n for n, _, _ in changes],
-        "org_ids": [org for _, org, _ in changes],
-        "issue_ids": [issue for _, _, issue in changes],
-    }
-    tx.execute(query("lock_machines_for_changes"), params)
-
-
-class IssueCancel(NamedTuple):
-    """One element of `send_cancel_issues`: its element `n` in the transaction (`take_turns`), the
-    issue, why its undelivered assignment dispatch is cancelled, and the delivery's key."""
-
-    n: int
-    org_id: str
-    issue_id: str
-    reason: str
-    key: str
-
-
-def send_cancel_issues(tx: Tx, cancels: list[IssueCancel]) -> psycopg.Cursor[DictRow]:
-    """The webhook intake's cancels of issues' undelivered assignment dispatches, sent after
-    `take_turns` in its transaction (`cancel_open_issues_for_delivery`: for each, only when that
-    transaction recorded its delivery and it does something; with no machine chosen for a start,
-    what the delivery did written by the same statement). Sent, not waited for
-    (`shared.plumbing.db.together`): its rows, each cancelled session's id and its element `n`, are
-    read from the cursor."""
-    tx = require_tx(tx, "send_cancel_issues")
-    batch = [c._asdict() for c in cancels]
-    return tx.execute(query("cancel_open_issues_for_delivery"), {"batch": Jsonb(batch)})
-
-
-class IssueStart(NamedTuple):
-    """One element of `send_starts_routed`: its element `n` in the transaction (`take_turns`), the
-    start for `linear_user_id`'s machine, and the delivery's key."""
-
-    n: int
-    org_id: str
-    linear_user_id: str
-    message: DispatchPayload
-    delivery_key: str
-
-
-def send_starts_routed(tx: Tx, starts: list[IssueStart]) -> psycopg.Cursor[DictRow]:
-    """The webhook intake's starts of issues for the machines `take_turns` chose, sent after it in
-    their transaction (`enqueue_routed_for_delivery`), each delivery recorded as dispatched, or,
-    the user's machines differing, as routing (a request, the repository asked first). Sent, not
-    waited for (`shared.plumbing.db.together`): its rows, one per start in the order of `n`
-    (session_id, queue_id, message_id, orchestrator_id; or route_id), are read from the cursor. A
-    machine revoked meanwhile: the statement aborts the transaction (`revoked_meanwhile`)."""
-    tx = require_tx(tx, "send_starts_routed")
-    if any(st.message.kind != "start" or st.message.agent_session_id is not None for st in starts):
-        raise ValueError("send_starts_routed is for issues' starts")
-    batch = [
-        {
-            "n": st.n,
-            "org_id": st.org_id,
-            "linear_user_id": st.linear_user_id,
-            "delivery_key": st.delivery_key,
-            "session_id": str(uuid4()),
-            "issue_id": st.message.issue.id,
-            "issue_identifier": st.message.issue.identifier,
-            "payload": st.message.wire(),
-        }
-        for st in sorted(starts, key=lambda st: st.n)
-    ]
-    return tx.execute(query("enqueue_routed_for_delivery"), {"batch": Jsonb(batch), "now": None})
 
 
 def stop_element(

@@ -1,7 +1,7 @@
 """Connections and the transaction handle that the queue's write paths require.
 
 `Tx` can only be made by `transaction()`, and only while its block is open. Functions that must
-run inside the caller's transaction (`enqueue_dispatch`, `send_cancel_issues`, ...) take a `Tx` as their
+run inside the caller's transaction (`enqueue_dispatch`, `change_issues`, ...) take a `Tx` as their
 first argument: a `psycopg.Connection`, a pool or `None` is a mypy error, and at run time
 `require_tx` refuses them (and an ended `Tx`) with TypeError before anything is written.
 

@@ -31,8 +31,8 @@ RETURNING delivery_key,
 
 -- name: take_turns
 -- `record_delivery` for the deliveries of one transaction written together (a batch of the group
--- commit: `shared.delivery.intake._change_issues`, `_stop_agent_sessions`), in one statement, and
--- each one's verdict kept for the statements sent after it in the same transaction
+-- commit of stops: `shared.delivery.intake._stop_agent_sessions`), in one statement, and each
+-- one's verdict kept for the statements sent after it in the same transaction
 -- (`shared.plumbing.db.together`): they read it, in SQL, rather than waiting here for a decision
 -- between them, so the whole transaction is sent at once. `batch`: a JSON array, one element per
 -- delivery, numbered `n`, with `record_delivery`'s parameters; their keys are distinct (the
@@ -40,27 +40,22 @@ RETURNING delivery_key,
 -- * `turns`: every element's turn (its agent session's, or its issue's: `agent_session_turn`,
 --   `issue_turn`), taken waiting, before anything is written, in the order of the turns' keys (a
 --   turn is re-entrant: one key twice is taken once). Every transaction that holds several turns
---   takes them here, in that order, so two of them never wait for each other in a circle, and none
+--   takes them in that order, so two of them never wait for each other in a circle, and none
 --   waits for a turn while it holds a row lock (the deliveries are inserted after the last turn).
 -- * the deliveries inserted ON CONFLICT DO NOTHING (a delivery seen before, or a concurrent copy
 --   once that commits, gets no row and no verdict), and for each one inserted, read with
 --   snapshots taken after the turns (the VOLATILE functions of migrations 0014 to 0016):
---   `superseded` and `seen`, as `record_delivery` reads them; the routing choice for its
---   `route_user` (`route`, read with the statement's snapshot).
--- The verdicts, kept under each element's `n`, local to the transaction:
--- * `devpilot.verdict_<n>`: 'go' when this transaction recorded the delivery and it does something;
---   'no' when it recorded it and it does nothing (an assignment superseded, an agent session's
---   event it may no longer take: `superseded`, `seen`); unset (NULL or '') when the delivery was
---   seen before: this transaction recorded nothing, and a statement reading the verdict writes
---   nothing, the delivery's record included.
--- * `devpilot.routed_<n>`: the machine the routing policy chose for `route_user`; '' for none, or
---   when the user's machines differ (`mixed`: the start needs its repository first).
--- * `devpilot.mixed_<n>`: 'true' when they differ (a recorded delivery's start then writes a
---   routing request: `enqueue_routed_for_delivery`).
+--   `superseded` and `seen`, as `record_delivery` reads them.
+-- The verdict, kept under each element's `n`, local to the transaction: `devpilot.verdict_<n>`:
+-- 'go' when this transaction recorded the delivery and it does something; 'no' when it recorded
+-- it and it does nothing (an assignment superseded, an agent session's event it may no longer
+-- take: `superseded`, `seen`); unset (NULL or '') when the delivery was seen before: this
+-- transaction recorded nothing, and a statement reading the verdict writes nothing, the
+-- delivery's record included.
 -- One row per delivery recorded, in the order of `n`.
 WITH want AS (  -- (one JSON array: the client dumps it in C)
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
-        AS w(n int, key text, content_key text, org_id text, route_user text, agent_session_id text,
+        AS w(n int, key text, content_key text, org_id text, agent_session_id text,
              issue_id text, event_at timestamptz, created boolean)
 ), turns AS MATERIALIZED (  -- (each lock taken as the sorted keys come: in key order)
     SELECT pg_advisory_xact_lock(k.key) FROM (
@@ -77,21 +72,16 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
     ON CONFLICT DO NOTHING
     RETURNING delivery_key
 ), judged AS (
-    SELECT want.n, r.id AS routed, coalesce(r.mixed, false) AS mixed,
+    SELECT want.n,
            want.event_at IS NOT NULL
            AND devpilot_issue_event_superseded(want.org_id, want.issue_id, want.event_at) AS superseded,
            CASE WHEN want.created THEN devpilot_agent_session_seen(want.org_id, want.agent_session_id, true)
            END AS seen
-    FROM recorded d JOIN want ON want.key = d.delivery_key LEFT JOIN LATERAL (
--- include: route
-    ) r ON true
+    FROM recorded d JOIN want ON want.key = d.delivery_key
 )
 SELECT j.*,
        set_config('devpilot.verdict_' || j.n,
-                  CASE WHEN j.superseded OR j.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict,
-       set_config('devpilot.routed_' || j.n,
-                  CASE WHEN j.mixed THEN '' ELSE coalesce(j.routed::text, '') END, true) AS routed_machine,
-       set_config('devpilot.mixed_' || j.n, j.mixed::text, true) AS mixed_machines
+                  CASE WHEN j.superseded OR j.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict
 FROM judged j
 ORDER BY j.n;
 
@@ -165,8 +155,8 @@ WHERE %(agent_session_id)s::text IS NOT NULL
 -- name: issue_turn
 -- A fragment (in `record_delivery`): serialises the intake transactions of one issue's assignment
 -- events (assigned, re-assigned, unassigned, removed) until commit, so that each one's cancel sees
--- the dispatch of the one before it; the starts' group commit statement waits for the same turn
--- (`route_and_enqueue_many_for_delivery`). Every statement after it reads a snapshot taken after
+-- the dispatch of the one before it; the issues' group commit statement waits for the same turn
+-- (`issue_changes_for_delivery`). Every statement after it reads a snapshot taken after
 -- the turn was granted.
 SELECT pg_advisory_xact_lock(devpilot_issue_turn_key(%(org_id)s, %(issue_id)s))
 WHERE %(issue_id)s::text IS NOT NULL
@@ -203,14 +193,14 @@ SET stopped_at = excluded.stopped_at,
     last_stop_at = greatest(agent_session_stops.last_stop_at, excluded.last_stop_at);
 
 -- name: route
--- A fragment, the routing policy (in `record_delivery`, `take_turns` and the starts' statements,
--- `route_and_enqueue_many_for_delivery` and `route_and_start_agent_sessions_many_for_delivery`): the active
+-- A fragment, the routing policy (in the starts' statements, `issue_changes_for_delivery` and
+-- `route_and_start_agent_sessions_many_for_delivery`): the active
 -- orchestrator registered for (org, Linear user), most recently seen first, then the newest
 -- registration. For each row of `want` (org_id, route_user): a LATERAL subquery. Served by
 -- orchestrators_route_idx.
 -- `mixed`: the user's active machines do not all have the same repositories and labels (their
 -- `routing_shape`). Such a start needs the repository first (Linear is asked, after commit): the
--- statements that route write nothing for it, and the intake transaction writes a routing request.
+-- statements that route write a routing request for it instead.
 -- The window aggregate reads the same index scan (every machine of the user, a handful), so the
 -- one statement of a user whose machines are alike reads nothing more than it did.
 SELECT id, min(routing_shape) OVER () <> max(routing_shape) OVER () AS mixed FROM orchestrators

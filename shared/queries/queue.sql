@@ -7,12 +7,12 @@
 -- invariant trigger of migration 0001 checks that at every commit):
 --
 --   AVAILABLE  lease_expires_at IS NULL. Claimable once available_at <= now.
---              leaves by: claim (-> CLAIMED), cancel_open_issues_for_delivery (-> deleted, session cancelled)
+--              leaves by: claim (-> CLAIMED), issue_changes_for_delivery (-> deleted, session cancelled)
 --   CLAIMED    lease_expires_at IS NOT NULL; claim_token is the fencing token of the latest claim.
 --              leaves by: ack (-> deleted, session delivered),
 --                         release / sweep, attempts < max (-> AVAILABLE after the backoff),
 --                         release / sweep, attempts >= max (-> deleted, session failed),
---                         cancel_open_issues_for_delivery (-> deleted, session cancelled)
+--                         issue_changes_for_delivery (-> deleted, session cancelled)
 --
 -- A re-queued row keeps the claim token of its latest claim, so that claim can still ack (a laptop
 -- that wakes late still delivers) until a newer claim replaces the token.
@@ -525,146 +525,6 @@ cancelled AS (
     RETURNING ds.id, ds.org_id, ds.agent_session_id, ds.issue_id, ds.kind
 )
 
--- name: lock_machines_for_changes
--- In the transaction of issues' assignment changes (`shared.delivery.intake._change_issues`), sent
--- after every change's `take_turns` and before the first cancel: machines first, as
--- `cancel_agent_session` takes them. Every machine the batch goes on to lock or delete rows of is
--- locked FOR KEY SHARE, in id order, to the commit: each machine chosen for a start
--- (`devpilot.routed_<n>`: the lock its enqueue takes next), and each machine an undelivered
--- assignment dispatch of a change's issue is queued for (the rows its cancel deletes next), for
--- the changes whose delivery does something (`devpilot.verdict_<n>` 'go'; `ns`, `org_ids`,
--- `issue_ids`: the elements, aligned). A revoke holds its machine's row FOR UPDATE, then locks the
--- machine's queue rows in queue order (seq). Without this, the batch could delete one of them (a
--- cancel takes no machine's lock) and then wait for that machine (a later change's start to it),
--- or hold a later row while it waited for an earlier one (two changes' cancels on one machine, in
--- the order of their issues): each would wait for the other, and Postgres would abort one. With
--- it, either the revoke holds the machine first, and the batch waits here, holding none of its
--- rows; or the batch does, and the revoke waits for its commit. Revoked machines are locked too: a
--- revoke again (of one with work left, by the sweep) cancels its rows. The rows are found with a
--- snapshot taken after the issues' turns, as the cancels find them; one moved to another machine
--- between the two (by an operator, or a revoke) is deleted without that machine's lock.
-SELECT o.id FROM orchestrators o
-WHERE o.id IN (
-    SELECT nullif(current_setting('devpilot.routed_' || c.n, true), '')::uuid
-    FROM unnest(%(ns)s::int[]) AS c(n)
-    WHERE current_setting('devpilot.verdict_' || c.n, true) = 'go'
-    UNION
-    SELECT s.orchestrator_id
-    FROM unnest(%(ns)s::int[], %(org_ids)s::text[], %(issue_ids)s::text[]) AS c(n, org_id, issue_id)
-    JOIN dispatch_sessions s ON s.org_id = c.org_id AND s.issue_id = c.issue_id
-    WHERE s.status = 'queued' AND s.agent_session_id IS NULL
-      AND current_setting('devpilot.verdict_' || c.n, true) = 'go'
-)
-ORDER BY o.id
-FOR KEY SHARE;
-
--- name: cancel_open_issues_for_delivery
--- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: each issue's
--- still-undelivered assignment dispatch (not yet acked; never an agent session's message), for
--- several issues' assignment changes (`batch`, a JSON array, one element per change: `n`, `org_id`,
--- `issue_id`, `reason`, `key`, the delivery's). The rows are locked first, in queue order (seq),
--- as ack, sweep and release lock theirs, so a racing ack either wins (nothing is cancelled) or
--- finds the row gone (404); never a deadlock, never both.
--- For the webhook intake, sent after `take_turns` (and `lock_machines_for_changes`) in its
--- transaction (`shared.plumbing.db.together`), so under the issues' turns and with a snapshot
--- taken after them: it cancels an element's only when that statement recorded its delivery and the
--- delivery does something (`devpilot.verdict_<n>` 'go'). The same statement writes what each
--- delivery did: `cancelled`, with the first of its sessions cancelled, or `ignored` (nothing to
--- cancel, or a verdict 'no', whatever machine was chosen); nothing for a delivery seen before (no
--- verdict). A start with a machine chosen (`devpilot.routed_<n>`) and a verdict 'go' writes its
--- own (`enqueue_routed_for_delivery`: dispatched, or the transaction aborts), so this one writes
--- nothing then. One row per session
--- cancelled (`n`, `id`), in the order of `n`, then of the ids as text.
-WITH want AS (  -- (one JSON array: the client dumps it in C)
-    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
-        AS w(n int, org_id text, issue_id text, reason text, key text)
-), doomed AS (
-    SELECT dq.id, w.n, w.reason
-    FROM want w
-    JOIN dispatch_sessions s ON s.org_id = w.org_id AND s.issue_id = w.issue_id AND s.status = 'queued'
-    JOIN dispatch_queue dq ON dq.session_id = s.id
-    WHERE s.agent_session_id IS NULL  -- a human's re-assignment never touches an agent's conversation
-      AND current_setting('devpilot.verdict_' || w.n, true) = 'go'
-    ORDER BY dq.seq
-    FOR UPDATE OF dq
-), removed AS (
-    DELETE FROM dispatch_queue dq USING doomed d WHERE dq.id = d.id
-    RETURNING dq.session_id, d.n, d.reason
-), cancelled AS (  -- (as `cancel_removed`, each with its own element's reason)
-    UPDATE dispatch_sessions ds
-    SET status = 'cancelled', updated_at = now(), failure_reason = r.reason
-    FROM removed r WHERE ds.id = r.session_id AND ds.status = 'queued'
-    RETURNING ds.id, r.n
-), firsts AS (
-    SELECT c.n, min(c.id::text)::uuid AS id FROM cancelled c GROUP BY c.n
-), finished AS (
-    UPDATE webhook_deliveries d
-    SET session_id = f.id, outcome = CASE WHEN f.id IS NOT NULL THEN 'cancelled' ELSE 'ignored' END
-    FROM want w LEFT JOIN firsts f ON f.n = w.n
-    WHERE d.delivery_key = w.key
-      AND (current_setting('devpilot.verdict_' || w.n, true) = 'no'
-           OR current_setting('devpilot.verdict_' || w.n, true) = 'go'
-              AND coalesce(current_setting('devpilot.routed_' || w.n, true), '') = '')
-)
-SELECT n, id FROM cancelled ORDER BY n, id::text;
-
--- name: enqueue_routed_for_delivery
--- `enqueue_for_delivery` for the webhook intake's starts of issues (`batch`, a JSON array, one
--- element per start: `n`, `org_id`, `linear_user_id`, `delivery_key`, `session_id`, `issue_id`,
--- `issue_identifier`, `payload`), sent after `take_turns` and the issues' cancels in its
--- transaction (`shared.plumbing.db.together`): each for the machine `take_turns` chose
--- (`devpilot.routed_<n>`; none: nothing is written for it), only when its delivery does something
--- (`devpilot.verdict_<n>` 'go'). Each machine's row is read FOR KEY SHARE if it is still active,
--- as `enqueue`'s `target` (`lock_machines_for_changes` took the same locks, in id order, before).
--- One revoked meanwhile (a machine chosen, none locked), the statement aborts the transaction
--- (`devpilot_machine_revoked`, migration 0023): nothing commits, the deliveries' records neither,
--- and the caller decides again. Each delivery is recorded as dispatched to its new session by the
--- same statement. A user whose machines differ (`devpilot.mixed_<n>`): the start's routing request
--- instead (which of the user's machines has the issue's repository is asked of Linear after the
--- commit), and the delivery recorded as `routing`. One row per element, in the order of `n`: the
--- session queued (NULL: none), or the request written (`route_id`).
-WITH want AS (  -- (one JSON array: the client dumps it in C)
-    SELECT w.*, nullif(current_setting('devpilot.routed_' || w.n, true), '')::uuid AS routed,
-           current_setting('devpilot.verdict_' || w.n, true) = 'go' AS go,
-           current_setting('devpilot.mixed_' || w.n, true) = 'true' AS mixed
-    FROM jsonb_to_recordset(%(batch)s::jsonb)
-        AS w(n int, org_id text, linear_user_id text, delivery_key text, session_id uuid, issue_id text,
-             issue_identifier text, payload jsonb)
-), machine AS (
-    SELECT w.n, o.id, o.name, o.listening_until > now() AS listening
-    FROM want w JOIN orchestrators o ON o.id = w.routed
-    WHERE w.go AND o.revoked_at IS NULL
-    FOR KEY SHARE OF o
-), revoked AS (
-    SELECT devpilot_machine_revoked(w.routed) FROM want w
-    WHERE w.go AND w.routed IS NOT NULL AND NOT EXISTS (SELECT FROM machine m WHERE m.n = w.n)
-), target AS (
-    SELECT m.n, m.id, m.listening, w.session_id, w.org_id, w.linear_user_id, w.issue_id,
-           w.issue_identifier, NULL::text AS agent_session_id, 'start'::text AS kind, w.payload
-    FROM machine m JOIN want w ON w.n = m.n
-),
--- include: batch_session_rows
-, delivered AS (
-    UPDATE webhook_deliveries d SET session_id = q.session_id, outcome = 'dispatched'
-    FROM q JOIN want w ON w.session_id = q.session_id
-    WHERE d.delivery_key = w.delivery_key
-), asked AS (
-    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
-                                  linear_user_id)
-    SELECT w.org_id, NULL, w.issue_id, 'repository', w.payload, w.delivery_key, w.linear_user_id
-    FROM want w WHERE w.go AND w.mixed
-    RETURNING id, delivery_key
-), routing AS (
-    UPDATE webhook_deliveries d SET session_id = NULL, outcome = 'routing'
-    FROM asked a WHERE d.delivery_key = a.delivery_key
-)
-SELECT w.n, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id, a.id AS route_id,
-       (SELECT count(*) FROM revoked) AS revoked,
-       (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
-        FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
-FROM want w LEFT JOIN q ON q.session_id = w.session_id LEFT JOIN asked a ON a.delivery_key = w.delivery_key
-ORDER BY w.n;
-
 -- name: stop_for_delivery
 -- The last statement of a transaction of stops (`shared.delivery.intake._stop_agent_sessions`),
 -- for each of them (`batch`, a JSON array, one element per stop: `n`, `org_id`, `agent_session_id`,
@@ -741,7 +601,7 @@ ORDER BY w.n;
 -- AVAILABLE or CLAIMED -> deleted, session `cancelled`, in the caller's transaction: every
 -- undelivered message of each agent session of `batch` (a JSON array, one element per stop: `n`,
 -- `org_id`, `agent_session_id`; Linear's stop). Same lock order as
--- cancel_open_issues_for_delivery, so an ack racing it either wins (delivered: the caller then
+-- issue_changes_for_delivery, so an ack racing it either wins (delivered: the caller then
 -- queues a `stop`) or gets 404.
 -- Two lock orders keep a stop out of deadlocks, each with a party that holds one lock and then
 -- wants the stop's:
@@ -867,47 +727,49 @@ SELECT count(*) AS rerouted,
         FROM (SELECT DISTINCT orchestrator_id FROM sessions) d) AS woken
 FROM sessions;
 
--- name: route_and_enqueue_many_for_delivery
--- (none) -> AVAILABLE: the whole intake of issue starts (an issue created with an assignee, or an
--- existing issue assigned with nobody before) for one or several webhooks (`batch`, a JSON array,
--- one element per webhook, numbered `n`), in one statement that is its own transaction
--- (`shared.plumbing.db.statement`), so the whole batch commits together or not at all, after one
+-- name: issue_changes_for_delivery
+-- (none) -> AVAILABLE, and AVAILABLE or CLAIMED -> deleted, session `cancelled`: the whole intake
+-- of issues' assignment events (created with an assignee, assigned, re-assigned, unassigned,
+-- removed) for one or several webhooks (`batch`, a JSON array, one element per webhook, numbered
+-- `n`; `route_user` NULL: a cancel alone), in one statement that is its own transaction
+-- (`shared.plumbing.db.statement`): the whole batch commits together or not at all, after one
 -- round trip and one commit. The caller answers no webhook before the commit. The elements'
--- issues are distinct, and so are their keys (the caller writes a second element of an issue
--- after the first: a turn is re-entrant within one transaction, and a key twice would match one
--- inserted record twice).
+-- issues are distinct, and so are their keys (a turn is re-entrant within one transaction, and a
+-- key twice would match one inserted record twice).
 --
 -- * `turns`: every element's issue turn (`issue_turn`), taken waiting, before anything is read or
---   written, in the order of the turns' keys, as `take_turns` takes a batch's (two batches never
---   wait for each other in a circle, and no turn is waited for while a row lock is held). Held to
---   the commit, so an assignment change of the same issue that comes meanwhile waits for this one
---   and then finds its dispatch to cancel.
--- * `judged`, read with snapshots taken after the turns (VOLATILE functions, migrations 0012 and
---   0015): `superseded`, a later assignment change of the issue was handled already (`event_at`,
---   Linear's time of the change, recorded with the delivery): the delivery is recorded `ignored`
---   and nothing else is written; `undelivered`, something of the issue is still undelivered (its
---   own dispatch, for a delivery seen before, which the caller's way then finds recorded): an
---   assignment is then the cancel of it and a start, which this statement, whose own snapshot
---   predates the turn, cannot decide; nothing is written for it (the caller carries it out as a
---   re-assignment, `shared.delivery.intake._cancel_and_start`).
--- * for the rest, the routing choice (`route`), the machine's lock FOR KEY SHARE (as `enqueue`'s
---   `target`: a revoke committed meanwhile is seen, nothing is written for the element, and it
---   answers `revoked`: the caller writes it again), the delivery (two keys, as `record_delivery`)
---   ON CONFLICT DO NOTHING, recorded as dispatched to the new session; as ignored when the user has
---   no active machine (Linear is not told about a plain issue); or, the user's machines differing
---   in what they have (`mixed`), as `routing`, with the start's routing request (which of them
---   has the issue's repository is asked of Linear after the commit).
+--   written, in the order of the turns' keys (two batches never wait for each other in a circle,
+--   and no turn is waited for while a row lock is held). Held to the commit: the next assignment
+--   event of the issue waits for this one and then finds its dispatch to cancel.
+-- * `judged`, read with snapshots taken after the turns (VOLATILE functions, migrations 0015 and
+--   0025): `superseded`, a later assignment change of the issue was handled already (`event_at`,
+--   recorded with the delivery): recorded `ignored`, nothing else written; `undelivered`, the
+--   issue's undelivered assignment dispatches (never an agent session's message).
+-- * `open`: their queue rows as this statement's snapshot, older than the turn, sees them. One it
+--   cannot see (committed by the turn's previous holder while this waited: `overtaken`): nothing is
+--   written for the element, not its delivery either, and the caller writes it again, in a new
+--   statement whose snapshot sees it.
+-- * the routing choice for `route_user` (`route`), then the locks, machines first (as
+--   `cancel_agent_session` takes them): every machine the element goes on to queue for or delete
+--   rows of, FOR KEY SHARE, in id order, to the commit; then the rows to cancel FOR UPDATE, in
+--   queue order (seq), as ack, sweep and release lock theirs. A revoke holds its machine's row,
+--   then its rows in queue order, so either it waits for this commit or this waits for it holding
+--   none of its rows; a racing ack either wins (its row is skipped: delivered, not cancelled) or
+--   finds the row gone (404). The machine chosen revoked meanwhile (its lock reads it revoked):
+--   nothing is written for the element (`revoked`), and the caller writes it again.
+-- * the delivery (two keys, as `record_delivery`) ON CONFLICT DO NOTHING, recorded with what it
+--   did: `dispatched` to the new session; `routing`, the user's machines differing in what they
+--   have (`mixed`), with the start's routing request (the repository is asked of Linear after the
+--   commit); `cancelled`, with the first session cancelled; else `ignored` (no machine: Linear is
+--   not told about a plain issue). Only a delivery recorded here cancels and queues.
 -- One row per element, in order: `outcome` NULL means nothing was written for it (a delivery seen
--- before, `revoked`, or `undelivered`).
--- (`want`: one JSON array, the client dumps it in C; `turns`: each lock taken as the sorted keys
--- come, in key order; `judged`: after every turn, by functions that read with snapshots taken
--- after it.)
+-- before, `revoked`, `overtaken`).
 -- (`el`: each element whole, so that no statement after it joins more than three relations: the
 -- planner's search of join orders was most of its planning time.)
 WITH want AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(n int, org_id text, route_user text, delivery_key text, content_key text, session_id uuid,
-             issue_id text, issue_identifier text, event_at timestamptz, payload jsonb)
+             issue_id text, issue_identifier text, event_at timestamptz, payload jsonb, reason text)
 ), turns AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(k.key) FROM (
         SELECT DISTINCT devpilot_issue_turn_key(w.org_id, w.issue_id) AS key FROM want w ORDER BY 1 OFFSET 0
@@ -916,31 +778,57 @@ WITH want AS (
     SELECT want.*,
            want.event_at IS NOT NULL
            AND devpilot_issue_event_superseded(want.org_id, want.issue_id, want.event_at) AS superseded,
-           NOT devpilot_issue_turn_free(want.org_id, want.issue_id) AS undelivered
+           devpilot_issue_undelivered(want.org_id, want.issue_id) AS undelivered
     FROM want WHERE (SELECT count(*) FROM turns) >= 0
+), open AS MATERIALIZED (
+    SELECT j.n, dq.id, dq.orchestrator_id FROM judged j JOIN dispatch_queue dq ON dq.session_id = ANY (j.undelivered)
+    WHERE NOT j.superseded
+), looked AS MATERIALIZED (
+    SELECT j.*, NOT j.superseded AND cardinality(j.undelivered) > (SELECT count(*) FROM open o WHERE o.n = j.n)
+                AS overtaken
+    FROM judged j
 ), routed AS (
     SELECT want.n, r.id, coalesce(r.mixed, false) AS mixed
-    FROM judged want LEFT JOIN LATERAL (
+    FROM looked want LEFT JOIN LATERAL (
 -- include: route
     ) r ON true
-    WHERE NOT want.superseded AND NOT want.undelivered
-), machine AS (
-    SELECT routed.n, o.id, o.name, o.listening_until > now() AS listening
-    FROM routed JOIN orchestrators o ON o.id = routed.id
-    WHERE o.revoked_at IS NULL AND NOT routed.mixed
-    FOR KEY SHARE OF o
+    WHERE want.route_user IS NOT NULL AND NOT want.superseded AND NOT want.overtaken
+), machines AS MATERIALIZED (
+    SELECT o.id, o.revoked_at IS NULL AS active, o.listening_until > now() AS listening
+    FROM orchestrators o
+    WHERE o.id = ANY (ARRAY(SELECT r.id FROM routed r WHERE NOT r.mixed
+                            UNION SELECT p.orchestrator_id FROM open p JOIN looked l USING (n) WHERE NOT l.overtaken))
+    ORDER BY o.id
+    FOR KEY SHARE
+), doomed AS MATERIALIZED (
+    SELECT dq.id, dq.session_id, l.n, l.delivery_key, l.reason
+    FROM open p JOIN looked l USING (n) JOIN dispatch_queue dq ON dq.id = p.id
+    WHERE NOT l.overtaken AND (SELECT count(*) FROM machines) >= 0  -- (machines first)
+    ORDER BY dq.seq
+    FOR UPDATE OF dq
 ), el AS (
-    SELECT j.*, r.n IS NOT NULL AS routing, r.id AS routed_id, r.mixed, m.id AS machine, m.listening
-    FROM judged j LEFT JOIN routed r USING (n) LEFT JOIN machine m USING (n)
+    SELECT l.*, r.n IS NOT NULL AS routing, r.id AS routed_id, coalesce(r.mixed, false) AS mixed,
+           m.id AS machine, m.listening,
+           (SELECT min(x.session_id::text)::uuid FROM doomed x WHERE x.n = l.n) AS cancelled
+    FROM looked l LEFT JOIN routed r USING (n) LEFT JOIN machines m ON m.id = r.id AND NOT r.mixed AND m.active
 ), d AS (
     INSERT INTO webhook_deliveries (delivery_key, content_key, session_id, outcome, org_id, issue_id, event_at)
-    SELECT delivery_key, content_key, CASE WHEN machine IS NOT NULL THEN session_id END,
-           CASE WHEN machine IS NOT NULL THEN 'dispatched' WHEN mixed THEN 'routing' ELSE 'ignored' END,
+    SELECT delivery_key, content_key,
+           CASE WHEN machine IS NOT NULL THEN session_id WHEN NOT mixed AND NOT superseded THEN cancelled END,
+           CASE WHEN superseded THEN 'ignored' WHEN machine IS NOT NULL THEN 'dispatched'
+                WHEN mixed THEN 'routing' WHEN cancelled IS NOT NULL THEN 'cancelled' ELSE 'ignored' END,
            org_id, issue_id, event_at
     FROM el
-    WHERE superseded OR machine IS NOT NULL OR routing AND (routed_id IS NULL OR mixed)
+    WHERE NOT overtaken AND (superseded OR machine IS NOT NULL OR NOT routing OR routed_id IS NULL OR mixed)
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
+), removed AS (
+    DELETE FROM dispatch_queue dq USING doomed x JOIN d USING (delivery_key) WHERE dq.id = x.id
+    RETURNING dq.session_id, x.reason
+), cancelled AS (  -- (as `cancel_removed`, each with its own element's reason; queued, as its row was)
+    UPDATE dispatch_sessions ds
+    SET status = 'cancelled', updated_at = now(), failure_reason = x.reason
+    FROM removed x WHERE ds.id = x.session_id
 ), asked AS (
     INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
                                   linear_user_id)
@@ -955,13 +843,12 @@ WITH want AS (
 -- include: batch_session_rows
 SELECT n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
        NULL::uuid AS notice_id, (SELECT a.id FROM asked a WHERE a.delivery_key = e.delivery_key) AS route_id,
-       superseded, undelivered AND NOT superseded AS undelivered,
+       superseded, overtaken, CASE WHEN d.outcome IS NOT NULL THEN e.cancelled END AS cancelled,
        routed_id IS NOT NULL AND NOT mixed AND machine IS NULL AS revoked,
        (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
         FROM (SELECT DISTINCT t.id FROM target t WHERE t.listening) l) AS notified
 FROM el e LEFT JOIN d USING (delivery_key) LEFT JOIN q ON q.session_id = e.session_id AND d.outcome = 'dispatched'
 ORDER BY n;
-
 
 -- name: route_and_start_agent_sessions_many_for_delivery
 -- (none) -> AVAILABLE: the whole intake of agent sessions `created` by a person, for one or several

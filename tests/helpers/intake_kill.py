@@ -31,7 +31,8 @@ def main() -> None:
         if count[0] == k:
             # In a pipeline (`shared.plumbing.db.together`) the statement is only queued: have the server run
             # it (and every one before it) first, so the kill lands inside the open transaction.
-            pipeline = self.conn._pipeline
+            # (A statement that is its own transaction has ended, and committed, by now.)
+            pipeline = None if self._single else self.conn._pipeline
             if pipeline is not None:
                 pipeline.sync()
             os.kill(os.getpid(), signal.SIGKILL)
