@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from shared.delivery.models import DispatchPayload
@@ -419,15 +420,15 @@ START_PLAN = [
 # A start's routing request, for a user whose machines differ.
 ROUTING_PLAN = [("ModifyTable", "routing_requests", None)]
 # An issue's assignment (`issue_changes_for_delivery`): the machines it locks, chosen and of the
-# rows it cancels, by their keys at once (a bitmap of the primary key); the issue's undelivered
-# start found by its session and locked, deleted and its session cancelled, each by its key.
+# rows it cancels, and the sessions it cancels, by their keys at once (bitmaps of the primary
+# keys); the issue's undelivered start found by its session, locked and deleted by its key.
 ISSUE_CHANGE_PLAN = [
     ("Index Scan", "orchestrators", "orchestrators_route_idx"),
     ("Bitmap Heap Scan", "orchestrators", None),
     ("Index Scan", "dispatch_queue", "dispatch_queue_session_id_key"),
     ("Index Scan", "dispatch_queue", "dispatch_queue_pkey"),
     ("Index Scan", "dispatch_queue", "dispatch_queue_pkey"),
-    ("Index Scan", "dispatch_sessions", "dispatch_sessions_pkey"),
+    ("Bitmap Heap Scan", "dispatch_sessions", None),
     ("ModifyTable", "webhook_deliveries", None),
     ("ModifyTable", "dispatch_queue", None),
     ("ModifyTable", "dispatch_sessions", None),
@@ -505,7 +506,8 @@ def test_starts_written_together_read_no_table_in_either_plan(
     top = plan["QUERY PLAN"][0]["Plan"]
     expected = [*START_PLAN, *NOTICES_PLAN] if agent_sessions else ISSUE_CHANGE_PLAN
     assert _relations(top) == sorted([*expected, *ROUTING_PLAN]), text
-    assert '"Index Name": "orchestrators_pkey"' in text, text
+    for key in ("orchestrators_pkey", *([] if agent_sessions else ["dispatch_sessions_pkey"])):
+        assert f'"Index Name": "{key}"' in text, text
     assert top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0) < 80 * len(users), text
 
 
@@ -528,10 +530,10 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
             "SELECT prosrc FROM pg_proc WHERE proname = 'devpilot_issue_undelivered'"
         ).fetchone()
         assert row is not None
-        probe = re.search(r"ARRAY\((.*?)\);", row["prosrc"], re.S)
+        probe = re.search(r"EXECUTE 'SELECT ARRAY\((.*?)\)'\s+INTO", row["prosrc"], re.S)
         assert probe is not None, row["prosrc"]
         conn.execute(f"SET plan_cache_mode = {mode}")
-        conn.execute(f"PREPARE probe(text, text) AS {probe.group(1)}")
+        conn.execute(f"PREPARE probe(text, text) AS {probe.group(1).replace(chr(39) * 2, chr(39))}")
         for issue, found in (("bulk-77", 1), ("elsewhere", 0)):
             run = sql.SQL("EXECUTE probe({}, {})").format(sql.Literal(o.org_id), sql.Literal(issue))
             for _ in range(6):  # (a generic plan is chosen after five custom ones, if at all)
@@ -547,6 +549,36 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
             assert "issue_id" in top["Index Cond"] and top.get("Rows Removed by Filter", 0) == 0, plan
             assert top["Actual Rows"] == found, plan
         conn.execute("DEALLOCATE probe")
+
+
+def test_an_issues_turn_is_probed_by_its_index_after_the_table_grew(
+    pool: Pool, db_url: str, make_orchestrator: MakeOrch
+) -> None:
+    """`devpilot_issue_undelivered` is planned at each call: a connection that called it while the
+    sessions' table was empty (and analyzed so, as autovacuum leaves a new table) still finds an
+    issue's open dispatch by the issue's index once the table holds 20,000 queued sessions (a plan
+    kept from the empty table read them all, by a sequential scan). The plan of the query inside it
+    is read with auto_explain, on that connection."""
+    o = make_orchestrator()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.Error:
+            pytest.skip("no auto_explain in this server")
+        conn.execute("ANALYZE dispatch_sessions")
+        for n in range(12):  # (a kept plan would be made here, the table empty)
+            conn.execute("SELECT devpilot_issue_undelivered(%s, %s)", (o.org_id, f"none-{n}"))
+        fill_queue(pool, o, 20_000)  # issues bulk-1 .. bulk-20000, all queued
+        said: list[str] = []
+        conn.add_notice_handler(lambda d: said.append(d.message_primary or ""))
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        conn.execute("SET auto_explain.log_nested_statements = on")
+        conn.execute("SET client_min_messages = log")
+        found = conn.execute("SELECT devpilot_issue_undelivered(%s, 'bulk-77') AS f", (o.org_id,)).fetchone()
+        conn.execute("RESET client_min_messages")
+    assert found is not None and len(found[0]) == 1
+    inner = [m for m in said if "dispatch_sessions s" in m]
+    assert inner and all("dispatch_sessions_open_issue_idx" in m for m in inner), said
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])

@@ -825,10 +825,12 @@ WITH want AS (
 ), removed AS (
     DELETE FROM dispatch_queue dq USING doomed x JOIN d USING (delivery_key) WHERE dq.id = x.id
     RETURNING dq.session_id, x.reason
-), cancelled AS (  -- (as `cancel_removed`, each with its own element's reason; queued, as its row was)
+), cancelled AS (  -- (as `cancel_removed`, each with its own element's reason; queued, as its row was;
+                 -- by their keys at once: a join to `removed` planned generically read the table whole)
     UPDATE dispatch_sessions ds
-    SET status = 'cancelled', updated_at = now(), failure_reason = x.reason
-    FROM removed x WHERE ds.id = x.session_id
+    SET status = 'cancelled', updated_at = now(),
+        failure_reason = (SELECT x.reason FROM removed x WHERE x.session_id = ds.id)
+    WHERE ds.id = ANY (ARRAY(SELECT x.session_id FROM removed x))
 ), asked AS (
     INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
                                   linear_user_id)
