@@ -152,6 +152,40 @@ def end_groups(pids: list[int], grace: float, alive: Callable[[int], bool]) -> N
                 os.killpg(pid, signal.SIGKILL)
 
 
+def leftovers(setting: str) -> list[int]:
+    """The live processes (not zombies) whose environment holds `setting` (a variable of COMMAND's
+    own, which whatever it starts inherits), this one aside: what a COMMAND started in a session of
+    its own (codex runs each shell command so), where its process group's signals do not reach.
+    Read from /proc; where there is none, nothing is found."""
+    entry, me, found = setting.encode(), os.getpid(), []
+    proc_dir = Path("/proc")
+    for proc in proc_dir.iterdir() if proc_dir.is_dir() else ():
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        try:
+            if entry in (proc / "environ").read_bytes().split(b"\0") and alive(int(proc.name)):
+                found.append(int(proc.name))
+        except OSError:  # (ended meanwhile, or another user's)
+            continue
+    return found
+
+
+def end_leftovers(setting: str, grace: float) -> int:
+    """`leftovers` of a stopped conversation: SIGTERM, SIGKILL after `grace`. How many there were."""
+    pids = leftovers(setting)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
 def tail(path: Path, lines: int = 20) -> str:
     """The last lines of COMMAND's stderr, fenced, for the `error` Linear gets."""
     try:

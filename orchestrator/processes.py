@@ -120,8 +120,9 @@ class Processes:
 
     def end(self, conv: Conversation, grace: float) -> int:
         """Linear's stop: every process of the conversation, this process's and an earlier run's,
-        gets SIGTERM to its process group, then SIGKILL after `grace`; none is reported as ended.
-        How many process groups there were."""
+        gets SIGTERM to its process group, then SIGKILL after `grace`, and so does what they
+        started in sessions of their own; none is reported as ended. How many process groups
+        there were."""
         groups = [
             r.proc.pid
             for r in self.running.values()
@@ -131,6 +132,9 @@ class Processes:
         groups += self._earlier_processes(conv.key)
         self.stopped.update(k for k, e in self.earlier.items() if e.conv.folder == conv.folder)
         commands.end_groups(groups, grace, self._alive)
+        # What the conversation's COMMANDs started outside their process groups: named by the
+        # inbox every COMMAND of the conversation, and only it, is given.
+        commands.end_leftovers(f"DEVPILOT_INBOX={conv.inbox}", grace)
         return len(groups)
 
     def _earlier_processes(self, key: str) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.agent_runs import agent_pids
 from tests.helpers.api import Api, agent_session_event
 from tests.helpers.linear import Linear
 from tests.test_orchestrator import ROOT, Orch, wait_for
@@ -113,6 +114,31 @@ def test_stop_ends_the_running_agent_and_posts_the_final_response(
     time.sleep(0.5)
     assert "error" not in [t for t, _ in linear.said("as-c3")]  # a stopped agent is not a failure
     assert len(o.starts()) == 1  # the stop started nothing
+    assert o.stop() == 0
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
+    except (OSError, ValueError):
+        return 0
+
+
+def test_stop_ends_what_the_agent_started_in_a_session_of_its_own(
+    api: Api, linear: Linear, machine: Any
+) -> None:
+    """A command the agent runs in a session of its own (codex runs each shell command so) is out of
+    reach of its process group's signals: the stop ends it too, before it says the agent stopped."""
+    o, pid = running(api, machine, "as-c5", "please [detach]")
+
+    def started_by_it() -> list[int]:  # (its child: not one an earlier run of this test left)
+        return [p for p in agent_pids("as-c5", "sleep") if parent(p) == pid]
+
+    wait_for(started_by_it, what="the detached command running")
+    [detached] = started_by_it()
+    api.webhook(agent_session_event(session_id="as-c5", action="prompted", signal="stop"))
+    wait_for(lambda: "stopped agent session as-c5" in o.log(), timeout=30, what="the stop")
+    assert not alive(pid) and not alive(detached)
     assert o.stop() == 0
 
 

@@ -6,7 +6,9 @@ it was asked (DEVPILOT_PROMPT):
 - "[listen]" (or "[listen:N]"): once N files (1) are in its inbox (DEVPILOT_INBOX), reads it for up
   to 30 s, recording each follow-up it takes (one JSON line each, then the file removed), until one
   says "[done]"; then answers and exits 0;
-- "[fail]": writes to stderr and exits 3; "[sleep]": runs until it is stopped; anything else exits 0;
+- "[fail]": writes to stderr and exits 3; "[sleep]": runs until it is stopped; "[detach]": the same,
+  having started `sleep` in a session of its own (as codex runs a shell command); anything else
+  exits 0;
 - "[hold]" (before any of the above): waits (up to 60 s) for `<argv[1]>.release` to exist."""
 
 from __future__ import annotations
@@ -77,4 +79,7 @@ elif "[fail]" in prompt:
     print("boom: the build is broken", file=sys.stderr, flush=True)
     sys.exit(3)
 elif "[sleep]" in prompt:
+    time.sleep(120)
+elif "[detach]" in prompt:
+    subprocess.Popen(["sleep", "120"], start_new_session=True)
     time.sleep(120)
