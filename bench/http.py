@@ -137,7 +137,8 @@ def prepare(db_url: str, runs: list[tuple[str, str, float]], threads: int, machi
     through the library: each prepared agent session (prompted, stop) a start delivered to USER_A's
     machine `machine_a`, so that machine holds the conversation; each prepared issue (re-assigned,
     unassigned) an open assignment dispatch to it, as an earlier webhook would have left it.
-    Run it before anything else is queued for that machine (its delivered starts are claimed)."""
+    Run it before anything else is queued for that machine (its delivered starts are claimed).
+    Then the database is analyzed."""
     pool = open_pool(db_url, FILL_SETTINGS, max_size=2)
     try:
         sessions = [
@@ -185,6 +186,11 @@ def prepare(db_url: str, runs: list[tuple[str, str, float]], threads: int, machi
                 raise RuntimeError("prepare: an issue's start was not queued for USER_A's machine")
     finally:
         pool.close()
+    # Analyzed, as autovacuum has analyzed a service's tables by the time they hold this much: the
+    # plans the server's connections keep are then made against statistics, not against none (a
+    # PL/pgSQL query planned with none read every queued session in some runs: bench/README.md).
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
 
 
 def http_rates(db_url: str, seconds: float, threads: int) -> dict[str, Any]:

@@ -201,7 +201,6 @@ def test_sweep_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestrat
 
 
 def test_migrations_are_safe_when_several_run_at_once(pg_server: Server) -> None:
-    import psycopg
 
     name = "devpilot_mig_" + os.urandom(4).hex()
     with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
@@ -530,10 +529,10 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
             "SELECT prosrc FROM pg_proc WHERE proname = 'devpilot_issue_undelivered'"
         ).fetchone()
         assert row is not None
-        probe = re.search(r"EXECUTE 'SELECT ARRAY\((.*?)\)'\s+INTO", row["prosrc"], re.S)
+        probe = re.search(r"ARRAY\((.*?)\);", row["prosrc"], re.S)
         assert probe is not None, row["prosrc"]
         conn.execute(f"SET plan_cache_mode = {mode}")
-        conn.execute(f"PREPARE probe(text, text) AS {probe.group(1).replace(chr(39) * 2, chr(39))}")
+        conn.execute(f"PREPARE probe(text, text) AS {probe.group(1)}")
         for issue, found in (("bulk-77", 1), ("elsewhere", 0)):
             run = sql.SQL("EXECUTE probe({}, {})").format(sql.Literal(o.org_id), sql.Literal(issue))
             for _ in range(6):  # (a generic plan is chosen after five custom ones, if at all)
@@ -549,36 +548,6 @@ def test_an_issues_turn_probes_its_open_dispatch_by_the_index(
             assert "issue_id" in top["Index Cond"] and top.get("Rows Removed by Filter", 0) == 0, plan
             assert top["Actual Rows"] == found, plan
         conn.execute("DEALLOCATE probe")
-
-
-def test_an_issues_turn_is_probed_by_its_index_after_the_table_grew(
-    pool: Pool, db_url: str, make_orchestrator: MakeOrch
-) -> None:
-    """`devpilot_issue_undelivered` is planned at each call: a connection that called it while the
-    sessions' table was empty (and analyzed so, as autovacuum leaves a new table) still finds an
-    issue's open dispatch by the issue's index once the table holds 20,000 queued sessions (a plan
-    kept from the empty table read them all, by a sequential scan). The plan of the query inside it
-    is read with auto_explain, on that connection."""
-    o = make_orchestrator()
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        try:
-            conn.execute("LOAD 'auto_explain'")
-        except psycopg.Error:
-            pytest.skip("no auto_explain in this server")
-        conn.execute("ANALYZE dispatch_sessions")
-        for n in range(12):  # (a kept plan would be made here, the table empty)
-            conn.execute("SELECT devpilot_issue_undelivered(%s, %s)", (o.org_id, f"none-{n}"))
-        fill_queue(pool, o, 20_000)  # issues bulk-1 .. bulk-20000, all queued
-        said: list[str] = []
-        conn.add_notice_handler(lambda d: said.append(d.message_primary or ""))
-        conn.execute("SET auto_explain.log_min_duration = 0")
-        conn.execute("SET auto_explain.log_nested_statements = on")
-        conn.execute("SET client_min_messages = log")
-        found = conn.execute("SELECT devpilot_issue_undelivered(%s, 'bulk-77') AS f", (o.org_id,)).fetchone()
-        conn.execute("RESET client_min_messages")
-    assert found is not None and len(found[0]) == 1
-    inner = [m for m in said if "dispatch_sessions s" in m]
-    assert inner and all("dispatch_sessions_open_issue_idx" in m for m in inner), said
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])

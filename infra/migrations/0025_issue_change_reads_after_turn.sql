@@ -10,20 +10,13 @@
 -- `devpilot_issue_turn_free`, 0012): the statement compares them with what its own snapshot sees,
 -- and when one is missing writes nothing for that element, which its caller writes again in a new
 -- statement. It reads the partial index dispatch_sessions_open_issue_idx.
---
--- Planned at each call, with its values (EXECUTE): a PL/pgSQL query's plan is kept for the
--- connection's life (until the table is analyzed again), and one made while the table was empty
--- read the whole table long after it had grown, by a sequential scan or through
--- dispatch_sessions_status_idx (0.7 ms a call under load, against 0.015 by the issue's index;
--- bench/README.md, "What was tried").
 CREATE OR REPLACE FUNCTION devpilot_issue_undelivered(org text, issue text) RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE
 AS $$
-DECLARE
-    found uuid[];
 BEGIN
-    EXECUTE 'SELECT ARRAY(SELECT s.id FROM dispatch_sessions s WHERE s.org_id = $1 AND s.issue_id = $2 AND s.status = ''queued'' AND s.agent_session_id IS NULL)'
-    INTO found USING org, issue;
-    RETURN found;
+    RETURN ARRAY(
+        SELECT s.id FROM dispatch_sessions s
+        WHERE s.org_id = $1 AND s.issue_id = $2 AND s.status = 'queued' AND s.agent_session_id IS NULL
+    );
 END
 $$;
