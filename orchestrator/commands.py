@@ -140,16 +140,24 @@ def exit_code(exited: Path) -> int | None:
 def end_groups(pids: list[int], grace: float, alive: Callable[[int], bool]) -> None:
     """SIGTERM to each process group (the launcher leads its session, COMMAND is in it), SIGKILL
     after `grace`."""
+    _term_then_kill(pids, os.killpg, grace, alive)
+
+
+def _term_then_kill(
+    pids: list[int], send: Callable[[int, int], None], grace: float, alive: Callable[[int], bool]
+) -> None:
+    """SIGTERM to each of `pids` (by `send`: to a process, or to its group), SIGKILL to those still
+    alive after `grace`."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
+            send(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.05)
     for pid in pids:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+                send(pid, signal.SIGKILL)
 
 
 def leftovers(setting: str) -> list[int]:
@@ -173,16 +181,7 @@ def leftovers(setting: str) -> list[int]:
 def end_leftovers(setting: str, grace: float) -> int:
     """`leftovers` of a stopped conversation: SIGTERM, SIGKILL after `grace`. How many there were."""
     pids = leftovers(setting)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pids and time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        if alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    _term_then_kill(pids, os.kill, grace, alive)
     return len(pids)
 
 
