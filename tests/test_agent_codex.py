@@ -254,7 +254,7 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
 
     def follow_up(text: str) -> Recorded:
         """Said in Linear: the model's request that carries it, once codex sent it."""
-        api.webhook(agent_session_event(session_id="as-resume", action="prompted", body=text))
+        api.webhook(agent_session_event(session_id="as-resume-codex", action="prompted", body=text))
         wait_for(lambda: carrying(model, text) is not None, 60, repr(text))
         found = carrying(model, text)
         assert found is not None
@@ -262,9 +262,9 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
 
     try:
         o = running(model)
-        conversation = o.state / "conversations" / "as-resume"
+        conversation = o.state / "conversations" / "as-resume-codex"
         # 1. a follow-up while codex works: steered into the same turn of the same process
-        api.webhook(agent_session_event(session_id="as-resume", body="Remember ZEBRA [hold]"))
+        api.webhook(agent_session_event(session_id="as-resume-codex", body="Remember ZEBRA [hold]"))
         wait_for(
             lambda: carrying(model, "Remember ZEBRA") is not None, timeout=60, what="codex's first request"
         )
@@ -273,8 +273,10 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
         steered = follow_up("Also the EMPTY CART")
         assert turn_metadata(steered)["turn_id"] == turn_metadata(first)["turn_id"]  # the same turn
         assert "Remember ZEBRA" in texts(steered.body)
-        wait_for(lambda: runs.last_word(linear, "as-resume") is not None, timeout=60, what="the first answer")
-        assert runs.last_word(linear, "as-resume") == {
+        wait_for(
+            lambda: runs.last_word(linear, "as-resume-codex") is not None, timeout=60, what="the first answer"
+        )
+        assert runs.last_word(linear, "as-resume-codex") == {
             "type": "response",
             "body": "Covered the empty cart too.",
         }
@@ -288,27 +290,31 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
         assert o.log().count("started ENG-7") == 2
         assert turn_metadata(resumed)["thread_id"] == thread
         assert "Remember ZEBRA" in texts(resumed.body) and "Also the EMPTY CART" in texts(resumed.body)
-        wait_for(lambda: runs.answers(linear, "as-resume") == 2, timeout=60, what="the second answer")
+        wait_for(lambda: runs.answers(linear, "as-resume-codex") == 2, timeout=60, what="the second answer")
 
         # 3. the orchestrator SIGKILLed while codex works; restarted; the next COMMAND resumes
         follow_up("Then more [work]")
         o.signal(signal.SIGKILL)
         assert o.proc is not None and o.proc.wait(timeout=10) == -signal.SIGKILL
         o.start()
-        wait_for(lambda: runs.answers(linear, "as-resume") == 3, timeout=60, what="codex finishing alone")
+        wait_for(
+            lambda: runs.answers(linear, "as-resume-codex") == 3, timeout=60, what="codex finishing alone"
+        )
         banana = follow_up("And BANANA?")
         assert "Remember ZEBRA" in texts(banana.body) and "Then more [work]" in texts(banana.body)
         assert turn_metadata(banana)["thread_id"] == thread
         assert o.log().count("started ENG-7") == 4  # a COMMAND of its own, after the restart
 
         # 4. Linear's stop while a long command runs: ended within the grace, resumable later
-        wait_for(lambda: runs.answers(linear, "as-resume") == 4, timeout=60, what="the answer")
+        wait_for(lambda: runs.answers(linear, "as-resume-codex") == 4, timeout=60, what="the answer")
         follow_up("Now the [long] job")
-        wait_for(lambda: runs.agent_pids("as-resume", "sleep"), timeout=30, what="the long command running")
-        api.webhook(agent_session_event(session_id="as-resume", action="prompted", signal="stop"))
-        wait_for(lambda: "stopped agent session as-resume" in o.log(), timeout=30, what="the stop")
-        assert not codex_pids("as-resume")
-        assert not runs.agent_pids("as-resume", "sleep")  # (interrupted: its command ended with it)
+        wait_for(
+            lambda: runs.agent_pids("as-resume-codex", "sleep"), timeout=30, what="the long command running"
+        )
+        api.webhook(agent_session_event(session_id="as-resume-codex", action="prompted", signal="stop"))
+        wait_for(lambda: "stopped agent session as-resume-codex" in o.log(), timeout=30, what="the stop")
+        assert not codex_pids("as-resume-codex")
+        assert not runs.agent_pids("as-resume-codex", "sleep")  # (interrupted: its command ended with it)
         # It ended by itself within the grace (interrupted, stdin closed), not SIGKILLed after it.
         assert o.log().rsplit("finished with exit code", 1)[1].split()[0] == "0"
         after = follow_up("Where were we?")
@@ -317,15 +323,19 @@ def test_a_follow_up_reaches_the_running_turn_and_later_commands_resume_the_thre
         assert turn_metadata(after)["thread_id"] == thread
 
         # 5. a thread codex no longer has (its history removed): a new one, pointed at the transcript
-        wait_for(lambda: runs.answers(linear, "as-resume") == 6, timeout=60, what="the answer after the stop")
+        wait_for(
+            lambda: runs.answers(linear, "as-resume-codex") == 6, timeout=60, what="the answer after the stop"
+        )
         shutil.rmtree(tmp_path / "home" / "codex" / "sessions")
         fresh = follow_up("Start over?")
-        wait_for(lambda: runs.answers(linear, "as-resume") == 7, timeout=60, what="the new thread's answer")
+        wait_for(
+            lambda: runs.answers(linear, "as-resume-codex") == 7, timeout=60, what="the new thread's answer"
+        )
         assert "Remember ZEBRA" not in texts(fresh.body)
         assert "This continues a conversation from Linear" in last_user_text(fresh.body)
         assert str(conversation / "transcript.jsonl") in last_user_text(fresh.body)
         assert turn_metadata(fresh)["thread_id"] != thread
-        assert runs.kinds(linear, "as-resume").count("error") == 0
+        assert runs.kinds(linear, "as-resume-codex").count("error") == 0
     finally:
         model.close()
 
@@ -337,11 +347,11 @@ def test_a_refused_key_and_a_crash_are_errors_that_name_the_cause_and_no_codex_o
     try:
         running(model)
         # a crash: codex killed mid-run
-        runs.begin(api, "as-crash")
-        wait_for(lambda: runs.agent_pids("as-crash", "sleep"), timeout=60, what="codex at work")
-        for pid in codex_pids("as-crash"):
+        runs.begin(api, "as-crash-codex")
+        wait_for(lambda: runs.agent_pids("as-crash-codex", "sleep"), timeout=60, what="codex at work")
+        for pid in codex_pids("as-crash-codex"):
             os.kill(pid, signal.SIGKILL)
-        assert runs.the_error(linear, "as-crash").startswith(
+        assert runs.the_error(linear, "as-crash-codex").startswith(
             "Codex was killed by signal 9 before it finished."
         )
         # the runner killed: codex goes with it (no orphan still working)
