@@ -411,30 +411,20 @@ def _issue_change(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key
 
 
 def _changed(pool: Pool, change: IssueChange, outcome: IssueOutcome) -> Received:
-    """The answer to an issue's assignment event from what its statement wrote (`change_issues`)."""
-    if outcome is None:
-        return _duplicate(pool, change.delivery_key, change.content_key)
-    if outcome == SUPERSEDED:
-        return Received({"status": "ignored", "reason": "assignment_superseded"}, recorded=True)
-    assert isinstance(outcome, IssueChanged), outcome
+    """The answer to an issue's assignment event from what its statement wrote (`change_issues`):
+    its start's, as `_started` answers a start, with the session it cancelled."""
+    if not isinstance(outcome, IssueChanged):  # (seen before, or superseded)
+        return _started(pool, change.delivery_key, change.content_key, outcome)
     start, cancelled = outcome
-    answer: dict[str, Any]
-    routes: list[UUID] = []
-    if isinstance(start, Routed):
-        answer = _dispatched(start.enqueued, start.orchestrator_id, None)
-    elif isinstance(start, Asked):  # which of the user's machines depends on the repository
-        routes = [start.route_id]
-        answer = {"status": "routing", "routeId": str(start.route_id)}
-    elif cancelled is not None:
-        return Received({"status": "cancelled", "sessionId": str(cancelled)}, recorded=True)
-    else:
-        # Most assignments in a workspace go to people without a machine, and Linear is not told
-        # about a plain issue.
-        reason = "nothing_to_cancel" if change.message is None else "no_orchestrator"
-        return Received({"status": "ignored", "reason": reason}, recorded=True)
-    if cancelled is not None:
-        answer["cancelledSessionId"] = str(cancelled)
-    return Received(answer, recorded=True, route_ids=routes)
+    if cancelled is None:
+        if start is None:  # (an unassignment)
+            return Received({"status": "ignored", "reason": "nothing_to_cancel"}, recorded=True)
+        return _started(pool, change.delivery_key, change.content_key, start)
+    if isinstance(start, Routed | Asked):
+        received = _started(pool, change.delivery_key, change.content_key, start)
+        received.answer["cancelledSessionId"] = str(cancelled)
+        return received
+    return Received({"status": "cancelled", "sessionId": str(cancelled)}, recorded=True)
 
 
 def _take_turns(tx: Tx, records: list[tuple[int, dict[str, Any]]]) -> psycopg.Cursor[DictRow]:

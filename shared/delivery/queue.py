@@ -45,16 +45,6 @@ REROUTE_BATCH = 100
 SWEEP_RUNS_KEPT = 20_160  # `record_sweep`: a week of sweeps every 30 s
 
 
-# The SQLSTATE of a statement that aborts its transaction on finding the machine it was to queue
-# for revoked (`devpilot_machine_revoked`, migration 0023).
-REVOKED_SQLSTATE: Final = "DPREV"
-
-
-def revoked_meanwhile(error: psycopg.Error) -> bool:
-    """Whether `error` is a statement's abort on a machine revoked meanwhile (`REVOKED_SQLSTATE`)."""
-    return error.sqlstate == REVOKED_SQLSTATE
-
-
 class IssueOvertaken(Exception):
     """Every round of an issue's assignment event found a dispatch of the issue committed while it
     waited for the issue's turn, too late for its statement to cancel: nothing was written for it."""
