@@ -377,9 +377,8 @@ def _stop_element(n: int, stop: Stop) -> dict[str, Any]:
 def _stopped(turn: DictRow | None, cancelled: list[str], row: DictRow) -> Received | None:
     """What one stop of `_stop_agent_sessions` did, from its statements' rows (read after the commit:
     its statements wrote what the delivery did)."""
-    taken = _taken(turn)
-    if not isinstance(taken, dict):
-        return taken
+    if turn is None:  # (seen before: nothing written)
+        return None
     sid = row["session_id"]
     answer = {
         "status": "stopped",
@@ -433,19 +432,8 @@ def _take_turns(tx: Tx, records: list[tuple[int, dict[str, Any]]]) -> psycopg.Cu
     kept for the statements sent after it. `records`: each element's `n` and its `record_delivery`
     parameters (`_record_params`); their keys distinct. Sent, not waited for: its rows, one per
     delivery recorded (`n`), are read from the cursor (`_verdicts`)."""
-    batch = [
-        {
-            **record,
-            "n": n,
-            "event_at": _iso(record["event_at"]),
-        }
-        for n, record in records
-    ]
+    batch = [{**record, "n": n} for n, record in records]
     return tx.execute(query("take_turns"), {"batch": Jsonb(batch)})
-
-
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.isoformat()
 
 
 def _verdicts(turns: psycopg.Cursor[DictRow]) -> dict[int, DictRow]:
@@ -456,26 +444,6 @@ def _verdicts(turns: psycopg.Cursor[DictRow]) -> dict[int, DictRow]:
 def _why(hook: Webhook) -> str:
     """The reason a cancelled assignment dispatch gives."""
     return "issue removed" if hook.action == "remove" else f"issue {hook.action}: assignment changed"
-
-
-def _taken(recorded: DictRow | None) -> DictRow | Received | None:
-    """`take_turns`'s row of one element of a batch when its delivery may go on; its answer when
-    it was recorded and does nothing (`_not_taken`); None when it was seen before (no row)."""
-    if recorded is None:
-        return None
-    if recorded["verdict"] != "go":
-        return Received(_not_taken(recorded).answer, recorded=True)
-    return recorded
-
-
-def _not_taken(recorded: DictRow) -> Received:
-    """A delivery recorded that does nothing: handled after a later change it would undo (Linear's
-    retry of a delivery that failed, or one that reached another instance first): an assignment
-    older than a change of its issue handled already, an agent session `created` after its stop or
-    its first follow-up, or a follow-up written before a stop of its agent session."""
-    if recorded["superseded"]:
-        return Received({"status": "ignored", "reason": "assignment_superseded"})
-    return Received({"status": "ignored", "reason": f"agent_session_{recorded['seen']}"})
 
 
 CARRIED_OUT_BY: dict[Asks, Way] = {
@@ -635,23 +603,16 @@ def _notices(enq: Enqueued) -> list[UUID]:
 
 
 def _record_params(hook: Webhook, plan: Intent, key: str, content_key: str) -> dict[str, Any]:
-    """The parameters of `record_delivery` (and `take_turns`) for this event."""
-    routing = plan.kind == "dispatch" and plan.issue is not None and hook.org_id is not None
-    # The events of one agent session that do something take turns (`agent_session_turn`), and so
-    # do the assignment events of one issue (`issue_turn`: a cancel is decided, and the group
-    # commit's statement tries the same turn).
+    """The parameters of `record_delivery` (and of a stop's element of `take_turns`) for this event:
+    the kinds of the intake transaction and the stops (an issue's assignment events are recorded by
+    their own statement, `issue_changes_for_delivery`)."""
+    # The events of one agent session that do something take turns (`agent_session_turn`).
     turn = hook.org_id is not None and plan.kind not in ("ignore", "disconnect")
-    # (an issue's assignment event, ordered by Linear's time of the change: its issue's turn)
-    issue = plan.issue.id if plan.event_at is not None and plan.issue is not None else plan.cancel_issue_id
-    issue_turn = issue if turn and plan.agent_session_id is None else None
     return {
         "key": key,
         "content_key": content_key,
         "org_id": hook.org_id,
-        "route_user": plan.user_id if routing else None,
         "agent_session_id": plan.agent_session_id if turn else None,
-        "issue_id": issue_turn,
-        "event_at": plan.event_at if issue_turn is not None else None,
         # (an agent session `created`: may it still start?)
         "created": turn and plan.kind == "dispatch" and plan.agent_session_id is not None,
     }
@@ -668,8 +629,8 @@ def _receive(pool: Pool, hook: Webhook, plan: Intent, key: str, content_key: str
             seen = tx.one(query("delivery_session"), {"key": key, "content_key": content_key})
             sid = seen["session_id"] if seen else None
             return Received({"status": "duplicate", "sessionId": str(sid) if sid else None})
-        if recorded["superseded"] or recorded["seen"] is not None:
-            received = _not_taken(recorded)
+        if recorded["seen"] is not None:  # (an agent session `created` after its start or stop)
+            received = Received({"status": "ignored", "reason": f"agent_session_{recorded['seen']}"})
         else:
             received = _apply(tx, hook, plan, key)
         if not received.recorded:

@@ -7,83 +7,59 @@
 -- first transaction to insert either key wins; a concurrent duplicate waits on the key and then
 -- inserts nothing (no "select, then insert" race). No row returned: seen before.
 -- For an event of an agent session (`agent_session_id`; NULL for any other), it first takes that
--- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own;
--- for an issue's assignment event (`issue_id`; NULL for any other), the issue's (`issue_turn`),
--- records when Linear made the change (`event_at`), and answers whether a later assignment change
--- of the issue was handled already (`superseded`: `devpilot_issue_event_superseded`, migration
--- 0015, read after the turn; then this one, a retry of a delivery that failed, does nothing).
+-- agent session's turn (`agent_session_turn`): one round trip less than a statement of its own.
 -- For an agent session `created` (`created`), why it may not start (`seen`: 'started' or
 -- 'stopped', `devpilot_agent_session_seen`, migration 0014, read after the agent session's turn),
--- or NULL when it may.
+-- or NULL when it may. (An issue's assignment events are recorded by their own statement,
+-- `issue_changes_for_delivery`, which takes the issue's turn.)
 WITH turn AS (
 -- include: agent_session_turn
-), issue AS (
--- include: issue_turn
 )
-INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)
-SELECT %(key)s, %(content_key)s, %(org_id)s, %(issue_id)s, %(event_at)s
-WHERE (SELECT count(*) FROM turn) + (SELECT count(*) FROM issue) >= 0  -- (true: the turns come first)
+INSERT INTO webhook_deliveries (delivery_key, content_key, org_id)
+SELECT %(key)s, %(content_key)s, %(org_id)s
+WHERE (SELECT count(*) FROM turn) >= 0  -- (true: the turn comes first)
 ON CONFLICT DO NOTHING
 RETURNING delivery_key,
-          %(event_at)s::timestamptz IS NOT NULL
-          AND devpilot_issue_event_superseded(%(org_id)s, %(issue_id)s, %(event_at)s) AS superseded,
           CASE WHEN %(created)s THEN devpilot_agent_session_seen(%(org_id)s, %(agent_session_id)s, true) END AS seen;
 
 -- name: take_turns
--- `record_delivery` for the deliveries of one transaction written together (a batch of the group
+-- `record_delivery` for the stops of one transaction written together (a batch of the group
 -- commit of stops: `shared.delivery.intake._stop_agent_sessions`), in one statement, and each
 -- one's verdict kept for the statements sent after it in the same transaction
 -- (`shared.plumbing.db.together`): they read it, in SQL, rather than waiting here for a decision
 -- between them, so the whole transaction is sent at once. `batch`: a JSON array, one element per
--- delivery, numbered `n`, with `record_delivery`'s parameters; their keys are distinct (the
+-- delivery, numbered `n`, with its keys, org and agent session; their keys are distinct (the
 -- caller leaves copies out: a key twice would match one inserted record twice).
--- * `turns`: every element's turn (its agent session's, or its issue's: `agent_session_turn`,
---   `issue_turn`), taken waiting, before anything is written, in the order of the turns' keys (a
---   turn is re-entrant: one key twice is taken once). Every transaction that holds several turns
---   takes them in that order, so two of them never wait for each other in a circle, and none
---   waits for a turn while it holds a row lock (the deliveries are inserted after the last turn).
--- * the deliveries inserted ON CONFLICT DO NOTHING (a delivery seen before, or a concurrent copy
---   once that commits, gets no row and no verdict), and for each one inserted, read with
---   snapshots taken after the turns (the VOLATILE functions of migrations 0014 to 0016):
---   `superseded` and `seen`, as `record_delivery` reads them.
+-- * `turns`: every element's agent session turn (`agent_session_turn`), taken waiting, before
+--   anything is written, in the order of the turns' keys (a turn is re-entrant: one key twice is
+--   taken once). Every transaction that holds several turns takes them in that order, so two of
+--   them never wait for each other in a circle, and none waits for a turn while it holds a row
+--   lock (the deliveries are inserted after the last turn).
+-- * the deliveries inserted ON CONFLICT DO NOTHING: a delivery seen before, or a concurrent copy
+--   once that commits, gets no row and no verdict.
 -- The verdict, kept under each element's `n`, local to the transaction: `devpilot.verdict_<n>`:
--- 'go' when this transaction recorded the delivery and it does something; 'no' when it recorded
--- it and it does nothing (an assignment superseded, an agent session's event it may no longer
--- take: `superseded`, `seen`); unset (NULL or '') when the delivery was seen before: this
--- transaction recorded nothing, and a statement reading the verdict writes nothing, the
--- delivery's record included.
+-- 'go' when this transaction recorded the delivery; unset (NULL or '') when it was seen before:
+-- this transaction recorded nothing, and a statement reading the verdict writes nothing, the
+-- delivery's record included. (A stop is never declined: it ends whatever came before it.)
 -- One row per delivery recorded, in the order of `n`.
 WITH want AS (  -- (one JSON array: the client dumps it in C)
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
-        AS w(n int, key text, content_key text, org_id text, agent_session_id text,
-             issue_id text, event_at timestamptz, created boolean)
+        AS w(n int, key text, content_key text, org_id text, agent_session_id text)
 ), turns AS MATERIALIZED (  -- (each lock taken as the sorted keys come: in key order)
     SELECT pg_advisory_xact_lock(k.key) FROM (
-        SELECT DISTINCT CASE WHEN w.agent_session_id IS NOT NULL
-                             THEN devpilot_agent_session_turn_key(w.org_id, w.agent_session_id)
-                             ELSE devpilot_issue_turn_key(w.org_id, w.issue_id) END AS key
-        FROM want w WHERE w.agent_session_id IS NOT NULL OR w.issue_id IS NOT NULL
-        ORDER BY 1 OFFSET 0
+        SELECT DISTINCT devpilot_agent_session_turn_key(w.org_id, w.agent_session_id) AS key
+        FROM want w ORDER BY 1 OFFSET 0
     ) k
 ), recorded AS (
-    INSERT INTO webhook_deliveries (delivery_key, content_key, org_id, issue_id, event_at)
-    SELECT w.key, w.content_key, w.org_id, w.issue_id, w.event_at FROM want w
+    INSERT INTO webhook_deliveries (delivery_key, content_key, org_id)
+    SELECT w.key, w.content_key, w.org_id FROM want w
     WHERE (SELECT count(*) FROM turns) >= 0  -- (true: the turns come first)
     ON CONFLICT DO NOTHING
     RETURNING delivery_key
-), judged AS (
-    SELECT want.n,
-           want.event_at IS NOT NULL
-           AND devpilot_issue_event_superseded(want.org_id, want.issue_id, want.event_at) AS superseded,
-           CASE WHEN want.created THEN devpilot_agent_session_seen(want.org_id, want.agent_session_id, true)
-           END AS seen
-    FROM recorded d JOIN want ON want.key = d.delivery_key
 )
-SELECT j.*,
-       set_config('devpilot.verdict_' || j.n,
-                  CASE WHEN j.superseded OR j.seen IS NOT NULL THEN 'no' ELSE 'go' END, true) AS verdict
-FROM judged j
-ORDER BY j.n;
+SELECT w.n, set_config('devpilot.verdict_' || w.n, 'go', true) AS verdict
+FROM recorded d JOIN want w ON w.key = d.delivery_key
+ORDER BY w.n;
 
 -- name: delivery_session
 -- For a duplicate: the session the first delivery created (committed, so visible here).
@@ -151,15 +127,6 @@ WHERE delivery_key = %(key)s;
 -- without waiting (`devpilot_agent_session_holder`, migration 0013: one key).
 SELECT pg_advisory_xact_lock(devpilot_agent_session_turn_key(%(org_id)s, %(agent_session_id)s))
 WHERE %(agent_session_id)s::text IS NOT NULL
-
--- name: issue_turn
--- A fragment (in `record_delivery`): serialises the intake transactions of one issue's assignment
--- events (assigned, re-assigned, unassigned, removed) until commit, so that each one's cancel sees
--- the dispatch of the one before it; the issues' group commit statement waits for the same turn
--- (`issue_changes_for_delivery`). Every statement after it reads a snapshot taken after
--- the turn was granted.
-SELECT pg_advisory_xact_lock(devpilot_issue_turn_key(%(org_id)s, %(issue_id)s))
-WHERE %(issue_id)s::text IS NOT NULL
 
 -- name: record_stop
 -- In a transaction of stops, after their agent sessions' turns: each agent session of `batch` (a

@@ -536,7 +536,7 @@ cancelled AS (
 -- message of the agent session delivered (`holder`, `devpilot_agent_session_holder`, as the
 -- intake transaction reads it) with a `stop`, or, with no such machine, writes Linear's notice
 -- that nothing had started (for an org Linear is told about), and writes what the delivery did
--- (`stopped`; `ignored` for a verdict 'no'). The whole transaction is then one round trip, with
+-- (`stopped`). The whole transaction is then one round trip, with
 -- nothing decided between its statements. The elements' agent sessions are distinct.
 -- The `stop` is `batch_session_rows` with the holder's values: the message names the agent
 -- session as its machine knows it (`devpilot:<id>` for one devpilot opened for an assignment), and
@@ -584,9 +584,9 @@ WITH want AS (  -- (one JSON array: the client dumps it in C)
     RETURNING id, agent_session_id
 ), finished AS (
     UPDATE webhook_deliveries d
-    SET outcome = CASE WHEN w.verdict = 'go' THEN 'stopped' ELSE 'ignored' END
+    SET outcome = 'stopped'
     FROM want w
-    WHERE d.delivery_key = w.key AND w.verdict IN ('go', 'no')
+    WHERE d.delivery_key = w.key AND w.verdict = 'go'
 )
 SELECT w.n, q.session_id, told.id AS notice_id,
        (SELECT count(pg_notify('devpilot_dispatch', l.id::text))
@@ -737,9 +737,9 @@ FROM sessions;
 -- issues are distinct, and so are their keys (a turn is re-entrant within one transaction, and a
 -- key twice would match one inserted record twice).
 --
--- * `turns`: every element's issue turn (`issue_turn`), taken waiting, before anything is read or
---   written, in the order of the turns' keys (two batches never wait for each other in a circle,
---   and no turn is waited for while a row lock is held). Held to the commit: the next assignment
+-- * `turns`: every element's issue turn (`devpilot_issue_turn_key`), taken waiting, before
+--   anything is read or written, in the order of the turns' keys (two batches never wait for each
+--   other in a circle, and no turn is waited for while a row lock is held). Held to the commit: the next assignment
 --   event of the issue waits for this one and then finds its dispatch to cancel.
 -- * `judged`, read with snapshots taken after the turns (VOLATILE functions, migrations 0015 and
 --   0025): `superseded`, a later assignment change of the issue was handled already (`event_at`,
