@@ -807,8 +807,8 @@ WITH want AS (
     ORDER BY dq.seq
     FOR UPDATE OF dq
 ), el AS (
-    SELECT l.*, r.n IS NOT NULL AS routing, r.id AS routed_id, coalesce(r.mixed, false) AS mixed,
-           m.id AS machine, m.listening,
+    SELECT l.*, NULL::text AS agent_session_id, r.n IS NOT NULL AS routing, r.id AS routed_id,
+           coalesce(r.mixed, false) AS mixed, m.id AS machine, m.listening,
            (SELECT min(x.session_id::text)::uuid FROM doomed x WHERE x.n = l.n) AS cancelled
     FROM looked l LEFT JOIN routed r USING (n) LEFT JOIN machines m ON m.id = r.id AND NOT r.mixed AND m.active
 ), d AS (
@@ -831,18 +831,8 @@ WITH want AS (
     SET status = 'cancelled', updated_at = now(),
         failure_reason = (SELECT x.reason FROM removed x WHERE x.session_id = ds.id)
     WHERE ds.id = ANY (ARRAY(SELECT x.session_id FROM removed x))
-), asked AS (
-    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
-                                  linear_user_id)
-    SELECT org_id, NULL, issue_id, 'repository', payload, delivery_key, route_user
-    FROM el JOIN d USING (delivery_key) WHERE outcome = 'routing'
-    RETURNING id, delivery_key
-), target AS (
-    SELECT n, machine AS id, listening, session_id, org_id, route_user AS linear_user_id, issue_id,
-           issue_identifier, NULL::text AS agent_session_id, 'start' AS kind, payload
-    FROM el JOIN d USING (delivery_key) WHERE outcome = 'dispatched'
 ),
--- include: batch_session_rows
+-- include: start_rows
 SELECT n, d.outcome, q.session_id, q.id AS queue_id, q.message_id, q.orchestrator_id,
        NULL::uuid AS notice_id, (SELECT a.id FROM asked a WHERE a.delivery_key = e.delivery_key) AS route_id,
        superseded, overtaken, CASE WHEN d.outcome IS NOT NULL THEN e.cancelled END AS cancelled,
@@ -911,18 +901,8 @@ WITH want AS (
     WHERE machine IS NOT NULL OR routed_id IS NULL OR mixed
     ON CONFLICT DO NOTHING
     RETURNING delivery_key, outcome
-), asked AS (
-    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
-                                  linear_user_id)
-    SELECT org_id, agent_session_id, issue_id, 'repository', payload, delivery_key, route_user
-    FROM el JOIN d USING (delivery_key) WHERE outcome = 'routing'
-    RETURNING id, delivery_key
-), target AS (
-    SELECT n, machine AS id, listening, session_id, org_id, route_user AS linear_user_id, issue_id,
-           issue_identifier, agent_session_id, 'start' AS kind, payload
-    FROM el JOIN d USING (delivery_key) WHERE machine IS NOT NULL
 ),
--- include: batch_session_rows
+-- include: start_rows
 ,
 -- include: agent_session_notices
 
@@ -1083,6 +1063,28 @@ told AS (
     WHERE e.routing AND (q.id IS NOT NULL OR e.routed_id IS NULL) AND EXISTS (SELECT FROM devpilot_notified(e.org_id))
     RETURNING id, agent_session_id
 )
+
+-- name: start_rows
+-- A fragment of the starts' statements (an issue's assignment, an agent session's `created`), after
+-- a CTE `el` (one row per element: `n`, `org_id`, `route_user`, `delivery_key`, `session_id`,
+-- `issue_id`, `issue_identifier`, `agent_session_id` (NULL for an issue's), `payload`, its
+-- `machine` and whether that machine is `listening`) and `d` (the deliveries this statement
+-- recorded, with their `outcome`): `asked`, the routing request of each start recorded `routing`
+-- (the user's machines differ: which has the repository is asked of Linear after the commit);
+-- `target`, each start recorded `dispatched`; and their sessions and queue rows
+-- (`batch_session_rows`).
+asked AS (
+    INSERT INTO routing_requests (org_id, agent_session_id, issue_id, need, message, delivery_key,
+                                  linear_user_id)
+    SELECT org_id, agent_session_id, issue_id, 'repository', payload, delivery_key, route_user
+    FROM el JOIN d USING (delivery_key) WHERE outcome = 'routing'
+    RETURNING id, delivery_key
+), target AS (
+    SELECT n, machine AS id, listening, session_id, org_id, route_user AS linear_user_id, issue_id,
+           issue_identifier, agent_session_id, 'start' AS kind, payload
+    FROM el JOIN d USING (delivery_key) WHERE outcome = 'dispatched'
+),
+-- include: batch_session_rows
 
 -- name: batch_session_rows
 -- A fragment of the batch statements, after a CTE `target` (one row per element to write: its
