@@ -60,10 +60,6 @@ def is_alias(agent_session_id: str | None) -> bool:
     return bool(agent_session_id) and str(agent_session_id).startswith(ALIAS_PREFIX)
 
 
-def alias(session_id: object) -> str:
-    return f"{ALIAS_PREFIX}{session_id}"
-
-
 def _ok(data: dict[str, Any], field: str) -> dict[str, Any]:
     result = data.get(field)
     if not isinstance(result, dict) or not result.get("success"):

@@ -328,10 +328,6 @@ class Settings:
         signing = bool(self.supabase_jwt_secret) or bool(self.supabase_jwt_private_key)
         return bool(self.supabase_url and self.supabase_anon_key and signing)
 
-    def backoff_seconds(self, attempt: int) -> int:
-        """Delay before attempt n+1 after the n-th failed delivery: min(n² × base, cap)."""
-        return min(attempt * attempt * self.backoff_base_seconds, self.backoff_cap_seconds)
-
     def retry_params(self) -> dict[str, int]:
         """The attempt limit and the backoff, as the statements that retry (`end_claims`,
         `notice_failed`) take them: `max_attempts`, and `base` and `cap` of min(n² × base, cap)."""
