@@ -1,5 +1,5 @@
 """The bodies of the routes a fleet calls all day (claim, ack, release), read by hand rather than by
-pydantic (functions/bodies.py has every other route's): importing pydantic is 50–90 ms of a cold
+pydantic (functions/bodies.py has every other route's): importing pydantic is a large part of a cold
 instance's first answer (bench/README.md, Cold start), for three bodies of a few fields. The rules are
 pydantic's strict ones, which the other bodies keep: a string where a number belongs (or `true`, or
 `5.0`) is a 400, not a guess; unknown fields are ignored; each field is found by its wire name or its

@@ -18,9 +18,9 @@ if _root not in sys.path:
 
 # What follows imports the target's chain (psycopg, the pool, this project's modules): objects that
 # live as long as the process, nearly none of them garbage. The cyclic collector, left on, walked
-# them again and again as they came: about 40 passes that found nothing, 12-14 ms timed by
-# gc.callbacks (19 M instructions). Off until they are frozen below (as the gc module's
-# documentation advises before a fork), then on again if it was. bench/README.md (Cold start).
+# them again and again as they came, in passes that found nothing. Off until they are frozen below
+# (as the gc module's documentation advises before a fork), then on again if it was.
+# bench/README.md (Cold start).
 _collecting = gc.isenabled()
 gc.disable()
 try:

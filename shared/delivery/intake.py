@@ -112,7 +112,7 @@ from shared.linear.webhooks import Asks, Intent, Webhook, what_it_asks
 # (ROUTING_ON_USE) The routing chain (`shared.delivery.routing`: the repository choice, Linear's API
 # and auth, the machines' repositories), Linear's notices and its auth are imported where they are
 # used: an issue's plain assignment, most of the webhooks Linear sends, needs none of them, and a
-# cold instance's first such webhook loaded them all, about 6 ms (bench/README.md, "Cold start").
+# cold instance's first such webhook would load them all (bench/README.md, "Cold start").
 from shared.plumbing.batching import Combiner, firsts, one_per_key
 from shared.plumbing.db import DEFAULT_DEADLINE_SECONDS, Pool, Tx, jsonb_once, statement, together
 from shared.plumbing.in_order import InOrder

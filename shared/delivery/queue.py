@@ -380,7 +380,7 @@ def _route_and_enqueue_many(
     )
     # The batch as one JSON document (`jsonb_to_recordset`): psycopg dumps it with the standard
     # library's C encoder, where each array of text would be escaped element by element in Python
-    # (a third of the server's CPU per webhook under cProfile, in nine arrays).
+    # (bench/README.md, "What was tried").
     batch = [
         {
             "n": n,

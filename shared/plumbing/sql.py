@@ -92,8 +92,8 @@ def load(folder: Path = FOLDER) -> dict[str, str]:
 
 @cache
 def _statement(name: str) -> str:
-    # Resolved on first use, one statement at a time: resolving all of them (load) took about 4 ms
-    # of a cold instance's first request, which needs one or two (bench/README.md, "Cold start").
+    # Resolved on first use, one statement at a time: a cold instance's first request needs one or
+    # two, and resolving all of them (load) was a visible part of it (bench/README.md, "Cold start").
     return resolve_one(blocks(), name)
 
 
