@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="MACHINE", help="move: the machine (its name or id) to move it to")
     p.set_defaults(func=_cmd_sessions)
 
-    p = sub.add_parser("demo", help="the whole loop in under 30 s on an embedded database, then clean up")
+    p = sub.add_parser("demo", help="the whole loop in about 10 s on an embedded database, then clean up")
     p.add_argument(
         "--agent",
         choices=["claude", "codex"],

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Generic, TypeVar
 
-KEY = "sk-ant-devpilot-scripted"  # the key the stand-in accepts (not a secret)  # nosec B105
+KEY = "sk-ant-devpilot-scripted"  # the key the stand-in accepts (not a secret)
 
 
 @dataclass(frozen=True)

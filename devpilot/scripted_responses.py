@@ -28,7 +28,7 @@ from typing import Any
 
 from devpilot.scripted_model import Recorded, ScriptedServer, send_events, send_json
 
-KEY = "sk-devpilot-scripted"  # the key the stand-in accepts (not a secret)  # nosec B105
+KEY = "sk-devpilot-scripted"  # the key the stand-in accepts (not a secret)
 KEY_ENV = "DEVPILOT_SCRIPTED_API_KEY"  # where codex's model provider reads it from
 PROVIDER = "scripted"  # the provider's id: a thread resumes only with the provider it began with
 # A model codex knows (its bundled catalog) with the classic tools: exec_command, apply_patch.

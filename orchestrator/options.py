@@ -27,8 +27,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--endpoints",
         default=os.environ.get("DEVPILOT_ENDPOINTS"),
-        help="JSON (or a file holding it) mapping claim, ack, release, activities, realtimeToken to their "
-        "own URLs, as deploy.sh prints it for a cloud deploy (or DEVPILOT_ENDPOINTS)",
+        help="JSON (or a file holding it) mapping claim, ack, release, activities, plan, machine, "
+        "realtimeToken to their own URLs, as deploy.sh prints it for a cloud deploy (or DEVPILOT_ENDPOINTS)",
     )
     p.add_argument(
         "--token",

@@ -64,7 +64,7 @@ def start_embedded(data_dir: Path | None = None) -> Database:
     if data_dir is None and os.geteuid() == 0:
         # As root, pgserver runs Postgres as a user of its own and opens every folder above its
         # data to everyone (0755): ./.devpilot/ keeps only the passage that user needs.
-        os.chmod(folder.parent, 0o711)  # noqa: S103  # nosec B103 (narrower than the 0755 it was)
+        os.chmod(folder.parent, 0o711)  # noqa: S103  # nosec B103
     return Database(url=server.get_uri(), embedded=True, handle=server)
 
 
