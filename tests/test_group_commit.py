@@ -158,7 +158,7 @@ def _pile_up(
     `waiting`: the lock requests of this database already waiting before the first leader's."""
     locker = holder or _lock_machine(db_url, str(oid))
     combiner = combiner or intake._issue_changes(api.pool)
-    lanes = intake.LANES
+    lanes = combiner.lanes
     try:
         with ThreadPoolExecutor(len(bodies)) as ex:
             futures: list[Future[httpx.Response]] = []
@@ -694,7 +694,7 @@ def test_edits_that_arrive_together_commit_together_each_answered_as_alone(api: 
     transaction that holds their keys), the rest wait in line and are recorded in one statement;
     each is answered `ignored`, and each retry `duplicate`."""
     bodies = [(edited(f"iss-{i}"), f"d-edit-{i}") for i in range(14)]
-    lanes = intake.LANES
+    lanes = intake.EDIT_LANES
     holder = _held_deliveries(db_url, [f"delivery:d-edit-{i}" for i in range(lanes)])
     combiner = intake._ignored_deliveries(api.pool)
     answers = [a.json() for a in _pile_up(api, db_url, None, bodies, combiner, holder)]

@@ -461,13 +461,17 @@ CARRIED_OUT_BY: dict[Asks, Way] = {
 
 
 BATCH = 64  # the most webhooks written in one statement
-# Batches of one kind (issues' starts, agent sessions' starts, follow-ups, edits) written at once:
+# Batches of one kind (issues' changes, agent sessions' starts, follow-ups, stops) written at once:
 # with one, every caller waited for the batch ahead of it to commit (its WAL flush) while the cores
 # idled; with two, the next batch is written meanwhile (bench/README.md, "What was tried"). Two
 # batches holding one issue, or one agent session, are kept apart by its turn: the starts'
 # statements wait for each, in the order of their keys; the follow-ups' tries it without waiting
 # (`devpilot_agent_session_holder`).
 LANES = 2
+# Edits (deliveries that do nothing) in one lane: their statement is short beside its commit, and
+# a second lane halved their batches, costing Postgres more an edit for fewer edits a second
+# (bench/README.md, "What was tried").
+EDIT_LANES = 1
 _COMBINERS: weakref.WeakKeyDictionary[Pool, dict[str, Combiner[Any, Any]]] = weakref.WeakKeyDictionary()
 _COMBINERS_LOCK = threading.Lock()
 
@@ -477,9 +481,10 @@ def _combiner(
     name: str,
     many: Callable[[Pool, list[Any]], list[Any]],
     one: Callable[[Pool, Any], Any] | None = None,
+    lanes: int = LANES,
 ) -> Combiner[Any, Any]:
     """The pool's group commit called `name` (one per pool and name, made on first use). `one`:
-    how an item alone is written, when not as a batch of one."""
+    how an item alone is written, when not as a batch of one; `lanes`: how many batches at once."""
     with _COMBINERS_LOCK:
         kinds = _COMBINERS.get(pool)
         if kinds is None:
@@ -487,7 +492,7 @@ def _combiner(
         combiner = kinds.get(name)
         if combiner is None:
             alone = None if one is None else partial(one, pool)
-            combiner = kinds[name] = Combiner(partial(many, pool), alone, BATCH, LANES)
+            combiner = kinds[name] = Combiner(partial(many, pool), alone, BATCH, lanes)
         return combiner
 
 
@@ -561,7 +566,7 @@ def _one_statement(pool: Pool, start: Start) -> RouteOutcome:
 
 def _ignored_deliveries(pool: Pool) -> Combiner[tuple[str, str], bool]:
     """The pool's group commit of deliveries that do nothing: each recorded (True) or seen before."""
-    return _combiner(pool, "ignored", record_ignored)
+    return _combiner(pool, "ignored", record_ignored, lanes=EDIT_LANES)
 
 
 def record_ignored(pool: Pool, deliveries: list[tuple[str, str]]) -> list[bool]:

@@ -55,6 +55,10 @@ class Combiner(Generic[T, R]):
         # given up only when nobody waits, so whoever finds a free lane finds nobody waiting.
         self._leaders = 0
 
+    @property
+    def lanes(self) -> int:
+        return self._lanes
+
     def submit(self, item: T) -> R:
         with self._lock:
             lead = self._leaders < self._lanes
