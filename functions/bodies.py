@@ -8,9 +8,10 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 # pydantic looks for plugins when it builds its first model by reading the entry points of every
-# installed distribution, on every cold start (bench/README.md, Cold start). We use none; whoever adds one sets PYDANTIC_DISABLE_PLUGINS
-# themselves (empty: every plugin loads). Set before pydantic is imported: the service builds
-# pydantic models only here (functions/web.py imports pydantic for these models alone).
+# installed distribution, on every cold start (bench/README.md, Cold start). We use none; whoever
+# adds one sets PYDANTIC_DISABLE_PLUGINS themselves (empty: every plugin loads). Set before
+# pydantic is imported: the service builds pydantic models only here (functions/web.py imports
+# pydantic for these models alone).
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from pydantic import (

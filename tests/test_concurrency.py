@@ -201,7 +201,6 @@ def test_sweep_racing_ack_yields_exactly_one_outcome(pool: Pool, make_orchestrat
 
 
 def test_migrations_are_safe_when_several_run_at_once(pg_server: Server) -> None:
-
     name = "devpilot_mig_" + os.urandom(4).hex()
     with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -536,8 +536,8 @@ cancelled AS (
 -- message of the agent session delivered (`holder`, `devpilot_agent_session_holder`, as the
 -- intake transaction reads it) with a `stop`, or, with no such machine, writes Linear's notice
 -- that nothing had started (for an org Linear is told about), and writes what the delivery did
--- (`stopped`). The whole transaction is then one round trip, with
--- nothing decided between its statements. The elements' agent sessions are distinct.
+-- (`stopped`). The whole transaction is then one round trip, with nothing decided between its
+-- statements. The elements' agent sessions are distinct.
 -- The `stop` is `batch_session_rows` with the holder's values: the message names the agent
 -- session as its machine knows it (`devpilot:<id>` for one devpilot opened for an assignment), and
 -- the holder's issue when the webhook names none (`issue_given`). The holder's machine cannot be
@@ -739,8 +739,9 @@ FROM sessions;
 --
 -- * `turns`: every element's issue turn (`devpilot_issue_turn_key`), taken waiting, before
 --   anything is read or written, in the order of the turns' keys (two batches never wait for each
---   other in a circle, and no turn is waited for while a row lock is held). Held to the commit: the next assignment
---   event of the issue waits for this one and then finds its dispatch to cancel.
+--   other in a circle, and no turn is waited for while a row lock is held). Held to the commit:
+--   the next assignment event of the issue waits for this one and then finds its dispatch to
+--   cancel.
 -- * `judged`, read with snapshots taken after the turns (VOLATILE functions, migrations 0015 and
 --   0025): `superseded`, a later assignment change of the issue was handled already (`event_at`,
 --   recorded with the delivery): recorded `ignored`, nothing else written; `undelivered`, the
