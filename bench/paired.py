@@ -49,19 +49,24 @@ def kind_order(r: int) -> list[str]:
     return [*WEBHOOK_KINDS[k:], *WEBHOOK_KINDS[:k]]
 
 
+def warmed_up(server: http.Serve, clients: int, kind_secs: float, r: int) -> str:
+    """Round r's state on `server`, made before anything is timed: what the re-assignments,
+    unassignments and follow-ups of every kind find (tag `r{r}`, `kind_secs` of each at `clients`
+    senders), then the blend, untimed, for the server's pool. Machine A's token."""
+    machine_a, token = http.machines(server)[loadgen.USER_A]
+    runs = [(kind, f"r{r}", kind_secs) for kind in WEBHOOK_KINDS] + [("blend", f"warm{r}", WARM_UP_SECONDS)]
+    http.prepare(server.db_url, runs, clients, machine_a)
+    http.loadgen("webhook", server.url, http.SECRET, clients, WARM_UP_SECONDS, "blend", f"warm{r}")
+    return token
+
+
 def _over_http(s: BenchServer, secs: float, kind_secs: float, clients: int, r: int) -> dict[str, Any]:
     """Every webhook kind (`kind_secs` each) and the claim+ack cycles (`secs`) through one
     `devpilot serve`: each kind's load generator answer, and `claim_ack_cycles`'s."""
     server = http.Serve(s.fresh("pairhttp"))
     out: dict[str, Any] = {}
     try:
-        machine_a, token = http.machines(server)[loadgen.USER_A]
-        # What the re-assignments, unassignments and follow-ups find, made before anything is timed.
-        runs = [(kind, f"r{r}", kind_secs) for kind in WEBHOOK_KINDS] + [
-            ("blend", f"warm{r}", WARM_UP_SECONDS)
-        ]
-        http.prepare(server.db_url, runs, clients, machine_a)
-        http.loadgen("webhook", server.url, http.SECRET, clients, WARM_UP_SECONDS, "blend", f"warm{r}")
+        token = warmed_up(server, clients, kind_secs, r)
         for kind in kind_order(r):
             _checkpoint(s)
             out[kind] = http.loadgen("webhook", server.url, http.SECRET, clients, kind_secs, kind, f"r{r}")

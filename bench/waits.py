@@ -20,9 +20,9 @@ from typing import Any
 
 import psycopg
 
-from bench import core, http, loadgen
+from bench import core, http
 from bench.db import BenchServer
-from bench.paired import WARM_UP_SECONDS, WEBHOOK_KINDS
+from bench.paired import WEBHOOK_KINDS, warmed_up
 
 SENDERS = 16
 EVERY = 0.002
@@ -70,12 +70,9 @@ def waits(s: BenchServer, kind: str, seconds: float) -> dict[str, Any]:
         return {"kind": kind, "rate": round(rate), "backends": sampler.stop()}
     server = http.Serve(db)
     try:
-        machine_a, _ = http.machines(server)[loadgen.USER_A]
-        runs = [(k, "w", seconds) for k in WEBHOOK_KINDS] + [("blend", "warm", WARM_UP_SECONDS)]
-        http.prepare(server.db_url, runs, SENDERS, machine_a)
-        http.loadgen("webhook", server.url, http.SECRET, SENDERS, WARM_UP_SECONDS, "blend", "warm")
+        warmed_up(server, SENDERS, seconds, 0)
         sampler = Sampler(s.admin_url, _dbname(db))
-        out = http.loadgen("webhook", server.url, http.SECRET, SENDERS, seconds, kind, "w")
+        out = http.loadgen("webhook", server.url, http.SECRET, SENDERS, seconds, kind, "r0")
         return {"kind": kind, "rate": round(out["rate"]), "p50_ms": out["p50_ms"], "backends": sampler.stop()}
     finally:
         server.close()
