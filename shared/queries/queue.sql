@@ -689,13 +689,15 @@ WITH quiet AS MATERIALIZED (
     SELECT q.id, q.org_id, q.agent_session_id, q.seq, q.orchestrator_id AS source, quiet.target
     FROM quiet
     JOIN dispatch_queue q ON q.orchestrator_id = quiet.id AND q.lease_expires_at IS NULL
-    JOIN dispatch_sessions s ON s.id = q.session_id AND s.kind = 'start'
-    -- a start routed by repository moves only to a machine that has it (else it waits for its own)
-    WHERE q.payload->'repository'->>'fullName' IS NULL OR EXISTS (
+    -- (each candidate's session read by its key: joined, both plans could hash every start session
+    -- the table holds, with `orchestrators` analyzed and an empty `machine_inventories` not)
+    WHERE (SELECT s.kind FROM dispatch_sessions s WHERE s.id = q.session_id) = 'start'
+      -- a start routed by repository moves only to a machine that has it (else it waits for its own)
+      AND (q.payload->'repository'->>'fullName' IS NULL OR EXISTS (
         SELECT 1 FROM machine_inventories i
         WHERE i.orchestrator_id = quiet.target
           AND i.repository_keys @> ARRAY[lower(q.payload->'repository'->>'hostname') || '/'
-                                        || lower(q.payload->'repository'->>'fullName')])
+                                        || lower(q.payload->'repository'->>'fullName')]))
     LIMIT %(batch)s
     FOR UPDATE OF q SKIP LOCKED
 )
