@@ -1,0 +1,291 @@
+"""How much of a webhook's time is the server's: `devpilot serve` beside a floor server that writes
+the same webhooks with the same statement and nothing else.
+
+    python -m bench.floor [ROUNDS] [SECONDS]
+
+The floor is this module's `app`, a bare WSGI application on Granian as `devpilot serve` runs
+(one worker, 512 blocking threads). For an issue created with an assignee (the load generator's
+`created`) it checks the signature, reads the JSON, and hands the webhook to one of two lane
+threads; a lane writes whatever waits, up to 64, through the product's own
+`issue_changes_for_delivery` in one statement, and each request answers once its row has
+committed. No Flask, no route table, no authorisation, no request log, no classification: what the
+product's server does beyond that is the difference. `mode` "insert" writes each webhook's data as
+one row of a table of its own instead: what the same server does when the statement costs
+Postgres almost nothing.
+
+Each round runs, one after the other and in a turning order, the library's one-statement enqueue
+(16 clients, a fresh database), `created` from 16 senders through `devpilot serve`, and the same
+through the floor and the insert floor, each server up on its own fresh database the whole time. It
+prints each round's rates and, over the rounds, the medians of each ratio and of each server's CPU
+a webhook, and writes them to `results/floor.json` (bench/README.md, "Where the time goes").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import queue
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import Future
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
+
+from shared.plumbing.sql import query
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+LANES, MOST = 2, 64  # as the intake's group commit (shared/delivery/intake.py)
+RESULT = Path(__file__).parent / "results" / "floor.json"
+# As `devpilot serve` runs its app: one worker, 512 blocking threads (devpilot/serve.py).
+GRANIAN = (
+    sys.executable,
+    "-m",
+    "granian",
+    "--interface",
+    "wsgi",
+    "--workers",
+    "1",
+    "--blocking-threads",
+    "512",
+)
+INSERT = "INSERT INTO floor_rows (data) SELECT * FROM unnest(%(batch)s::jsonb[]) RETURNING id"
+
+Waiting = tuple[dict[str, Any], "Future[bytes]"]
+_line: queue.Queue[Waiting] = queue.Queue()
+_started: list[threading.Thread] = []
+_start_lock = threading.Lock()
+
+
+def element(hook: dict[str, Any], delivery: str) -> dict[str, Any]:
+    """The statement's element for an issue created with an assignee: what the intake writes for it."""
+    data = hook["data"]
+    org = hook["organizationId"]
+    return {
+        "org_id": org,
+        "route_user": data["assigneeId"],
+        "delivery_key": f"delivery:{delivery}",
+        "content_key": "content:"
+        + json.dumps([org, hook["type"], hook["action"], data["id"], data["updatedAt"]]),
+        "session_id": str(uuid.uuid4()),
+        "issue_id": data["id"],
+        "issue_identifier": data["identifier"],
+        "event_at": data["updatedAt"],
+        "payload": {
+            "issue": {
+                "id": data["id"],
+                "identifier": data["identifier"],
+                "title": data["title"],
+                "url": None,
+                "description": None,
+            },
+            "agentSessionId": None,
+            "kind": "start",
+            "prompt": None,
+            "repository": None,
+        },
+        "reason": "issue create: assignment changed",
+    }
+
+
+def _answers(conn: psycopg.Connection[DictRow], elements: list[dict[str, Any]]) -> Iterable[bytes]:
+    if os.environ.get("FLOOR_MODE") == "insert":
+        rows = conn.execute(INSERT, {"batch": [Jsonb(e) for e in elements]}, prepare=True).fetchall()
+        return (json.dumps({"status": "dispatched", "queueId": r["id"]}).encode() for r in rows)
+    for n, e in enumerate(elements):
+        e["n"] = n
+    rows = conn.execute(
+        query("issue_changes_for_delivery"), {"batch": Jsonb(elements), "now": None}, prepare=True
+    ).fetchall()
+    return (
+        json.dumps(
+            {
+                "status": r["outcome"],
+                "sessionId": str(r["session_id"]),
+                "queueId": str(r["queue_id"]),
+                "orchestratorId": str(r["orchestrator_id"]),
+            }
+        ).encode()
+        for r in rows
+    )
+
+
+def _lane() -> None:
+    """Writes what waits, up to MOST at a time, in one statement (its own transaction), and answers
+    each request after the commit."""
+    conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, row_factory=dict_row)
+    while True:
+        batch = [_line.get()]
+        while len(batch) < MOST:
+            try:
+                batch.append(_line.get_nowait())
+            except queue.Empty:
+                break
+        try:
+            answers = list(_answers(conn, [e for e, _ in batch]))
+        except Exception as exc:  # (a bench error: every request of the batch answers 500)
+            for _, f in batch:
+                f.set_exception(exc)
+            continue
+        for (_, f), answer in zip(batch, answers, strict=True):
+            f.set_result(answer)
+
+
+def app(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
+    """The floor: a signed `created` webhook written through the product's statement."""
+    with _start_lock:  # (threads started in the worker, after Granian's fork)
+        while len(_started) < LANES:
+            _started.append(threading.Thread(target=_lane, daemon=True))
+            _started[-1].start()
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    secret = os.environ["LINEAR_WEBHOOK_SECRET"].encode()
+    want = hmac.new(secret, body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(want, environ.get("HTTP_LINEAR_SIGNATURE", "")):
+        start_response("401 Unauthorized", [("Content-Type", "application/json"), ("Content-Length", "2")])
+        return [b"{}"]
+    done: Future[bytes] = Future()
+    _line.put((element(json.loads(body), environ.get("HTTP_LINEAR_DELIVERY", uuid.uuid4().hex)), done))
+    try:
+        answer = done.result(timeout=30)
+    except Exception as exc:
+        answer, status = json.dumps({"error": repr(exc)}).encode(), "500 Internal Server Error"
+    else:
+        status = "200 OK"
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
+    return [answer]
+
+
+class Floor:
+    """The floor as a server process on `db_url` (migrated, machine A registered), waited on until
+    it answers."""
+
+    def __init__(self, db_url: str, secret: str, mode: str = "statement") -> None:
+        from bench import http
+
+        if mode == "insert":
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS floor_rows (id bigserial PRIMARY KEY, data jsonb NOT NULL)"
+                )
+        self.port = http.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [*GRANIAN, "--port", str(self.port), "bench.floor:app"],
+            cwd=http.ROOT,
+            env={**os.environ, "DATABASE_URL": db_url, "LINEAR_WEBHOOK_SECRET": secret, "FLOOR_MODE": mode},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not _listening(self.port):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError("the floor server did not start")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def machine(db_url: str, user: str) -> None:
+    """A machine registered for the Linear user `user` of the bench's workspace on `db_url`, as
+    `devpilot serve`'s `/orchestrators` registers one: where the floor's webhooks are dispatched."""
+    from bench import loadgen
+    from bench.core import SETTINGS
+    from shared.fleet.orchestrators import register
+    from shared.plumbing.db import open_pool
+
+    pool = open_pool(db_url, SETTINGS, min_size=1, max_size=2)
+    try:
+        register(pool, org_id=loadgen.ORG, linear_user_id=user, name="floor")
+    finally:
+        pool.close()
+
+
+def rounds(n: int, seconds: float, clients: int = 16) -> dict[str, Any]:
+    """`n` rounds of the library's one-statement enqueue and of `created` through `devpilot serve`,
+    the floor and the insert floor; each round's rates, and over the rounds the medians of each
+    one's ratio to the library and of each server's CPU a webhook (ms)."""
+    from bench import core, http, loadgen
+    from bench.db import BenchServer
+
+    s = BenchServer()
+    servers: dict[str, Floor | http.Serve] = {}
+    try:
+        product = servers["devpilot serve"] = http.Serve(s.fresh("floorproduct"))
+        http.machines(product)
+        for side, mode in (("floor", "statement"), ("insert floor", "insert")):
+            db = s.fresh(mode)
+            machine(db, loadgen.USER_A)
+            servers[side] = Floor(db, http.SECRET, mode)
+        for server in servers.values():  # (each server's pool and lanes warm, untimed)
+            http.loadgen("webhook", server.url, http.SECRET, clients, 1.0, "created", "warm")
+        sides = ["library", *servers]
+        out: list[dict[str, float]] = []
+        server_ms: dict[str, list[float]] = {side: [] for side in servers}
+        for r in range(n):
+            rates: dict[str, float] = {}
+            for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+                if side == "library":
+                    rates[side] = core.enqueue_rate(
+                        s.fresh(f"floorlib{r}"), clients, seconds, one_statement=True
+                    )
+                    continue
+                run = partial(
+                    http.loadgen,
+                    "webhook",
+                    servers[side].url,
+                    http.SECRET,
+                    clients,
+                    seconds,
+                    "created",
+                    f"f{r}",
+                )
+                answer, cpu = http.cpu_split(run, servers[side].proc.pid)
+                rates[side] = answer["rate"]
+                server_ms[side].append(cpu["server"] or 0.0)
+            out.append(rates)
+            print(f"round {r}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()), flush=True)
+    finally:
+        for server in servers.values():
+            server.close()
+        s.close()
+    return {
+        "rounds": out,
+        "vs_library": {
+            side: round(statistics.median(x[side] / x["library"] for x in out), 2) for side in servers
+        },
+        "server_cpu_ms": {side: round(statistics.median(v), 3) for side, v in server_ms.items()},
+    }
+
+
+def main(argv: list[str]) -> None:
+    result = rounds(int(argv[0]) if argv else 6, float(argv[1]) if len(argv) > 1 else 3.0)
+    print("created, medians of the rounds: × the library's one-statement enqueue, server CPU a webhook")
+    for side, ratio in result["vs_library"].items():
+        print(f"  {side:15} {ratio:.2f}×  {result['server_cpu_ms'][side]:.3f} ms")
+    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
