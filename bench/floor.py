@@ -9,13 +9,16 @@ The floor is this module's `app`, a bare WSGI application on Granian as `devpilo
 threads; a lane writes whatever waits, up to 64, through the product's own
 `issue_changes_for_delivery` in one statement, and each request answers once its row has
 committed. No Flask, no route table, no authorisation, no request log, no classification: what the
-product's server does beyond that is the difference. `mode` "insert" writes each webhook's data as
-one row of a table of its own instead: what the same server does when the statement costs
-Postgres almost nothing.
+product's server does beyond that is the difference. Two more servers split it: `mode` "service"
+(`service`) calls the product's own service for each webhook behind the same bare application (so
+what it saves against `devpilot serve` is the request's Flask side, and what the floor saves
+against it is the intake's Python); "insert" writes each webhook's data as one row of a table of
+its own instead of the statement (what the same server does when the statement costs Postgres
+almost nothing).
 
 Each round runs, one after the other and in a turning order, the library's one-statement enqueue
-(16 clients, a fresh database), `created` from 16 senders through `devpilot serve`, and the same
-through the floor and the insert floor, each server up on its own fresh database the whole time. It
+(16 clients, a fresh database) and `created` from 16 senders through `devpilot serve` and each of
+the three, every server up on its own fresh database the whole time. It
 prints each round's rates and, over the rounds, the medians of each ratio and of each server's CPU
 a webhook, and writes them to `results/floor.json` (bench/README.md, "Where the time goes").
 """
@@ -169,6 +172,25 @@ def app(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
     return [answer]
 
 
+def service(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
+    """The product's service behind the same bare application: the signature checked and the
+    webhook read as `functions/webhook.py` does, then `receive_webhook` (the intake, its group
+    commit, the statement); no Flask, no route table, no request log."""
+    from functions.runtime import get_runtime
+    from shared.dispatch import linear
+
+    rt = get_runtime()
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    if not linear.signed_by_any(rt.settings.webhook_secrets, body, environ.get("HTTP_LINEAR_SIGNATURE", "")):
+        start_response("401 Unauthorized", [("Content-Type", "application/json"), ("Content-Length", "2")])
+        return [b"{}"]
+    answer = json.dumps(
+        rt.service.receive_webhook(linear.parse(body), environ.get("HTTP_LINEAR_DELIVERY"))
+    ).encode()
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
+    return [answer]
+
+
 class Floor:
     """The floor as a server process on `db_url` (migrated, machine A registered), waited on until
     it answers."""
@@ -184,9 +206,20 @@ class Floor:
         self.port = http.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [*GRANIAN, "--port", str(self.port), "bench.floor:app"],
+            [
+                *GRANIAN,
+                "--port",
+                str(self.port),
+                "bench.floor:service" if mode == "service" else "bench.floor:app",
+            ],
             cwd=http.ROOT,
-            env={**os.environ, "DATABASE_URL": db_url, "LINEAR_WEBHOOK_SECRET": secret, "FLOOR_MODE": mode},
+            env={
+                **os.environ,
+                "DATABASE_URL": db_url,
+                "LINEAR_WEBHOOK_SECRET": secret,
+                "FLOOR_MODE": mode,
+                "DEVPILOT_POOL_MAX": "20",  # (as bench.http.Serve runs devpilot serve)
+            },
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -234,7 +267,7 @@ def rounds(n: int, seconds: float, clients: int = 16) -> dict[str, Any]:
     try:
         product = servers["devpilot serve"] = http.Serve(s.fresh("floorproduct"))
         http.machines(product)
-        for side, mode in (("floor", "statement"), ("insert floor", "insert")):
+        for side, mode in (("bare service", "service"), ("floor", "statement"), ("insert floor", "insert")):
             db = s.fresh(mode)
             machine(db, loadgen.USER_A)
             servers[side] = Floor(db, http.SECRET, mode)

@@ -72,3 +72,17 @@ def test_the_insert_floor_writes_one_row_a_webhook(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM floor_rows").fetchone() == (3,)
         assert conn.execute("SELECT count(*) FROM webhook_deliveries").fetchone() == (0,)
+
+
+def test_the_service_floor_dispatches_through_the_products_service(db_url: str) -> None:
+    machine(db_url, USER_A)
+    f = Floor(db_url, SECRET, mode="service")
+    try:
+        _, body = bodies("created", "t", 0, 1, 1.0)()
+        status, answer = _post(f, body, SECRET)
+        check("created", status, answer)
+        assert _post(f, body, "not-the-secret")[0] == 401
+    finally:
+        f.close()
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT outcome FROM webhook_deliveries").fetchall() == [("dispatched",)]
