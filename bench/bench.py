@@ -9,6 +9,7 @@ one with --quick), written to bench/results/paired.json, not latest.json.
 
     python -m bench.bench --only cold [--quick]
 The cold starts alone beside the bare import (about a minute), written to bench/results/cold.json.
+(The floor's rounds alone: python -m bench.floor.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import coldstart, core, cost, http, instructions, paired, peers
+from bench import coldstart, core, cost, floor, http, instructions, paired, peers
 from bench import table as readme_table
 from bench.db import BenchServer
 
@@ -186,6 +187,8 @@ def main() -> int:
             s, 2 if q else 5, secs, HTTP_CLIENTS, min(n_drain, 2000), kind_secs=KIND_SECONDS[q]
         )
         print(f"paired rounds: {json.dumps(out['paired'])}")
+        # Issue starts beside the same statement behind a bare server: the server's own share.
+        out["floor"] = floor_rounds(s, q)
         out["server_cpu_ms"] = http.server_cpu_ms(s.fresh("cpu"), 500 if q else 3000)
         print(f"server CPU per request (devpilot serve), ms: {json.dumps(out['server_cpu_ms'])}")
         if instructions.available() and not q:  # (six valgrind runs: about 2.5 minutes)
@@ -247,6 +250,13 @@ def only_paired(s: BenchServer, out: dict[str, Any], secs: float, n_drain: int) 
     print(paired_table(out["paired"]))
     print(f"({out['seconds']} s)")
     return 0
+
+
+def floor_rounds(s: BenchServer, quick: bool) -> dict[str, Any]:
+    """`bench.floor`'s rounds, as the full run takes them."""
+    result = floor.rounds(s, 2 if quick else 6, KIND_SECONDS[quick], HTTP_CLIENTS)
+    print(f"issue starts beside the floor: {json.dumps({k: v for k, v in result.items() if k != 'rounds'})}")
+    return result
 
 
 def only_cold(s: BenchServer, out: dict[str, Any]) -> int:

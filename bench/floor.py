@@ -47,6 +47,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
+from bench.db import BenchServer
 from shared.plumbing.sql import query
 
 if TYPE_CHECKING:
@@ -255,14 +256,13 @@ def machine(db_url: str, user: str) -> None:
         pool.close()
 
 
-def rounds(n: int, seconds: float, clients: int = 16) -> dict[str, Any]:
+def rounds(s: BenchServer, n: int, seconds: float, clients: int = 16) -> dict[str, Any]:
     """`n` rounds of the library's one-statement enqueue and of `created` through `devpilot serve`,
-    the floor and the insert floor; each round's rates, and over the rounds the medians of each
-    one's ratio to the library and of each server's CPU a webhook (ms)."""
+    the bare service, the floor and the insert floor, on fresh databases of `s`; each round's rates,
+    and over the rounds the medians of each one's ratio to the library and to the floor, and of each
+    server's CPU a webhook (ms)."""
     from bench import core, http, loadgen
-    from bench.db import BenchServer
 
-    s = BenchServer()
     servers: dict[str, Floor | http.Serve] = {}
     try:
         product = servers["devpilot serve"] = http.Serve(s.fresh("floorproduct"))
@@ -302,21 +302,37 @@ def rounds(n: int, seconds: float, clients: int = 16) -> dict[str, Any]:
     finally:
         for server in servers.values():
             server.close()
-        s.close()
+
+    return summary(out, server_ms, seconds)
+
+
+def summary(out: list[dict[str, float]], server_ms: dict[str, list[float]], seconds: float) -> dict[str, Any]:
+    """The rounds' rates (`out`, a dict of rates by side for each round, "library" among them) and
+    each server's CPU a webhook in each round, as `rounds` answers them."""
+
+    def median(side: str, to: str) -> float:
+        return round(statistics.median(x[side] / x[to] for x in out), 2)
+
     return {
         "rounds": out,
-        "vs_library": {
-            side: round(statistics.median(x[side] / x["library"] for x in out), 2) for side in servers
-        },
+        "seconds": seconds,
+        "median_rate": {side: round(statistics.median(x[side] for x in out)) for side in out[0]},
+        "vs_library": {side: median(side, "library") for side in server_ms},
+        "vs_floor": {side: median(side, "floor") for side in server_ms},
         "server_cpu_ms": {side: round(statistics.median(v), 3) for side, v in server_ms.items()},
     }
 
 
 def main(argv: list[str]) -> None:
-    result = rounds(int(argv[0]) if argv else 6, float(argv[1]) if len(argv) > 1 else 3.0)
+    s = BenchServer()
+    try:
+        result = rounds(s, int(argv[0]) if argv else 6, float(argv[1]) if len(argv) > 1 else 3.0)
+    finally:
+        s.close()
     print("created, medians of the rounds: × the library's one-statement enqueue, server CPU a webhook")
     for side, ratio in result["vs_library"].items():
-        print(f"  {side:15} {ratio:.2f}×  {result['server_cpu_ms'][side]:.3f} ms")
+        cpu = result["server_cpu_ms"][side]
+        print(f"  {side:15} {ratio:.2f}×  {cpu:.3f} ms  ({result['vs_floor'][side]:.2f}× the floor)")
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
 
 

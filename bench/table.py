@@ -81,6 +81,17 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str]]:
                 ratio(p["claim_ack_vs_library_drain"]),
             )
         )
+    if "floor" in out:  # (runs before 2026-12-08 have none)
+        f = out["floor"]
+        rate = f["median_rate"]
+        result.append(
+            (
+                "issue created, `devpilot serve` / the floor: the same statement behind a bare server "
+                f"(`bench.floor`, {len(f['rounds'])} rounds; the floor {f['vs_library']['floor']}× the library)",
+                f"{rate['devpilot serve']:,} / {rate['floor']:,}/s",
+                f"{f['vs_library']['devpilot serve']}×; {f['vs_floor']['devpilot serve']}× the floor",
+            )
+        )
     if "paired_batch_10" in out.get("peers", {}):
         pb = out["peers"]["paired_batch_10"]
         for key, label in (

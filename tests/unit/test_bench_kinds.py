@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import loadgen, paired, table
+from bench import floor, loadgen, paired, table
 from bench.loadgen import BLEND, KINDS, USER_A, USER_B, bodies, check, pool_id, prepared
 from shared.linear.webhooks import Intent, intent, parse
 from tests.helpers.linear import payload_errors
@@ -168,3 +168,21 @@ def test_the_readme_table_has_a_row_for_every_kind() -> None:
     assert "| 4,000 msg/s (median of rounds) | 1× |" in md
     before = {"paired": {k: v for k, v in out["paired"].items() if k != "kinds"}}  # (a run before the kinds)
     assert f"| {table.LABELS['created']} | 2,000/s | 0.5× (0.5–0.5) |" in table.markdown(before)
+
+
+def test_the_readme_table_shows_issue_starts_beside_the_floor() -> None:
+    rounds = [
+        {"library": 2000.0, "devpilot serve": 800.0, "floor": 1000.0},
+        {"floor": 1300.0, "library": 2600.0, "devpilot serve": 1040.0},
+        {"devpilot serve": 700.0, "library": 2000.0, "floor": 1000.0},
+    ]
+    result = floor.summary(rounds, {"devpilot serve": [0.6, 0.7, 0.65], "floor": [0.3, 0.35, 0.32]}, 3.0)
+    assert result["vs_library"] == {"devpilot serve": 0.4, "floor": 0.5}  # (each round's own ratio)
+    assert result["vs_floor"] == {"devpilot serve": 0.8, "floor": 1.0}
+    assert result["median_rate"] == {"library": 2000, "devpilot serve": 800, "floor": 1000}
+    md = table.markdown({"floor": result})
+    assert "| issue created, `devpilot serve` / the floor: the same statement behind a bare server" in md
+    assert (
+        "(`bench.floor`, 3 rounds; the floor 0.5× the library) | 800 / 1,000/s | 0.4×; 0.8× the floor |" in md
+    )
+    assert "the floor" not in table.markdown({})  # (runs before 2026-12-08 have no floor)
