@@ -25,6 +25,7 @@ a webhook, and writes them to `results/floor.json` (bench/README.md, "Where the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -107,6 +108,7 @@ def element(hook: dict[str, Any], delivery: str) -> dict[str, Any]:
 
 
 def _answers(conn: psycopg.Connection[DictRow], elements: list[dict[str, Any]]) -> Iterable[bytes]:
+    """Each element's answer, in order, once the batch's statement has committed."""
     if os.environ.get("FLOOR_MODE") == "insert":
         rows = conn.execute(INSERT, {"batch": [Jsonb(e) for e in elements]}, prepare=True).fetchall()
         return (json.dumps({"status": "dispatched", "queueId": r["id"]}).encode() for r in rows)
@@ -131,7 +133,7 @@ def _answers(conn: psycopg.Connection[DictRow], elements: list[dict[str, Any]]) 
 def _lane() -> None:
     """Writes what waits, up to MOST at a time, in one statement (its own transaction), and answers
     each request after the commit."""
-    conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, row_factory=dict_row)
+    conn: psycopg.Connection[DictRow] | None = None
     while True:
         batch = [_line.get()]
         while len(batch) < MOST:
@@ -139,22 +141,29 @@ def _lane() -> None:
                 batch.append(_line.get_nowait())
             except queue.Empty:
                 break
+        # Anything that goes wrong (no connection, a wrong count of rows) answers the batch's
+        # requests with a 500, a bench error, and the lane goes on with a new connection.
         try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, row_factory=dict_row)
             answers = list(_answers(conn, [e for e, _ in batch]))
-        except Exception as exc:  # (a bench error: every request of the batch answers 500)
+            for (_, f), answer in zip(batch, answers, strict=True):
+                f.set_result(answer)
+        except Exception as exc:
             for _, f in batch:
-                f.set_exception(exc)
-            continue
-        for (_, f), answer in zip(batch, answers, strict=True):
-            f.set_result(answer)
+                if not f.done():
+                    f.set_exception(exc)
+            if conn is not None:
+                conn.close()
 
 
 def app(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
     """The floor: a signed `created` webhook written through the product's statement."""
-    with _start_lock:  # (threads started in the worker, after Granian's fork)
-        while len(_started) < LANES:
-            _started.append(threading.Thread(target=_lane, daemon=True))
-            _started[-1].start()
+    if len(_started) < LANES:  # (threads started in the worker, after Granian's fork)
+        with _start_lock:
+            while len(_started) < LANES:
+                _started.append(threading.Thread(target=_lane, daemon=True))
+                _started[-1].start()
     body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     secret = os.environ["LINEAR_WEBHOOK_SECRET"].encode()
     want = hmac.new(secret, body, hashlib.sha256).hexdigest()
@@ -233,10 +242,15 @@ class Floor:
 
     def close(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=20)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
@@ -260,7 +274,9 @@ def rounds(s: BenchServer, n: int, seconds: float, clients: int = 16) -> dict[st
     """`n` rounds of the library's one-statement enqueue and of `created` through `devpilot serve`,
     the bare service, the floor and the insert floor, on fresh databases of `s`; each round's rates,
     and over the rounds the medians of each one's ratio to the library and to the floor, and of each
-    server's CPU a webhook (ms)."""
+    server's CPU a webhook (ms). The library gets a fresh database each round; each server keeps its
+    own through every round, as `devpilot serve` keeps its in the paired rounds, so its tables grow
+    round by round alike."""
     from bench import core, http, loadgen
 
     servers: dict[str, Floor | http.Serve] = {}
@@ -296,19 +312,23 @@ def rounds(s: BenchServer, n: int, seconds: float, clients: int = 16) -> dict[st
                 )
                 answer, cpu = http.cpu_split(run, servers[side].proc.pid)
                 rates[side] = answer["rate"]
-                server_ms[side].append(cpu["server"] or 0.0)
+                if cpu["server"] is not None:  # (a reading that failed is left out, not read as 0)
+                    server_ms[side].append(cpu["server"])
             out.append(rates)
             print(f"round {r}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()), flush=True)
     finally:
-        for server in servers.values():
-            server.close()
+        for server in servers.values():  # (each closed whatever another's close raised)
+            with contextlib.suppress(Exception):
+                server.close()
 
     return summary(out, server_ms, seconds)
 
 
 def summary(out: list[dict[str, float]], server_ms: dict[str, list[float]], seconds: float) -> dict[str, Any]:
-    """The rounds' rates (`out`, a dict of rates by side for each round, "library" among them) and
-    each server's CPU a webhook in each round, as `rounds` answers them."""
+    """What `rounds` answers, from its rounds' rates (`out`, a dict of rates by side for each round,
+    "library" among them) and each server's CPU a webhook in each round: the rounds, the seconds of
+    each load, each side's median rate, each server's median of its rounds' ratios to the library
+    and to the floor (each round against its own), and each server's median CPU a webhook."""
 
     def median(side: str, to: str) -> float:
         return round(statistics.median(x[side] / x[to] for x in out), 2)
@@ -319,7 +339,9 @@ def summary(out: list[dict[str, float]], server_ms: dict[str, list[float]], seco
         "median_rate": {side: round(statistics.median(x[side] for x in out)) for side in out[0]},
         "vs_library": {side: median(side, "library") for side in server_ms},
         "vs_floor": {side: median(side, "floor") for side in server_ms},
-        "server_cpu_ms": {side: round(statistics.median(v), 3) for side, v in server_ms.items()},
+        "server_cpu_ms": {
+            side: round(statistics.median(v), 3) if v else None for side, v in server_ms.items()
+        },
     }
 
 
@@ -332,7 +354,8 @@ def main(argv: list[str]) -> None:
     print("created, medians of the rounds: × the library's one-statement enqueue, server CPU a webhook")
     for side, ratio in result["vs_library"].items():
         cpu = result["server_cpu_ms"][side]
-        print(f"  {side:15} {ratio:.2f}×  {cpu:.3f} ms  ({result['vs_floor'][side]:.2f}× the floor)")
+        ms = "?" if cpu is None else f"{cpu:.3f}"
+        print(f"  {side:15} {ratio:.2f}×  {ms} ms  ({result['vs_floor'][side]:.2f}× the floor)")
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -2,7 +2,8 @@
 
 Prints markdown to paste into README.md's "Performance" section: one row per kind of webhook and
 their blend (each kind's rate over HTTP and its paired ratio to the library's enqueue as one
-statement), claim + ack over HTTP and against PgQueuer, and the cold starts. A run of
+statement), claim + ack over HTTP and against PgQueuer, issue starts beside `bench.floor`'s bare
+server (each ratio the median of its own rounds' ratios), and the cold starts. A run of
 `python -m bench.bench --only paired` (no peers, no cold starts) gives the rows it has.
 """
 
@@ -86,10 +87,11 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str]]:
         rate = f["median_rate"]
         result.append(
             (
-                "issue created, `devpilot serve` / the floor: the same statement behind a bare server "
-                f"(`bench.floor`, {len(f['rounds'])} rounds; the floor {f['vs_library']['floor']}× the library)",
+                "issue created, `devpilot serve` / the bare server of `bench.floor`: the same statement "
+                f"and nothing else ({len(f['rounds'])} rounds of its own, the library {rate['library']:,}/s; "
+                f"the bare server {f['vs_library']['floor']}× the library)",
                 f"{rate['devpilot serve']:,} / {rate['floor']:,}/s",
-                f"{f['vs_library']['devpilot serve']}×; {f['vs_floor']['devpilot serve']}× the floor",
+                f"{f['vs_library']['devpilot serve']}×; {f['vs_floor']['devpilot serve']}× the bare server",
             )
         )
     if "paired_batch_10" in out.get("peers", {}):

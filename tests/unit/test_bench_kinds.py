@@ -171,18 +171,22 @@ def test_the_readme_table_has_a_row_for_every_kind() -> None:
 
 
 def test_the_readme_table_shows_issue_starts_beside_the_floor() -> None:
+    # (chosen so that the median of the rounds' own ratios differs from the ratio of the medians:
+    # a round's rates are compared with each other, not with another round's)
     rounds = [
-        {"library": 2000.0, "devpilot serve": 800.0, "floor": 1000.0},
-        {"floor": 1300.0, "library": 2600.0, "devpilot serve": 1040.0},
-        {"devpilot serve": 700.0, "library": 2000.0, "floor": 1000.0},
+        {"library": 1000.0, "devpilot serve": 500.0, "floor": 1000.0},
+        {"floor": 500.0, "library": 3000.0, "devpilot serve": 450.0},
+        {"devpilot serve": 900.0, "library": 2000.0, "floor": 600.0},
     ]
     result = floor.summary(rounds, {"devpilot serve": [0.6, 0.7, 0.65], "floor": [0.3, 0.35, 0.32]}, 3.0)
-    assert result["vs_library"] == {"devpilot serve": 0.4, "floor": 0.5}  # (each round's own ratio)
-    assert result["vs_floor"] == {"devpilot serve": 0.8, "floor": 1.0}
-    assert result["median_rate"] == {"library": 2000, "devpilot serve": 800, "floor": 1000}
+    assert result["vs_library"] == {
+        "devpilot serve": 0.45,
+        "floor": 0.3,
+    }  # (0.5, 0.15, 0.45: not 500 / 2,000)
+    assert result["vs_floor"] == {"devpilot serve": 0.9, "floor": 1.0}  # (not 500 / 600 = 0.83)
+    assert result["median_rate"] == {"library": 2000, "devpilot serve": 500, "floor": 600}
+    assert result["server_cpu_ms"] == {"devpilot serve": 0.65, "floor": 0.32}
     md = table.markdown({"floor": result})
-    assert "| issue created, `devpilot serve` / the floor: the same statement behind a bare server" in md
-    assert (
-        "(`bench.floor`, 3 rounds; the floor 0.5× the library) | 800 / 1,000/s | 0.4×; 0.8× the floor |" in md
-    )
-    assert "the floor" not in table.markdown({})  # (runs before 2026-12-08 have no floor)
+    assert "| issue created, `devpilot serve` / the bare server of `bench.floor`" in md
+    assert "| 500 / 600/s | 0.45×; 0.9× the bare server |" in md
+    assert "bench.floor" not in table.markdown({})  # (runs before 2026-12-08 have no floor)
