@@ -26,8 +26,6 @@ a webhook, and writes them to `results/floor.json` (bench/README.md, "Where the 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import queue
@@ -49,6 +47,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
 from bench.db import BenchServer
+from shared.linear.webhooks import signature_ok
 from shared.plumbing.sql import query
 
 if TYPE_CHECKING:
@@ -165,21 +164,14 @@ def app(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
                 _started.append(threading.Thread(target=_lane, daemon=True))
                 _started[-1].start()
     body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-    secret = os.environ["LINEAR_WEBHOOK_SECRET"].encode()
-    want = hmac.new(secret, body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(want, environ.get("HTTP_LINEAR_SIGNATURE", "")):
-        start_response("401 Unauthorized", [("Content-Type", "application/json"), ("Content-Length", "2")])
-        return [b"{}"]
+    if not signature_ok(os.environ["LINEAR_WEBHOOK_SECRET"], body, environ.get("HTTP_LINEAR_SIGNATURE")):
+        return _json(start_response, "401 Unauthorized", b"{}")
     done: Future[bytes] = Future()
     _line.put((element(json.loads(body), environ.get("HTTP_LINEAR_DELIVERY", uuid.uuid4().hex)), done))
     try:
-        answer = done.result(timeout=30)
+        return _json(start_response, "200 OK", done.result(timeout=30))
     except Exception as exc:
-        answer, status = json.dumps({"error": repr(exc)}).encode(), "500 Internal Server Error"
-    else:
-        status = "200 OK"
-    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
-    return [answer]
+        return _json(start_response, "500 Internal Server Error", json.dumps({"error": repr(exc)}).encode())
 
 
 def service(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
@@ -191,14 +183,16 @@ def service(environ: WSGIEnvironment, start_response: StartResponse) -> list[byt
 
     rt = get_runtime()
     body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-    if not linear.signed_by_any(rt.settings.webhook_secrets, body, environ.get("HTTP_LINEAR_SIGNATURE", "")):
-        start_response("401 Unauthorized", [("Content-Type", "application/json"), ("Content-Length", "2")])
-        return [b"{}"]
-    answer = json.dumps(
-        rt.service.receive_webhook(linear.parse(body), environ.get("HTTP_LINEAR_DELIVERY"))
-    ).encode()
-    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
-    return [answer]
+    if not linear.signed_by_any(rt.settings.webhook_secrets, body, environ.get("HTTP_LINEAR_SIGNATURE")):
+        return _json(start_response, "401 Unauthorized", b"{}")
+    answer = rt.service.receive_webhook(linear.parse(body), environ.get("HTTP_LINEAR_DELIVERY"))
+    return _json(start_response, "200 OK", json.dumps(answer).encode())
+
+
+def _json(start_response: StartResponse, status: str, body: bytes) -> list[bytes]:
+    """A JSON answer with its length, as both bare applications give every answer."""
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
 
 
 class Floor:
